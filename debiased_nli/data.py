@@ -1,0 +1,332 @@
+"""Loading a task's data (Hub or local files) into the canonical schema, with input validation.
+
+Every stage takes and returns ``datasets.Dataset`` objects with the canonical columns
+
+    premise (string), hypothesis (string), label (ClassLabel of the task), uid, origin, method
+
+``uid`` is ``<task>:<split>:<row>`` for original rows (row = position in the split, across files in
+the order given) and a content hash for new rows; ``origin`` is ``original``, ``generated`` or
+``perturbed``; ``method`` names what made the row (``source`` for original rows).
+
+Validation is vectorised (pyarrow) and either raises an :class:`InvalidInputError` naming the file,
+row, column and value of the first bad row (and how many more there are), or, with
+``on_invalid="set_aside"``, returns those rows separately with their reason. Nothing is dropped
+silently.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import ConfigError, InvalidInputError
+from .tasks import TaskSpec, get_task
+
+ORIGINS = ("original", "generated", "perturbed")
+PROVENANCE_COLUMNS = ("uid", "origin", "method")
+ON_INVALID = ("error", "set_aside")
+_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv"}
+
+REASON_MISSING_TEXT = "empty or null text"
+REASON_NO_GOLD = "no gold label"
+REASON_BAD_LABEL = "label out of range"
+REASON_DUPLICATE_ID = "duplicate id"
+
+
+def canonical_features(task: TaskSpec):
+    import datasets
+    return datasets.Features({
+        "premise": datasets.Value("string"),
+        "hypothesis": datasets.Value("string"),
+        "label": datasets.ClassLabel(names=list(task.labels)),
+        "uid": datasets.Value("string"),
+        "origin": datasets.Value("string"),
+        "method": datasets.Value("string"),
+    })
+
+
+def parse_data_files(spec: "str | Sequence[str] | Mapping[str, Any] | None") -> dict[str, list[str]] | None:
+    """``PATH`` (the train split), ``["train=a.parquet", "validation=b.jsonl"]`` or a dict -> split: files.
+
+    Globs are expanded; a path that matches nothing is an error.
+    """
+    if spec is None or spec == [] or spec == {}:
+        return None
+    items: list[tuple[str, Any]]
+    if isinstance(spec, Mapping):
+        items = list(spec.items())
+    else:
+        entries = [spec] if isinstance(spec, str) else list(spec)
+        items = []
+        for entry in entries:
+            split, sep, path = entry.partition("=")
+            items.append((split, path) if sep and not os.path.exists(entry) else ("train", entry))
+    out: dict[str, list[str]] = {}
+    for split, paths in items:
+        for path in [paths] if isinstance(paths, (str, Path)) else paths:
+            matches = sorted(glob.glob(str(path))) or ([str(path)] if os.path.exists(path) else [])
+            if not matches:
+                raise ConfigError(f"data file {path!r} (split {split!r}) does not exist")
+            out.setdefault(split, []).extend(matches)
+    return out
+
+
+def file_fingerprint(path: str) -> dict[str, Any]:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"path": str(path), "bytes": os.path.getsize(path), "sha256": h.hexdigest()}
+
+
+@dataclasses.dataclass
+class LoadedSplit:
+    """A canonical split, the rows set aside (with ``reason``, ``file``, ``row``) and where it came from."""
+
+    dataset: Any
+    set_aside: Any
+    source: dict[str, Any]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        reasons: dict[str, int] = {}
+        if self.set_aside is not None and len(self.set_aside):
+            for r in self.set_aside["reason"]:
+                reasons[r] = reasons.get(r, 0) + 1
+        return {"loaded": len(self.dataset) + sum(reasons.values()), "kept": len(self.dataset),
+                **{f"set_aside:{k}": v for k, v in sorted(reasons.items())}}
+
+
+def _default_files(task: TaskSpec) -> dict[str, list[str]] | None:
+    if not task.default_data_files:
+        return None
+    base = resources.files("debiased_nli") / "demo"
+    return {split: [str(base / f)] for split, f in task.default_data_files.items()}
+
+
+def load_task(task: "str | TaskSpec", split: str = "train", *, data_files=None, on_invalid: str = "error",
+              revision: str | None = None, max_rows: int | None = None, cache_dir: str | None = None,
+              hub_path: str | None = None) -> LoadedSplit:
+    """Load one split of a task in the canonical schema.
+
+    ``data_files`` (see :func:`parse_data_files`) reads local parquet/jsonl/csv through the same code
+    path as the Hub; otherwise the task's Hub dataset (or ``hub_path``) is loaded at ``revision``.
+    """
+    import datasets
+
+    task = get_task(task)
+    if on_invalid not in ON_INVALID:
+        raise ConfigError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+    files = parse_data_files(data_files) or (_default_files(task) if hub_path is None else None)
+    parts, sources = [], []
+    if files is not None:
+        if split not in files:
+            raise ConfigError(f"no data files for split {split!r} of task {task.name!r}; "
+                              f"given splits: {sorted(files)} (use --data-files {split}=PATH)")
+        for path in files[split]:
+            ext = "".join(Path(path).suffixes[-1:]).lower()
+            if ext not in _BUILDERS:
+                raise ConfigError(f"{path}: unsupported file type {ext!r}; use parquet, jsonl/json or csv/tsv")
+            kwargs = {"delimiter": "\t"} if ext == ".tsv" else {}
+            raw = datasets.load_dataset(_BUILDERS[ext], data_files=path, split="train", cache_dir=cache_dir, **kwargs)
+            parts.append((path, raw, task.columns, None))
+            sources.append({"type": "file", **file_fingerprint(path)})
+    else:
+        if task.hub is None and hub_path is None:
+            raise ConfigError(f"task {task.name!r} has no Hub source; pass --data-files")
+        path = hub_path or task.hub.path  # type: ignore[union-attr]
+        name = None if hub_path else task.hub.name  # type: ignore[union-attr]
+        hub_split = (task.hub.splits.get(split, split) if task.hub and not hub_path else split)
+        raw = datasets.load_dataset(path, name, split=hub_split, revision=revision, cache_dir=cache_dir)
+        columns = (task.hub.columns if task.hub and task.hub.columns and not hub_path else None) or task.columns
+        label_values = task.hub.label_values if task.hub and not hub_path else None
+        parts.append((f"{path}{'/' + name if name else ''}[{hub_split}]", raw, columns, label_values))
+        sources.append({"type": "hub", "path": path, "name": name, "split": hub_split, "revision": revision,
+                        "fingerprint": raw._fingerprint})
+    kept, aside, offset = [], [], 0
+    for where, raw, columns, label_values in parts:
+        if max_rows is not None:
+            remaining = max_rows - offset
+            if remaining <= 0:
+                break
+            raw = raw.select(range(min(remaining, len(raw))))
+        ds, bad = canonicalize(raw, task, split=split, columns=columns, label_values=label_values,
+                               on_invalid=on_invalid, where=where, row_offset=offset)
+        offset += len(raw)
+        kept.append(ds)
+        if bad is not None:
+            aside.append(bad)
+    dataset = kept[0] if len(kept) == 1 else datasets.concatenate_datasets(kept)
+    set_aside = None
+    if aside:
+        set_aside = aside[0] if len(aside) == 1 else datasets.concatenate_datasets(aside)
+    return LoadedSplit(dataset, set_aside, {"task": task.name, "split": split, "inputs": sources})
+
+
+def _label_codes(values: pa.Array, lookup: Mapping[Any, int]) -> np.ndarray:
+    """Source label values -> label index; -1 where the value is not accepted."""
+    as_str = pc.cast(values, pa.string()) if not pa.types.is_string(values.type) else values
+    if pa.types.is_floating(values.type):  # 1.0 -> "1"
+        ints = pc.cast(pc.round(values), pa.int64(), safe=False)
+        as_str = pc.if_else(pc.equal(values, pc.cast(ints, values.type)), pc.cast(ints, pa.string()), as_str)
+    as_str = pc.utf8_trim_whitespace(as_str)
+    keys = [k for k in lookup if isinstance(k, str)]
+    pos = pc.index_in(as_str, value_set=pa.array(keys, pa.string())).fill_null(len(keys))
+    mapped = np.array([lookup[k] for k in keys] + [-1], dtype=np.int64)
+    return mapped[pos.to_numpy(zero_copy_only=False).astype(np.int64)]
+
+
+def _text_column(table: pa.Table, col: str) -> pa.Array:
+    arr = table.column(col).combine_chunks()
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = pc.cast(arr, pa.string())
+    return arr
+
+
+def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[str, str] | None = None,
+                 label_values: Mapping[Any, str] | None = None, on_invalid: str = "error",
+                 where: str = "<dataset>", row_offset: int = 0, origin: str = "original",
+                 method: str = "source"):
+    """Validate a raw dataset and map it onto the canonical columns. Returns (kept, set_aside or None)."""
+    import datasets
+
+    columns = columns or task.columns
+    table = raw.with_format("arrow")[:] if raw._indices is not None else raw.data.table
+    missing = [f"{canon} (source column {src!r})" for canon, src in columns.items() if src not in table.column_names]
+    if missing:
+        raise InvalidInputError(
+            f"{where}: missing column(s) {', '.join(missing)}; the file has {table.column_names}. "
+            f"Map columns with --columns premise=COL,hypothesis=COL,label=COL or a task YAML.",
+            file=where, column=missing[0])
+    n = table.num_rows
+    premise, hypothesis = _text_column(table, columns["premise"]), _text_column(table, columns["hypothesis"])
+    label_raw = table.column(columns["label"]).combine_chunks()
+    if isinstance(raw.features.get(columns["label"]), datasets.ClassLabel):
+        names = raw.features[columns["label"]].names
+        if label_values is None and list(names) != list(task.labels):
+            # a ClassLabel source: map its names onto the task's labels
+            label_values = {i: nm for i, nm in enumerate(names) if nm in task.labels}
+    lookup = task.label_lookup(label_values)
+    codes = _label_codes(label_raw, lookup)
+
+    reason = np.full(n, "", dtype=object)
+    bad_col = np.full(n, "", dtype=object)
+
+    def mark(mask: np.ndarray, why: str, col: str) -> None:
+        new = mask & (reason == "")
+        reason[new], bad_col[new] = why, col
+
+    for canon in ("premise", "hypothesis"):
+        arr = premise if canon == "premise" else hypothesis
+        empty = pc.or_kleene(pc.is_null(arr), pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(arr)), 0))
+        mark(empty.fill_null(True).to_numpy(zero_copy_only=False), REASON_MISSING_TEXT, columns[canon])
+    if task.unlabeled_values:
+        unl = pc.is_in(pc.cast(label_raw, pa.string()) if not pa.types.is_string(label_raw.type) else label_raw,
+                       value_set=pa.array([str(v) for v in task.unlabeled_values], pa.string()))
+        mark(unl.fill_null(False).to_numpy(zero_copy_only=False), REASON_NO_GOLD, columns["label"])
+    mark(codes < 0, REASON_BAD_LABEL, columns["label"])
+    if task.id_column and task.id_column in table.column_names:
+        ids = pc.cast(table.column(task.id_column).combine_chunks(), pa.string())
+        valid_ids = ~pc.is_null(ids).to_numpy(zero_copy_only=False)
+        enc = pc.dictionary_encode(ids.fill_null(""))
+        counts = np.bincount(enc.indices.to_numpy(), minlength=len(enc.dictionary))
+        seen_before = np.zeros(n, bool)
+        idx = enc.indices.to_numpy()
+        dup_rows = np.nonzero(valid_ids & (counts[idx] > 1))[0]
+        if len(dup_rows):
+            _, first = np.unique(idx[dup_rows], return_index=True)
+            seen_before[dup_rows] = True
+            seen_before[dup_rows[first]] = False  # the first occurrence is kept
+        mark(seen_before, REASON_DUPLICATE_ID, task.id_column)
+
+    bad = np.nonzero(reason != "")[0]
+    if len(bad) and on_invalid == "error":
+        i = int(bad[0])
+        col = str(bad_col[i])
+        value = table.column(col)[i].as_py()
+        hint = {
+            REASON_NO_GOLD: f"{task.name} marks pairs without a gold label with {list(task.unlabeled_values)}",
+            REASON_BAD_LABEL: f"accepted labels are {sorted(map(str, lookup))}",
+            REASON_MISSING_TEXT: "every premise and hypothesis needs some text",
+            REASON_DUPLICATE_ID: f"ids in column {col!r} must be unique",
+        }[str(reason[i])]
+        raise InvalidInputError(
+            f"{where}: row {i} (0-based), column {col!r}, value {value!r}: "
+            f"{reason[i]} ({hint}). {len(bad) - 1} more row(s) have problems. Fix the input, or pass "
+            f"--on-invalid set_aside to set such rows aside (they are written out and counted).",
+            file=where, row=i, column=col, value=value, reason=str(reason[i]))
+
+    label_arr = pa.array(np.where(codes >= 0, codes, -1), pa.int64())
+    uid = pa.array([f"{task.name}:{split}:{i}" for i in range(row_offset, row_offset + n)], pa.string())
+    canon = pa.table({
+        "premise": premise, "hypothesis": hypothesis, "label": label_arr, "uid": uid,
+        "origin": pa.array([origin] * n, pa.string()), "method": pa.array([method] * n, pa.string()),
+    })
+    set_aside = None
+    if len(bad):
+        good = np.nonzero(reason == "")[0]
+        aside_table = pa.table({
+            "file": pa.array([where] * len(bad), pa.string()),
+            "row": pa.array(bad, pa.int64()),
+            "column": pa.array(bad_col[bad].tolist(), pa.string()),
+            "value": pa.array([_as_text(table.column(str(bad_col[i]))[int(i)].as_py()) for i in bad], pa.string()),
+            "reason": pa.array(reason[bad].tolist(), pa.string()),
+            "premise": premise.take(pa.array(bad)),
+            "hypothesis": hypothesis.take(pa.array(bad)),
+            "uid": uid.take(pa.array(bad)),
+        })
+        set_aside = datasets.Dataset(aside_table)
+        canon = canon.take(pa.array(good))
+    features = canonical_features(task)
+    # a deterministic fingerprint (source fingerprint + how it was canonicalised), so that the
+    # feature map on top of it is cached across runs
+    from datasets.fingerprint import Hasher
+    fp = Hasher.hash([getattr(raw, "_fingerprint", None), task.to_dict(), dict(columns), split, on_invalid,
+                      row_offset, origin, method, dict(label_values or {})])
+    ds = datasets.Dataset(canon.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features),
+                          fingerprint=fp)
+    return ds, set_aside
+
+
+def _as_text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def content_uid(premise: str, hypothesis: str, label: str, prefix: str = "") -> str:
+    """A stable uid for a new row: a hash of its content (and a method prefix)."""
+    h = hashlib.sha1(f"{premise}\x1f{hypothesis}\x1f{label}".encode()).hexdigest()[:16]
+    return f"{prefix}{h}"
+
+
+def new_rows(task: "str | TaskSpec", premises: Sequence[str], hypotheses: Sequence[str],
+             labels: Sequence[Any], *, origin: str, method: str, extra: Mapping[str, Sequence[Any]] | None = None):
+    """A canonical dataset of new (generated or perturbed) rows with content-hash uids."""
+    import datasets
+
+    task = get_task(task)
+    if origin not in ORIGINS:
+        raise ConfigError(f"origin must be one of {ORIGINS}, not {origin!r}")
+    lookup = task.label_lookup()
+    codes = []
+    for i, lab in enumerate(labels):
+        if lab not in lookup:
+            raise InvalidInputError(f"new row {i}: label {lab!r} is not one of {list(task.labels)}",
+                                    row=i, column="label", value=lab)
+        codes.append(lookup[lab])
+    uids = [content_uid(p, h, task.labels[c], prefix=f"{method}:") for p, h, c in zip(premises, hypotheses, codes)]
+    data = {"premise": list(premises), "hypothesis": list(hypotheses), "label": codes, "uid": uids,
+            "origin": [origin] * len(codes), "method": [method] * len(codes)}
+    feats = canonical_features(task)
+    if extra:
+        for k, v in extra.items():
+            data[k] = list(v)
+        return datasets.Dataset.from_dict(data).cast_column("label", feats["label"])
+    return datasets.Dataset.from_dict(data, features=feats)

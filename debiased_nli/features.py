@@ -1,0 +1,466 @@
+"""Task-independent features of a sentence pair, as a registry of named, versioned extractors.
+
+A feature is a string; each extractor writes one column ``feat_<name>`` (a list of strings per row),
+so a stored feature column says exactly what produced it (dolma's ``char_length_v1`` idea). Features
+are computed once with ``datasets.map`` (cached by fingerprint for file-backed datasets) and every
+later stage reads them through a :class:`FeatureMatrix` (CSR over integer ids into a vocabulary).
+
+Tokenisation (``tokenize``): lower-case (Unicode); every run of characters that are not letters,
+digits or apostrophes separates tokens; apostrophes at the start or end of a token are dropped, so
+``"Nobody's here, 'tis"`` -> ``["nobody's", "here", "tis"]``. Punctuation is never a token.
+
+Built-in extractors (a row carries each feature at most once; ``n`` counts rows):
+
+========================  =====================================================================
+``unigram_v1``            ``<token>@premise``, ``<token>@hypothesis``
+``bigram_v1``             ``<token> <token>@premise``, ``<token> <token>@hypothesis`` (adjacent)
+``hypo_len_v1``           hypothesis length in tokens: ``hypo-len<5``, ``hypo-len5-9``,
+                          ``hypo-len10-14``, ``hypo-len15-19``, ``hypo-len>=20``
+``len_ratio_v1``          hypothesis/premise token ratio r: ``len-ratio<0.25``,
+                          ``len-ratio0.25-0.5``, ``len-ratio0.5-0.75``, ``len-ratio0.75-1``
+                          (r < 1), ``len-ratio>=1``
+``overlap_v1``            share s of hypothesis tokens (occurrences) found in the premise:
+                          ``lex-overlap<0.2``, ``lex-overlap0.2-0.4``, ``lex-overlap0.4-0.6``,
+                          ``lex-overlap0.6-0.8`` (s <= 0.8), ``lex-overlap>0.8``; plus
+                          ``full-lex-overlap`` when s == 1
+``low_overlap_v1``        ``lex-overlap<0.8`` when s < 0.8 (the QQP artifact)
+``hypo_only_v1``          ``hypo-only-pred=<label>``: the prediction of a hypothesis-only model,
+                          read from the ``hypo_only_pred`` column (see ``hypothesis_only.py``)
+``null_v1``               ``<null>`` in every row (its z measures the label imbalance)
+========================  =====================================================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import ConfigError
+
+FEATURE_PREFIX = "feat_"
+NULL_FEATURE = "<null>"
+HYPO_ONLY_COLUMN = "hypo_only_pred"
+
+HYPO_LEN_BINS = ((5, "hypo-len<5"), (10, "hypo-len5-9"), (15, "hypo-len10-14"), (20, "hypo-len15-19"),
+                 (np.inf, "hypo-len>=20"))
+LEN_RATIO_BINS = ((0.25, "len-ratio<0.25"), (0.5, "len-ratio0.25-0.5"), (0.75, "len-ratio0.5-0.75"),
+                  (1.0, "len-ratio0.75-1"), (np.inf, "len-ratio>=1"))
+OVERLAP_NAMES = ("lex-overlap<0.2", "lex-overlap0.2-0.4", "lex-overlap0.4-0.6", "lex-overlap0.6-0.8",
+                 "lex-overlap>0.8")
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenisation and list helpers (vectorised with pyarrow; no Python loop per row)
+
+def tokenize_arrow(texts: pa.Array | pa.ChunkedArray) -> pa.ListArray:
+    """Tokenise a string array (see the module docstring for the rules)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    t = pc.utf8_lower(texts.fill_null(""))
+    t = pc.replace_substring_regex(t, r"[^\pL\pN']+", " ")
+    t = pc.replace_substring_regex(t, r"(^| )'+|'+( |$)", " ")
+    t = pc.utf8_trim_whitespace(t)
+    split = pc.split_pattern_regex(t, " +")
+    # "" splits into [""]: drop empty tokens
+    flat = pc.list_flatten(split)
+    keep = pc.greater(pc.utf8_length(flat), 0)
+    if pc.all(keep).as_py() is not False:
+        return split
+    parents = pc.list_parent_indices(split).to_numpy()
+    keep_np = keep.to_numpy(zero_copy_only=False)
+    return _lists_from_parents(flat.filter(keep), parents[keep_np], len(split))
+
+
+def tokenize(text: str) -> list[str]:
+    """The same tokenisation for one string."""
+    return tokenize_arrow(pa.array([text], pa.string()))[0].as_py()
+
+
+def _lists_from_parents(values: pa.Array, parents: np.ndarray, n_rows: int) -> pa.ListArray:
+    """Rebuild a list array from flat values and their (non-decreasing) row index."""
+    counts = np.bincount(parents, minlength=n_rows) if len(parents) else np.zeros(n_rows, np.int64)
+    offsets = np.zeros(n_rows + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+
+def _singletons(names: Sequence[str], codes: np.ndarray) -> pa.ListArray:
+    """One feature per row, chosen from ``names`` by ``codes``."""
+    values = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(list(names))).cast(pa.string())
+    return pa.ListArray.from_arrays(pa.array(np.arange(len(codes) + 1, dtype=np.int32)), values)
+
+
+def _unique_per_row(lists: pa.ListArray) -> pa.ListArray:
+    """Drop repeated values inside each row, keeping first occurrences in order."""
+    n_rows = len(lists)
+    flat = pc.list_flatten(lists)
+    if len(flat) == 0:
+        return lists
+    parents = pc.list_parent_indices(lists).to_numpy().astype(np.int64)
+    enc = pc.dictionary_encode(flat)
+    codes = enc.indices.to_numpy().astype(np.int64)
+    key = parents * len(enc.dictionary) + codes
+    _, first = np.unique(key, return_index=True)
+    first.sort()
+    return _lists_from_parents(flat.take(pa.array(first)), parents[first], n_rows)
+
+
+def _tag(values: pa.Array, side: str) -> pa.Array:
+    return pc.binary_join_element_wise(values, side, "@")
+
+
+# ---------------------------------------------------------------------------------------------
+# the batch an extractor sees
+
+class FeatureBatch:
+    """A batch of rows with lazily computed, shared token lists."""
+
+    def __init__(self, table: pa.Table, labels: Sequence[str]):
+        self.table = table
+        self.labels = tuple(labels)
+        self._cache: dict[str, object] = {}
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def column(self, name: str) -> pa.Array:
+        if name not in self.table.column_names:
+            raise ConfigError(f"feature extraction needs the column {name!r}; the batch has {self.table.column_names}")
+        return self.table.column(name).combine_chunks()
+
+    def tokens(self, side: str) -> pa.ListArray:
+        key = f"tokens:{side}"
+        if key not in self._cache:
+            self._cache[key] = tokenize_arrow(self.column(side))
+        return self._cache[key]  # type: ignore[return-value]
+
+    def n_tokens(self, side: str) -> np.ndarray:
+        return pc.list_value_length(self.tokens(side)).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def overlap_share(self) -> np.ndarray:
+        """Share of hypothesis tokens (occurrences) that also occur in the premise (0 if none)."""
+        if "overlap" not in self._cache:
+            p, h = self.tokens("premise"), self.tokens("hypothesis")
+            pf, hf = pc.list_flatten(p), pc.list_flatten(h)
+            enc = pc.dictionary_encode(pa.concat_arrays([pf, hf]))
+            codes = enc.indices.to_numpy().astype(np.int64)
+            v = max(len(enc.dictionary), 1)
+            pkey = pc.list_parent_indices(p).to_numpy().astype(np.int64) * v + codes[: len(pf)]
+            hpar = pc.list_parent_indices(h).to_numpy().astype(np.int64)
+            hkey = hpar * v + codes[len(pf):]
+            found = np.isin(hkey, pkey)
+            n_found = np.bincount(hpar, weights=found, minlength=len(self)) if len(hpar) else np.zeros(len(self))
+            n_h = self.n_tokens("hypothesis")
+            self._cache["overlap"] = np.divide(n_found, n_h, out=np.zeros(len(self)), where=n_h > 0)
+        return self._cache["overlap"]  # type: ignore[return-value]
+
+
+ExtractorFn = Callable[[FeatureBatch], "pa.ListArray | Sequence[Sequence[str]]"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Extractor:
+    name: str
+    fn: ExtractorFn
+    doc: str = ""
+    requires: tuple[str, ...] = ()  # extra input columns, beyond premise/hypothesis
+
+    @property
+    def column(self) -> str:
+        return FEATURE_PREFIX + self.name
+
+
+_EXTRACTORS: dict[str, Extractor] = {}
+
+
+def register_extractor(name: str, *, doc: str = "", requires: Sequence[str] = (), overwrite: bool = False):
+    """Register a feature extractor under a versioned name (e.g. ``"negation_v1"``).
+
+    The function receives a :class:`FeatureBatch` and returns, for every row, the list of feature
+    strings of that row (a ``pa.ListArray`` of strings, or a list of lists).
+    """
+    if not name or not name[-1].isdigit() or "_v" not in name:
+        raise ConfigError(f"extractor name {name!r} must carry a version, e.g. {name or 'negation'}_v1")
+
+    def wrap(fn: ExtractorFn) -> ExtractorFn:
+        if name in _EXTRACTORS and not overwrite:
+            raise ConfigError(f"extractor {name!r} is already registered; bump its version or pass overwrite=True")
+        _EXTRACTORS[name] = Extractor(name, fn, doc or (fn.__doc__ or "").strip(), tuple(requires))
+        return fn
+
+    return wrap
+
+
+def get_extractor(name: str) -> Extractor:
+    if name not in _EXTRACTORS:
+        from .tasks import did_you_mean
+        raise ConfigError(f"unknown feature extractor {name!r}.{did_you_mean(name, list(_EXTRACTORS))} "
+                          f"Registered: {', '.join(sorted(_EXTRACTORS))}")
+    return _EXTRACTORS[name]
+
+
+def list_extractors() -> list[str]:
+    return sorted(_EXTRACTORS)
+
+
+@register_extractor("unigram_v1", doc="<token>@premise and <token>@hypothesis")
+def _unigrams(batch: FeatureBatch) -> pa.ListArray:
+    parts = []
+    for side in ("premise", "hypothesis"):
+        toks = batch.tokens(side)
+        parts.append((pc.list_parent_indices(toks).to_numpy(), _tag(pc.list_flatten(toks), side)))
+    return _merge_rows(parts, len(batch))
+
+
+def _bigram_values(toks: pa.ListArray) -> tuple[np.ndarray, pa.Array]:
+    flat = pc.list_flatten(toks)
+    parents = pc.list_parent_indices(toks).to_numpy()
+    if len(flat) < 2:
+        return np.zeros(0, np.int64), pa.array([], pa.string())
+    same = parents[:-1] == parents[1:]
+    idx = np.nonzero(same)[0]
+    left, right = flat.take(pa.array(idx)), flat.take(pa.array(idx + 1))
+    return parents[idx], pc.binary_join_element_wise(left, right, " ")
+
+
+@register_extractor("bigram_v1", doc="adjacent token pairs '<a> <b>@premise' and '<a> <b>@hypothesis'")
+def _bigrams(batch: FeatureBatch) -> pa.ListArray:
+    parts = []
+    for side in ("premise", "hypothesis"):
+        parents, values = _bigram_values(batch.tokens(side))
+        parts.append((parents, _tag(values, side)))
+    return _merge_rows(parts, len(batch))
+
+
+def _merge_rows(parts: list[tuple[np.ndarray, pa.Array]], n_rows: int) -> pa.ListArray:
+    """Concatenate per-row lists of several parts (each given as parents + flat values)."""
+    parents = np.concatenate([p for p, _ in parts]).astype(np.int64)
+    values = pa.concat_arrays([v.cast(pa.string()) for _, v in parts])
+    order = np.argsort(parents, kind="stable")
+    return _lists_from_parents(values.take(pa.array(order)), parents[order], n_rows)
+
+
+def _bin(values: np.ndarray, bins: Sequence[tuple[float, str]]) -> pa.ListArray:
+    edges = np.array([b for b, _ in bins[:-1]], dtype=float)
+    return _singletons([n for _, n in bins], np.searchsorted(edges, values, side="right"))
+
+
+@register_extractor("hypo_len_v1", doc="hypothesis length in tokens, binned")
+def _hypo_len(batch: FeatureBatch) -> pa.ListArray:
+    return _bin(batch.n_tokens("hypothesis").astype(float), HYPO_LEN_BINS)
+
+
+@register_extractor("len_ratio_v1", doc="hypothesis/premise length ratio in tokens, binned")
+def _len_ratio(batch: FeatureBatch) -> pa.ListArray:
+    h, p = batch.n_tokens("hypothesis").astype(float), batch.n_tokens("premise").astype(float)
+    ratio = np.divide(h, p, out=np.full(len(h), np.inf), where=p > 0)
+    return _bin(ratio, LEN_RATIO_BINS)
+
+
+@register_extractor("overlap_v1", doc="share of hypothesis tokens found in the premise, binned; full-lex-overlap")
+def _overlap(batch: FeatureBatch) -> pa.ListArray:
+    s = batch.overlap_share()
+    # [0,.2) [.2,.4) [.4,.6) [.6,.8] (.8,1]
+    codes = np.where(s > 0.8, 4, np.minimum((s / 0.2 + 1e-12).astype(np.int64), 3))
+    codes = np.where((s >= 0.6) & (s <= 0.8), 3, codes)
+    binned = _singletons(OVERLAP_NAMES, codes)
+    full = np.nonzero(s >= 1.0)[0]
+    parts = [(np.arange(len(s)), pc.list_flatten(binned)),
+             (full, pa.array(["full-lex-overlap"] * len(full), pa.string()))]
+    return _merge_rows(parts, len(s))
+
+
+@register_extractor("low_overlap_v1", doc="lex-overlap<0.8: fewer than 80% of the hypothesis tokens are in the premise")
+def _low_overlap(batch: FeatureBatch) -> pa.ListArray:
+    rows = np.nonzero(batch.overlap_share() < 0.8)[0]
+    return _merge_rows([(rows, pa.array(["lex-overlap<0.8"] * len(rows), pa.string()))], len(batch))
+
+
+@register_extractor("hypo_only_v1", doc="hypo-only-pred=<label>: a hypothesis-only model's prediction",
+                    requires=(HYPO_ONLY_COLUMN,))
+def _hypo_only(batch: FeatureBatch) -> pa.ListArray:
+    pred = batch.column(HYPO_ONLY_COLUMN).to_numpy(zero_copy_only=False).astype(np.int64)
+    return _singletons([f"hypo-only-pred={name}" for name in batch.labels], pred)
+
+
+@register_extractor("null_v1", doc="<null>, present in every row")
+def _null(batch: FeatureBatch) -> pa.ListArray:
+    return _singletons([NULL_FEATURE], np.zeros(len(batch), np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# computing feature columns
+
+def _as_list_array(out: object, n_rows: int, name: str) -> pa.ListArray:
+    if isinstance(out, pa.ChunkedArray):
+        out = out.combine_chunks()
+    if not isinstance(out, (pa.ListArray, pa.LargeListArray)):
+        out = pa.array(list(out), pa.list_(pa.string()))  # type: ignore[arg-type]
+    if len(out) != n_rows:
+        raise ConfigError(f"extractor {name!r} returned {len(out)} rows for a batch of {n_rows}")
+    return out.cast(pa.list_(pa.string()))
+
+
+def extract_table(table: pa.Table, extractors: Sequence[str], labels: Sequence[str]) -> pa.Table:
+    """Feature columns (``feat_<name>``, list<string>, unique per row) for a batch of rows."""
+    batch = FeatureBatch(table, labels)
+    out = {}
+    for name in extractors:
+        ex = get_extractor(name)
+        out[ex.column] = _unique_per_row(_as_list_array(ex.fn(batch), len(batch), name))
+    return pa.table(out)
+
+
+def _map_batch(table: pa.Table, extractors: Sequence[str], labels: Sequence[str]) -> pa.Table:
+    feats = extract_table(table, extractors, labels)
+    for col in feats.column_names:
+        if col in table.column_names:
+            table = table.drop_columns([col])
+        table = table.append_column(col, feats.column(col))
+    return table
+
+
+def add_feature_columns(ds, extractors: Sequence[str], labels: Sequence[str], *, batch_size: int = 10_000,
+                        num_proc: int | None = None, desc: str = "features", cache_file_name: str | None = None):
+    """``ds.map`` that adds one ``feat_<name>`` column per extractor (cached by fingerprint)."""
+    for name in extractors:
+        ex = get_extractor(name)
+        for col in ex.requires:
+            if col not in ds.column_names:
+                raise ConfigError(f"extractor {name!r} needs the column {col!r}, which the dataset lacks")
+    fmt = ds.format
+    out = ds.with_format("arrow").map(
+        _map_batch, batched=True, batch_size=batch_size, num_proc=num_proc, desc=desc,
+        cache_file_name=cache_file_name,
+        fn_kwargs={"extractors": list(extractors), "labels": list(labels)})
+    return out.with_format(fmt["type"], columns=None) if fmt["type"] else out.with_format(None)
+
+
+def feature_columns(ds_or_names) -> list[str]:
+    names = ds_or_names if isinstance(ds_or_names, (list, tuple)) else ds_or_names.column_names
+    return [c for c in names if c.startswith(FEATURE_PREFIX)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the feature matrix every statistic and filter reads
+
+@dataclasses.dataclass
+class FeatureMatrix:
+    """Rows x features in CSR form: row i carries ``indices[indptr[i]:indptr[i+1]]``.
+
+    ``vocab[j]`` is the string of feature id j. Matrices built together share one vocabulary.
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    vocab: np.ndarray  # object array of str
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.indptr) - 1
+
+    @property
+    def n_features(self) -> int:
+        return len(self.vocab)
+
+    def csr(self):
+        import scipy.sparse as sp
+        data = np.ones(len(self.indices), dtype=np.float32)
+        return sp.csr_matrix((data, self.indices, self.indptr), shape=(self.n_rows, self.n_features))
+
+    def row_ids(self) -> np.ndarray:
+        """The row of every stored entry (same length as ``indices``)."""
+        return np.repeat(np.arange(self.n_rows, dtype=np.int64), np.diff(self.indptr))
+
+    def row(self, i: int) -> list[str]:
+        return [str(self.vocab[j]) for j in self.indices[self.indptr[i]:self.indptr[i + 1]]]
+
+    def feature_id(self, name: str) -> int:
+        if not hasattr(self, "_index"):
+            self._index = {str(v): i for i, v in enumerate(self.vocab)}
+        if name not in self._index:
+            raise KeyError(f"feature {name!r} is not in the vocabulary")
+        return self._index[name]
+
+    def select(self, rows: np.ndarray) -> "FeatureMatrix":
+        rows = np.asarray(rows, dtype=np.int64)
+        starts, ends = self.indptr[rows], self.indptr[rows + 1]
+        lengths = ends - starts
+        indptr = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        # gather all entries of the selected rows without a Python loop
+        pos = np.repeat(starts - indptr[:-1], lengths) + np.arange(indptr[-1])
+        return FeatureMatrix(indptr, self.indices[pos], self.vocab)
+
+    def feature_mask(self, predicate: Callable[[pa.Array], pa.Array]) -> np.ndarray:
+        """Boolean mask over the vocabulary, e.g. ``lambda v: pc.ends_with(v, "@hypothesis")``."""
+        return predicate(pa.array(self.vocab.tolist(), pa.string())).to_numpy(zero_copy_only=False)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        np.savez_compressed(path.with_suffix(".npz"), indptr=self.indptr, indices=self.indices)
+        path.with_suffix(".vocab.json").write_text(json.dumps(self.vocab.tolist()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FeatureMatrix":
+        path = Path(path)
+        arrays = np.load(path.with_suffix(".npz"))
+        vocab = np.array(json.loads(path.with_suffix(".vocab.json").read_text()), dtype=object)
+        return cls(arrays["indptr"], arrays["indices"], vocab)
+
+
+def _list_column(ds, col: str) -> pa.ChunkedArray:
+    table = ds.with_format("arrow")[:] if getattr(ds, "_indices", None) is not None else ds.data.table
+    return table.column(col)
+
+
+def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = None) -> list[FeatureMatrix]:
+    """Feature matrices of several datasets over one shared vocabulary (one dictionary encoding)."""
+    if not datasets:
+        return []
+    cols = list(columns) if columns is not None else feature_columns(datasets[0])
+    if not cols:
+        raise ConfigError("the dataset has no feature columns (feat_*); run add_features first")
+    for ds in datasets:
+        missing = [c for c in cols if c not in ds.column_names]
+        if missing:
+            raise ConfigError(f"a dataset lacks the feature columns {missing}; compute features for every input")
+    # per dataset and column: flat values + the row of each value
+    pieces, rows_of, n_rows = [], [], []
+    for ds in datasets:
+        ds_rows = []
+        for col in cols:
+            lists = _list_column(ds, col)
+            offset_base = 0
+            for chunk in lists.chunks:
+                pieces.append(pc.list_flatten(chunk))
+                ds_rows.append(pc.list_parent_indices(chunk).to_numpy().astype(np.int64) + offset_base)
+                offset_base += len(chunk)
+        rows_of.append(ds_rows)
+        n_rows.append(len(ds))
+    encoded = pc.dictionary_encode(pa.chunked_array(pieces, pa.string()))
+    vocab = np.array(encoded.chunks[-1].dictionary.to_pylist() if encoded.num_chunks else [], dtype=object)
+    codes = [c.indices.to_numpy().astype(np.int32) for c in encoded.chunks]
+    out, k = [], 0
+    for ds_rows, n in zip(rows_of, n_rows):
+        r = np.concatenate(ds_rows) if ds_rows else np.zeros(0, np.int64)
+        c = np.concatenate(codes[k:k + len(ds_rows)]) if ds_rows else np.zeros(0, np.int32)
+        k += len(ds_rows)
+        order = np.argsort(r, kind="stable")
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(r, minlength=n), out=indptr[1:])
+        out.append(FeatureMatrix(indptr, c[order], vocab))
+    return out
+
+
+def build_feature_matrix(ds, columns: Sequence[str] | None = None) -> FeatureMatrix:
+    return build_feature_matrices([ds], columns)[0]
+
+
+def describe_extractors(names: Iterable[str]) -> Mapping[str, str]:
+    return {n: get_extractor(n).doc for n in names}

@@ -1,0 +1,153 @@
+"""z-statistics of features against labels (Gardner et al. 2021; Wu et al. 2022).
+
+For a feature x present in n rows and a label l, with p_hat(l|x) the share of those rows labelled l
+and p0 the expected share (1/K by default, or the label prior):
+
+    z(x, l) = (p_hat(l|x) - p0) / sqrt(p0 (1 - p0) / n)
+
+A feature seen only with label l has p_hat = 1 and z = sqrt(n) (1 - p0) / sqrt(p0 (1 - p0)).
+Everything is computed from a count matrix (features x labels) built with one ``np.bincount``
+over integer feature ids, so it is linear in the number of stored (row, feature) entries.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+from scipy import stats as sstats
+
+from .errors import ConfigError
+from .features import FeatureMatrix
+
+
+def count_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """counts[x, l] = number of rows (optionally only ``rows``, a boolean mask) with feature x and label l."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if len(labels) != fm.n_rows:
+        raise ConfigError(f"{len(labels)} labels for a feature matrix of {fm.n_rows} rows")
+    entry_label = np.repeat(labels, np.diff(fm.indptr))
+    keys = fm.indices.astype(np.int64) * num_labels + entry_label
+    if rows is not None:
+        keys = keys[np.repeat(np.asarray(rows, bool), np.diff(fm.indptr))]
+    return np.bincount(keys, minlength=fm.n_features * num_labels).reshape(fm.n_features, num_labels)
+
+
+def resolve_p0(p0: "str | float | Sequence[float] | None", num_labels: int, label_counts: np.ndarray) -> np.ndarray:
+    if p0 is None or p0 == "uniform":
+        return np.full(num_labels, 1.0 / num_labels)
+    if p0 == "prior":
+        total = label_counts.sum()
+        if total == 0:
+            raise ConfigError("p0='prior' needs at least one row")
+        return label_counts / total
+    arr = np.broadcast_to(np.asarray(p0, dtype=float), (num_labels,)).copy()
+    if np.any(arr <= 0) or np.any(arr >= 1):
+        raise ConfigError(f"p0 must lie strictly between 0 and 1, got {arr.tolist()}")
+    return arr
+
+
+def z_from_counts(counts: np.ndarray, p0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(n, p_hat, z) from a features x labels count matrix. Features with n = 0 get p_hat = p0, z = 0."""
+    n = counts.sum(axis=1)
+    safe_n = np.maximum(n, 1)[:, None]
+    p_hat = np.where(n[:, None] > 0, counts / safe_n, p0[None, :])
+    z = (p_hat - p0[None, :]) / np.sqrt(p0 * (1 - p0) / safe_n)
+    return n, p_hat, z
+
+
+def bonferroni_threshold(n_tests: int, alpha: float = 0.01) -> float:
+    """|z| above which a feature-label pair is significant at level alpha, Bonferroni-corrected
+    for ``n_tests`` tests (two-sided), as Gardner et al. (2021) draw it."""
+    return float(sstats.norm.isf(alpha / (2 * max(n_tests, 1))))
+
+
+@dataclasses.dataclass
+class ZStats:
+    vocab: np.ndarray
+    label_names: tuple[str, ...]
+    counts: np.ndarray  # V x K
+    n: np.ndarray       # V
+    p_hat: np.ndarray   # V x K
+    z: np.ndarray       # V x K
+    p0: np.ndarray      # K
+    n_rows: int
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    def top_k(self, k: int = 20, min_n: int = 1) -> np.ndarray:
+        """ids[l, :] = the (up to) k features with the highest z for label l, best first (-1 pads)."""
+        out = np.full((self.num_labels, k), -1, dtype=np.int64)
+        present = self.n >= max(min_n, 1)
+        for l in range(self.num_labels):
+            out[l] = top_k_ids(self.z[:, l], k, present)
+        return out
+
+    def biased_mask(self, k: int = 20) -> np.ndarray:
+        """mask[x, l]: feature x is among label l's top-k."""
+        mask = np.zeros(self.z.shape, bool)
+        top = self.top_k(k)
+        for l in range(self.num_labels):
+            ids = top[l][top[l] >= 0]
+            mask[ids, l] = True
+        return mask
+
+    def count_above(self, threshold: float) -> dict[str, int]:
+        present = self.n > 0
+        return {name: int(np.sum(present & (np.abs(self.z[:, l]) > threshold)))
+                for l, name in enumerate(self.label_names)}
+
+    def max_abs_z(self, exclude: Sequence[str] = ()) -> float:
+        keep = self.n > 0
+        for name in exclude:
+            keep &= self.vocab != name
+        return float(np.abs(self.z[keep]).max()) if keep.any() else 0.0
+
+    def records(self, ids: np.ndarray | None = None, label: int | None = None) -> list[dict]:
+        """``{feature, label, n, p_hat, z}`` for feature ids (all labels, or one)."""
+        ids = np.arange(len(self.vocab)) if ids is None else np.asarray(ids)
+        labs = range(self.num_labels) if label is None else [label]
+        return [{"feature": str(self.vocab[i]), "label": self.label_names[l], "n": int(self.n[i]),
+                 "p_hat": round(float(self.p_hat[i, l]), 6), "z": round(float(self.z[i, l]), 4)}
+                for l in labs for i in ids if i >= 0]
+
+    def top_records(self, k: int = 20) -> list[dict]:
+        top = self.top_k(k)
+        return [r for l in range(self.num_labels) for r in self.records(top[l], label=l)]
+
+
+def top_k_ids(scores: np.ndarray, k: int, valid: np.ndarray | None = None) -> np.ndarray:
+    """The k highest-scoring ids (ties broken by lower id), best first; -1 pads when fewer are valid."""
+    scores = np.where(valid, scores, -np.inf) if valid is not None else scores
+    n_valid = int(np.isfinite(scores).sum())
+    k_eff = min(k, n_valid)
+    out = np.full(k, -1, dtype=np.int64)
+    if k_eff == 0:
+        return out
+    # argpartition, then a stable order on (-score, id) of the candidates and their ties
+    kth = np.partition(scores, len(scores) - k_eff)[len(scores) - k_eff]
+    cand = np.nonzero(scores >= kth)[0]
+    order = np.lexsort((cand, -scores[cand]))
+    out[:k_eff] = cand[order][:k_eff]
+    return out
+
+
+def compute_zstats(fm: FeatureMatrix, labels: np.ndarray, label_names: Sequence[str],
+                   p0: "str | float | Sequence[float] | None" = "uniform", rows: np.ndarray | None = None) -> ZStats:
+    """z-statistics of every feature and label (optionally over a boolean row mask)."""
+    K = len(label_names)
+    labels = np.asarray(labels, dtype=np.int64)
+    counts = count_matrix(fm, labels, K, rows)
+    sel = labels if rows is None else labels[np.asarray(rows, bool)]
+    label_counts = np.bincount(sel, minlength=K)
+    p0_arr = resolve_p0(p0, K, label_counts)
+    n, p_hat, z = z_from_counts(counts, p0_arr)
+    return ZStats(fm.vocab, tuple(label_names), counts, n, p_hat, z, p0_arr, int(len(sel)))
+
+
+def z_only_label(n: int, p0: float) -> float:
+    """z of a feature seen in n rows, all with the same label: sqrt(n) (1 - p0) / sqrt(p0 (1 - p0))."""
+    return math.sqrt(n) * (1 - p0) / math.sqrt(p0 * (1 - p0))
