@@ -353,7 +353,8 @@ def feature_columns(ds_or_names) -> list[str]:
 class FeatureMatrix:
     """Rows x features in CSR form: row i carries ``indices[indptr[i]:indptr[i+1]]``.
 
-    ``vocab[j]`` is the string of feature id j. Matrices built together share one vocabulary.
+    ``vocab[j]`` is the string of feature id j; ids follow the lexicographic order of the strings.
+    Matrices built together share one vocabulary.
     """
 
     indptr: np.ndarray
@@ -444,8 +445,14 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
         rows_of.append(ds_rows)
         n_rows.append(len(ds))
     encoded = pc.dictionary_encode(pa.chunked_array(pieces, pa.string()))
-    vocab = np.array(encoded.chunks[-1].dictionary.to_pylist() if encoded.num_chunks else [], dtype=object)
-    codes = [c.indices.to_numpy().astype(np.int32) for c in encoded.chunks]
+    dictionary = encoded.chunks[-1].dictionary if encoded.num_chunks else pa.array([], pa.string())
+    # ids in lexicographic order of the feature strings: independent of row order, and the
+    # tie-break "lower id first" of the statistics is the string order
+    order = pc.sort_indices(dictionary).to_numpy()
+    rank = np.empty(len(order), np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    vocab = np.array(dictionary.take(pa.array(order)).to_pylist(), dtype=object)
+    codes = [rank[c.indices.to_numpy()] for c in encoded.chunks]
     out, k = [], 0
     for ds_rows, n in zip(rows_of, n_rows):
         r = np.concatenate(ds_rows) if ds_rows else np.zeros(0, np.int64)
