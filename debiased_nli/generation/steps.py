@@ -1,0 +1,83 @@
+"""Builder steps of the generation pipeline: ``step(ds, task, params) -> (out_ds, dropped_or_None, report)``.
+
+* :func:`train_generator_step` trains G (``mode: generator``) or G* (``mode: debias``; the input is
+  z-filtered into Z(D0) and Z-(D0) first) and returns the input unchanged (the model is the product,
+  its folder is ``report["out"]``).
+* :func:`generate_step` samples ``num_samples`` rows from ``params["generator"]``; the unparseable
+  samples are the dropped set.
+* :func:`confidence_filter_step` keeps the rows M is confident of (tau); the others are dropped.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..tasks import get_task
+from . import PAPER_DEFAULTS
+
+
+def _p(params: dict, key: str, default: Any = None) -> Any:
+    value = params.get(key)
+    return default if value is None else value
+
+
+def train_generator_step(ds, task, params: dict):
+    from .models import LoraOptions
+    from .train import debias_training_set, train_generator
+
+    task = get_task(task)
+    mode = _p(params, "mode", "generator")
+    lora = None
+    if _p(params, "lora", False):
+        lora = LoraOptions(r=_p(params, "lora_r", 8), alpha=_p(params, "lora_alpha", 16),
+                           dropout=_p(params, "lora_dropout", 0.05),
+                           target_modules=_p(params, "lora_targets", "all-linear"))
+    train_ds, zinfo = ds, None
+    if mode == "debias":
+        from ..featurize import add_features
+        from ..zfilter import z_filter
+        feats, _ = add_features(ds, task)
+        z = z_filter(feats, task, top_k=_p(params, "top_k", 20), batch_size=_p(params, "z_batch_size", 1000),
+                     seed=_p(params, "seed", 0))
+        train_ds = debias_training_set(z.kept, z.rejected)
+        zinfo = z.counts
+    report = train_generator(
+        train_ds, task, _p(params, "model", PAPER_DEFAULTS["generator"]), params["out"], mode=mode, lora=lora,
+        max_steps=params.get("max_steps"), epochs=_p(params, "epochs", 1), batch_size=_p(params, "batch_size", 8),
+        grad_accum=_p(params, "grad_accum", 1), lr=_p(params, "lr", 5e-5), warmup_steps=_p(params, "warmup_steps", 0),
+        lam=_p(params, "lam", PAPER_DEFAULTS["lambda"]), alpha=_p(params, "alpha", PAPER_DEFAULTS["alpha"]),
+        max_length=_p(params, "max_length", 128), checkpoint_every=_p(params, "checkpoint_every", 500),
+        seed=_p(params, "seed", 0), mixed_precision=_p(params, "mixed_precision", "no"), cpu=_p(params, "cpu", False),
+        merge=_p(params, "merge", False), log_every=_p(params, "log_every", 10))
+    report["out"] = params["out"]
+    if zinfo is not None:
+        report["z_filter"] = zinfo
+    return ds, None, report
+
+
+def generate_step(ds, task, params: dict):
+    """Samples from ``params["generator"]``; ``ds`` gives the premises when ``condition`` is not none."""
+    from .sample import generate_samples, load_generated
+
+    task = get_task(task)
+    condition = _p(params, "condition", "none")
+    premises = list(ds["premise"]) if condition != "none" and ds is not None else None
+    report = generate_samples(
+        params["generator"], params["out"], task, _p(params, "num_samples", PAPER_DEFAULTS["num_samples"].get(task.name, 1000)),
+        num_shards=params.get("num_shards"), shard_size=_p(params, "shard_size", 1000), seed=_p(params, "seed", 0),
+        batch_size=_p(params, "batch_size", 16), top_p=_p(params, "top_p", PAPER_DEFAULTS["top_p"]),
+        temperature=_p(params, "temperature", 1.0), max_new_tokens=_p(params, "max_new_tokens", 96),
+        condition=condition, premises=premises, cpu=_p(params, "cpu", False), dtype=params.get("dtype"),
+        progress=_p(params, "progress", True))
+    rows = load_generated(params["out"])
+    rejects = load_generated(params["out"], "rejects")
+    return rows, rejects, report
+
+
+def confidence_filter_step(ds, task, params: dict):
+    from ..confidence import confidence_filter, confidence_report
+
+    tau = _p(params, "tau", PAPER_DEFAULTS["tau"])
+    kept, rejected = confidence_filter(ds, _p(params, "model", PAPER_DEFAULTS["confidence_model"]), task, tau,
+                                       batch_size=_p(params, "batch_size", 64),
+                                       max_length=_p(params, "max_length", 128), progress=_p(params, "progress", True))
+    return kept, rejected, confidence_report(kept, rejected, task, tau)

@@ -1,0 +1,132 @@
+"""Training G and G* with tiny models built from a config: checkpoints, resume, LoRA, merge."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from debiased_nli.data import new_rows
+from debiased_nli.generation.models import LoraOptions, load_generator, merge_adapter
+from debiased_nli.generation.train import (REJECTED_COLUMN, debias_training_set, encode_dataset, perturbed_labels,
+                                           train_generator)
+
+MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
+
+
+def rows(n=16):
+    prem = ["A dog runs in the park.", "Two men play chess.", "A girl eats an apple.", "People wait for a bus."]
+    hyp = ["An animal is outside.", "Nobody is playing.", "A child eats fruit.", "Someone is sleeping."]
+    lab = ["entailment", "contradiction", "entailment", "neutral"]
+    return new_rows("snli", [prem[i % 4] for i in range(n)], [hyp[i % 4] for i in range(n)],
+                    [lab[i % 4] for i in range(n)], origin="perturbed", method="test")
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    tok = AutoTokenizer.from_pretrained(str(MODELS / "gpt2-tokenizer"))
+    cfg = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tok),
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_gpt2")
+    GPT2LMHeadModel(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    tok = AutoTokenizer.from_pretrained(str(MODELS / "smollm2-135m-instruct"))
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=len(tok), max_position_embeddings=128,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_perturbed_label_is_never_the_gold_label():
+    labels = np.arange(300) % 3
+    pert = perturbed_labels(labels, 3, seed=1)
+    assert (pert != labels).all() and set(pert) == {0, 1, 2}
+    assert (pert == perturbed_labels(labels, 3, seed=1)).all()
+
+
+def test_encoded_rows_carry_the_perturbed_label_sequence(tiny_gpt2):
+    from debiased_nli.generation.models import load_tokenizer
+    tok = load_tokenizer(tiny_gpt2)
+    enc = encode_dataset(rows(4), "snli", tok, seed=0, progress=False)
+    for r, lab, pert in zip(enc, rows(4)["label"], perturbed_labels(np.array(rows(4)["label"]), 3, 0)):
+        names = ("entailment", "neutral", "contradiction")
+        assert f"label: {names[lab]}" in tok.decode(r["input_ids"])
+        assert f"label: {names[pert]}" in tok.decode(r["p_input_ids"])
+        # the same hypothesis tokens under both labels
+        h = [t for t, m in zip(r["input_ids"], r["hypothesis"]) if m]
+        hp = [t for t, m in zip(r["p_input_ids"], r["p_hypothesis"]) if m]
+        assert h == hp and len(h) > 0
+
+
+def weights(folder):
+    model, _ = load_generator(folder)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_training_lowers_the_loss_and_a_killed_run_resumes_to_the_same_weights(tiny_gpt2, tmp_path):
+    kw = dict(max_steps=6, batch_size=4, lr=1e-2, checkpoint_every=2, seed=0, cpu=True, log_every=1, progress=False)
+    full = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "a"), **kw)
+    assert full["history"][-1]["loss"] < full["history"][0]["loss"]
+    assert full["history"][0]["label_consistency"] > 0
+    # "kill" after 3 steps: the last checkpoint is step 2; the rerun resumes there
+    assert train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), stop_after=3, **kw) == {"stopped_at": 3}
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["step-2"]
+    resumed = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), **kw)
+    assert resumed["resumed_from"] == "step-2" and resumed["steps_this_run"] == 4
+    wa, wb = weights(str(tmp_path / "a")), weights(str(tmp_path / "b"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
+    # only the last keep_checkpoints (2) checkpoints are kept
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+
+def test_llama_lora_adapter_is_saved_and_merges_to_the_same_model(tiny_llama, tmp_path):
+    out = tmp_path / "lora"
+    rep = train_generator(rows(8), "snli", tiny_llama, str(out), lora=LoraOptions(r=4, alpha=8, dropout=0.0),
+                          max_steps=2, batch_size=4, lr=1e-2, cpu=True, progress=False, merge=True)
+    assert rep["parameters"]["trainable"] < rep["parameters"]["total"]
+    assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
+    adapted, tok = load_generator(str(out))
+    from transformers import AutoModelForCausalLM
+    merged = AutoModelForCausalLM.from_pretrained(rep["merged"])
+    ids = tok("premise: A dog.\nlabel: neutral\nhypothesis:", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(ids).logits, merged(ids).logits, rtol=1e-4, atol=1e-4)
+        base = AutoModelForCausalLM.from_pretrained(tiny_llama)
+        assert not torch.allclose(base(ids).logits, merged(ids).logits)
+    again = merge_adapter(str(out), str(tmp_path / "merged2"))
+    assert (Path(again) / "config.json").exists()
+
+
+def test_lora_target_modules_option(tiny_llama):
+    model, _ = load_generator(tiny_llama, lora=LoraOptions(r=2, target_modules="q_proj,v_proj"))
+    names = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n}
+    assert names == {"q_proj", "v_proj"}
+
+
+def test_debias_fine_tune_applies_unlikelihood_to_the_rejected_rows(tiny_gpt2, tmp_path):
+    import datasets
+    kept = rows(8)
+    rejected = rows(4).add_column("rejected_by", [["dog@hypothesis"], ["nobody@hypothesis"], ["hypo-len<5"], []],
+                                  feature=datasets.Sequence(datasets.Value("string")))
+    train = debias_training_set(kept, rejected)
+    assert train[REJECTED_COLUMN] == [0] * 8 + [1] * 4
+    rep = train_generator(train, "snli", tiny_gpt2, str(tmp_path / "gstar"), mode="debias", max_steps=3,
+                          batch_size=12, lr=1e-2, cpu=True, progress=False, log_every=1, alpha=1.0)
+    assert rep["mode"] == "debias" and all(h["unlikelihood"] > 0 for h in rep["history"])
+    with pytest.raises(Exception, match="rejected_by"):
+        debias_training_set(kept, rows(2))
