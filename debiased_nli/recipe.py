@@ -1,0 +1,289 @@
+"""Builder recipes: one YAML per release, run end to end by ``debiased-nli build``.
+
+A recipe names the task, where D0 comes from, how features are computed, the z-filtering
+parameters, the steps that make new rows D_G (``new_rows``; each a *source step*) and the steps
+that make extra configs from D0 (``filters``; each a *filter step*, e.g. AFLite). It publishes every
+config its inputs allow: ``z_filtered`` from D0 alone; ``z_aug``, ``par_z`` and ``seq_z`` when new
+rows are given; one config per filter step. Later stages plug in by registering a step::
+
+    @register_source_step("my_generator")
+    def my_generator(task, params, ctx) -> Dataset: ...          # canonical new rows
+
+    @register_filter_step("my_filter")
+    def my_filter(ds, task, params, ctx) -> (kept, removed, report): ...
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import yaml
+
+from . import __version__
+from .errors import ConfigError
+from .tasks import did_you_mean, get_task
+
+DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "task": None,
+    "release_version": "1.0.0",
+    "pretty_name": None,
+    "repo_id": None,
+    "summary": "",
+    "seed": 0,
+    "data": {"data_files": None, "split": "train", "eval_splits": [], "on_invalid": "error", "max_rows": None,
+             "revision": None},
+    "features": {"hypothesis_only": "tfidf", "folds": 5},
+    "z_filter": {"top_k": 20, "batch_size": 1000, "p0": "uniform", "min_z": 0.0},
+    "new_rows": [],
+    "filters": [],
+    "configs": "auto",
+    "default_config": "auto",
+    "history": [],
+    "extra_citations": [],
+}
+Z_CONFIGS = ("z_filtered", "z_aug", "par_z", "seq_z")
+
+SourceStep = Callable[..., Any]
+FilterStep = Callable[..., Any]
+_SOURCE_STEPS: dict[str, SourceStep] = {}
+_FILTER_STEPS: dict[str, FilterStep] = {}
+# steps defined in modules that are imported only when a recipe uses them (heavy dependencies)
+_LAZY_STEPS = {
+    "aflite": ("filter", "debiased_nli.aflite", "aflite_step"),
+}
+
+
+def register_source_step(name: str):
+    def wrap(fn):
+        _SOURCE_STEPS[name] = fn
+        return fn
+    return wrap
+
+
+def register_filter_step(name: str):
+    def wrap(fn):
+        _FILTER_STEPS[name] = fn
+        return fn
+    return wrap
+
+
+def _step(kind: str, name: str) -> Callable:
+    table = _SOURCE_STEPS if kind == "source" else _FILTER_STEPS
+    if name not in table and name in _LAZY_STEPS and _LAZY_STEPS[name][0] == kind:
+        _, module, attr = _LAZY_STEPS[name]
+        table[name] = getattr(importlib.import_module(module), attr)
+    if name not in table:
+        known = sorted(set(table) | {n for n, v in _LAZY_STEPS.items() if v[0] == kind})
+        raise ConfigError(f"unknown {kind} step {name!r}.{did_you_mean(name, known)} Known {kind} steps: {known}")
+    return table[name]
+
+
+@register_source_step("files")
+def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
+    """New rows (e.g. generated elsewhere) from local files in the task's schema or the canonical one."""
+    from .data import load_task
+
+    files = params.get("data_files")
+    if not files:
+        raise ConfigError("the `files` step needs `data_files`")
+    origin = params.get("origin", "generated")
+    method = params.get("method", f"files:{Path(str(files if isinstance(files, str) else files[0])).name}")
+    loaded = load_task(task, "train", data_files={"train": files}, on_invalid=params.get("on_invalid", "error"))
+    ds = loaded.dataset
+    # rows from files that already carry provenance keep it; others are marked as new rows
+    uids = [f"{method}:{i}" for i in range(len(ds))]
+    ds = ds.remove_columns(["uid", "origin", "method"]).add_column("uid", uids) \
+        .add_column("origin", [origin] * len(ds)).add_column("method", [method] * len(ds))
+    ctx["sources"].append(loaded.source)
+    ctx["set_aside"].append(("new_rows", loaded.set_aside))
+    return ds
+
+
+def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]") -> dict[str, Any]:
+    """Read and validate a recipe (unknown keys are errors, with "did you mean")."""
+    if isinstance(path_or_dict, Mapping):
+        raw, where = dict(path_or_dict), "<recipe>"
+    else:
+        p = Path(path_or_dict)
+        if not p.exists():
+            raise ConfigError(f"recipe {p} does not exist")
+        raw, where = yaml.safe_load(p.read_text()) or {}, str(p)
+    recipe = copy.deepcopy(DEFAULTS)
+    for key, value in raw.items():
+        if key not in DEFAULTS:
+            raise ConfigError(f"{where}: unknown recipe key {key!r}.{did_you_mean(key, list(DEFAULTS))} "
+                              f"Known keys: {sorted(DEFAULTS)}")
+        if isinstance(DEFAULTS[key], dict):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{where}: `{key}` must be a mapping")
+            for sub in value:
+                if sub not in DEFAULTS[key]:
+                    raise ConfigError(f"{where}: unknown key {key}.{sub}.{did_you_mean(sub, list(DEFAULTS[key]))} "
+                                      f"Known: {sorted(DEFAULTS[key])}")
+            recipe[key].update(value)
+        else:
+            recipe[key] = value
+    if not recipe["task"]:
+        raise ConfigError(f"{where}: a recipe needs `task`")
+    get_task(recipe["task"])
+    recipe["name"] = recipe["name"] or f"debiased-{recipe['task']}"
+    recipe["pretty_name"] = recipe["pretty_name"] or recipe["name"]
+    for kind, key in (("source", "new_rows"), ("filter", "filters")):
+        for i, step in enumerate(recipe[key] or []):
+            if not isinstance(step, Mapping) or "step" not in step:
+                raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name")
+            _step(kind, step["step"])
+    if recipe["configs"] != "auto":
+        known = list(Z_CONFIGS) + [s.get("config", s["step"]) for s in recipe["filters"]] + ["original"]
+        for c in recipe["configs"]:
+            if c not in known:
+                raise ConfigError(f"{where}: unknown config {c!r}.{did_you_mean(c, known)} Known configs: {known}")
+    return recipe
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "debiased-nli": __version__}
+    for mod in ("numpy", "scipy", "pyarrow", "datasets", "huggingface_hub", "sklearn", "transformers", "torch"):
+        m = sys.modules.get(mod)
+        if m is None and mod in ("numpy", "scipy", "pyarrow", "datasets", "huggingface_hub", "sklearn"):
+            m = importlib.import_module(mod)
+        if m is not None:
+            out[mod] = getattr(m, "__version__", "?")
+    return out
+
+
+@dataclasses.dataclass
+class BuildResult:
+    out_dir: Path
+    configs: dict[str, int]
+    manifest: dict
+
+
+def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
+          new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
+          max_rows: int | None = None) -> BuildResult:
+    """Run a recipe end to end and write the release folder."""
+    import datasets
+
+    from .data import load_task
+    from .features import describe_extractors
+    from .featurize import add_features
+    from .release import ConfigData, compose, write_release
+
+    recipe = load_recipe(recipe)
+    if seed is not None:
+        recipe["seed"] = seed
+    if max_rows is not None:
+        recipe["data"]["max_rows"] = max_rows
+    if new_rows_files:
+        recipe["new_rows"] = list(recipe["new_rows"]) + [{"step": "files", "data_files": list(new_rows_files)}]
+    task = get_task(recipe["task"])
+    seed_ = int(recipe["seed"])
+    d = recipe["data"]
+    files = data_files if data_files is not None else d["data_files"]
+    ctx: dict[str, Any] = {"sources": [], "set_aside": [], "seed": seed_, "recipe": recipe}
+    stages: list[dict] = []
+
+    loaded = load_task(task, d["split"], data_files=files, on_invalid=d["on_invalid"], revision=d["revision"],
+                       max_rows=d["max_rows"])
+    ctx["sources"].append(loaded.source)
+    stages.append({"stage": "load", "detail": f"{task.name} split {d['split']!r}", "counts": loaded.counts})
+    d0 = loaded.dataset
+    eval_splits = {}
+    for split in d["eval_splits"]:
+        ev = load_task(task, split, data_files=files, on_invalid=d["on_invalid"], revision=d["revision"])
+        ctx["sources"].append(ev.source)
+        eval_splits[split] = ev.dataset
+        stages.append({"stage": f"load {split}", "detail": "copied unchanged into every config", "counts": ev.counts})
+
+    dg = None
+    parts = []
+    for step in recipe["new_rows"]:
+        params = {k: v for k, v in step.items() if k != "step"}
+        rows = _step("source", step["step"])(task, params, ctx)
+        stages.append({"stage": f"new rows: {step['step']}", "counts": {"rows": len(rows)}})
+        parts.append(rows)
+    if parts:
+        dg = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+    # features of D0 and D_G together: one vocabulary, one out-of-fold hypothesis-only model
+    feat_cfg = recipe["features"]
+    both = d0 if dg is None else datasets.concatenate_datasets([d0, dg.cast(d0.features)])
+    both_f, hyp = add_features(both, task, hypothesis_only=feat_cfg["hypothesis_only"],
+                               hypo_only_folds=feat_cfg["folds"], seed=seed_, progress=progress)
+    d0_f = both_f.select(range(len(d0)))
+    dg_f = both_f.select(range(len(d0), len(both_f))) if dg is not None else None
+    stages.append({"stage": "features", "detail": ", ".join(task.features),
+                   "counts": {"rows": len(both_f)} | ({"hypothesis_only_accuracy": round(hyp.accuracy, 4)} if hyp else {})})
+
+    zc = recipe["z_filter"]
+    wanted = None if recipe["configs"] == "auto" else [c for c in recipe["configs"] if c in Z_CONFIGS]
+    results = compose(d0_f, dg_f, task, top_k=zc["top_k"], batch_size=zc["batch_size"], seed=seed_,
+                      p0=zc["p0"], configs=wanted, progress=progress) if wanted != [] else {}
+    configs: list[ConfigData] = []
+    if "z_filtered" in results and (wanted is None or "z_filtered" in wanted):
+        r = results["z_filtered"]
+        configs.append(ConfigData("z_filtered", {"train": r.kept, **eval_splits}, r.rejected))
+        stages.append({"stage": "z_filtered = Z(D0)", "detail": f"top_k={zc['top_k']}, batch_size={zc['batch_size']}",
+                       "counts": r.counts})
+    if "z_aug" in results:
+        r = results["z_aug"]
+        configs.append(ConfigData("z_aug", {"train": r.kept, **eval_splits}, r.rejected))
+        stages.append({"stage": "z_aug = Z(D_G | D0)", "counts": r.counts})
+    if "par_z_new" in results:
+        r, z0 = results["par_z_new"], results["z_filtered"]
+        train = datasets.concatenate_datasets([z0.kept, r.kept])
+        rejected = datasets.concatenate_datasets([z0.rejected, r.rejected])
+        configs.append(ConfigData("par_z", {"train": train, **eval_splits}, rejected))
+        stages.append({"stage": "par_z = Z(D0) ∪ Z(D_G)", "counts": {"Z(D0)": len(z0.kept), "Z(D_G)": len(r.kept),
+                                                                     "output": len(train)}})
+    if "seq_z" in results:
+        r = results["seq_z"]
+        configs.append(ConfigData("seq_z", {"train": r.kept, **eval_splits}, r.rejected))
+        stages.append({"stage": "seq_z = Z(D_G | Z(D0))", "counts": r.counts})
+    for step in recipe["filters"]:
+        name = step.get("config", step["step"])
+        if wanted is not None and recipe["configs"] != "auto" and name not in recipe["configs"]:
+            continue
+        params = {k: v for k, v in step.items() if k not in ("step", "config")}
+        params.setdefault("seed", seed_)
+        kept, removed, report = _step("filter", step["step"])(d0_f, task, params, ctx)
+        configs.append(ConfigData(name, {"train": kept, **eval_splits}, removed))
+        stages.append({"stage": f"{name}: {step['step']}", "counts": {"kept": len(kept), "removed": len(removed)},
+                       "report": report})
+    if recipe["configs"] != "auto" and "original" in recipe["configs"]:
+        configs.insert(0, ConfigData("original", {"train": d0_f, **eval_splits}))
+    if not configs:
+        raise ConfigError("the recipe produced no config; check `configs`")
+    default = recipe["default_config"]
+    if default == "auto":
+        names = [c.name for c in configs]
+        default = "seq_z" if "seq_z" in names else ("z_filtered" if "z_filtered" in names else names[0])
+    set_aside_counts = {}
+    for where, sa in [("train", loaded.set_aside)] + ctx["set_aside"]:
+        if sa is not None and len(sa):
+            set_aside_counts[where] = len(sa)
+    manifest = {
+        "recipe": recipe,
+        "seed": seed_,
+        "versions": library_versions(),
+        "inputs": ctx["sources"],
+        "stages": stages,
+        "features": {"extractors": dict(describe_extractors(task.features)),
+                     "hypothesis_only": hyp.to_dict() if hyp else None},
+        "set_aside": set_aside_counts,
+    }
+    meta = {"pretty_name": recipe["pretty_name"], "repo_id": recipe["repo_id"] or f"<org>/{recipe['name']}",
+            "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,
+            "history": recipe["history"] or [{"version": recipe["release_version"], "notes": "first release"}],
+            "extra_citations": recipe["extra_citations"]}
+    out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0_f,
+                        overwrite=overwrite, set_aside=loaded.set_aside)
+    return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest)

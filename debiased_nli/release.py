@@ -1,0 +1,264 @@
+"""Release folders laid out exactly like a Hub dataset repo, and the compositions of Wu et al. (2022).
+
+    <release>/README.md                          YAML (configs, dataset_info) + the dataset card
+    <release>/data/<config>/<split>-00000-of-0000N.parquet
+    <release>/rejected/<config>/train-*.parquet  the rows a stage dropped, with the reason
+    <release>/images/zstats_<config>.png         the z-statistics picture of each config
+    <release>/manifest.json                      recipe, seeds, versions, input fingerprints, counts
+
+``load_dataset(<release>, "seq_z")`` works offline and, after a push, ``load_dataset("org/name",
+"seq_z")`` works from the Hub. The folder is written under a temporary name beside the target and
+renamed when complete, so an interrupted build never leaves a half release. Nothing in it depends
+on the clock, so the same inputs and seed give the same folder byte for byte.
+
+Compositions for a base set D0 and new rows D_G:
+    z_filtered = Z(D0)        z_aug = Z(D_G | D0) (= D0 + the kept new rows)
+    par_z = Z(D0) ∪ Z(D_G)    seq_z = Z(D_G | Z(D0)) (= Z(D0) + the new rows kept given it)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import __version__
+from .data import PROVENANCE_COLUMNS
+from .errors import ConfigError
+from .features import build_feature_matrices
+from .tasks import TaskSpec, get_task
+from .zfilter import REJECTED_BY, ZFilterResult, z_filter
+from .zstats import compute_zstats
+
+CONFIG_DESCRIPTIONS = {
+    "original": "the input D0, unchanged (for comparison)",
+    "z_filtered": "Z(D0): the original rows z-filtered (Wu et al. 2022, Algorithm 1)",
+    "z_aug": "Z-Aug = Z(D_G | D0): the original rows plus the new rows kept by z-filtering conditioned on them",
+    "par_z": "Par-Z = Z(D0) ∪ Z(D_G): the z-filtered original rows plus the separately z-filtered new rows",
+    "seq_z": "Seq-Z = Z(D_G | Z(D0)): the z-filtered original rows plus the new rows kept by z-filtering "
+             "conditioned on them",
+    "aflite": "AFLite (Le Bras et al. 2020): the original rows that an ensemble of linear models on embeddings "
+              "does not predict too easily",
+}
+CANONICAL = ("premise", "hypothesis", "label") + PROVENANCE_COLUMNS
+ROWS_PER_SHARD = 500_000
+
+
+@dataclasses.dataclass
+class ConfigData:
+    """One config of a release: its splits, the rows its stage dropped, and a description."""
+
+    name: str
+    splits: dict[str, Any]
+    rejected: Any = None
+    description: str = ""
+    stages: list[dict] = dataclasses.field(default_factory=list)
+
+
+def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
+            p0="uniform", configs: Sequence[str] | None = None, progress: bool = True) -> dict[str, ZFilterResult]:
+    """The z-filtering compositions available for D0 (and D_G when given), keyed by config name.
+
+    Both inputs must carry feature columns computed together (same extractors, one
+    hypothesis-only model), e.g. by featurising their concatenation.
+    """
+    task = get_task(task)
+    wanted = set(configs) if configs else None
+    kw = dict(top_k=top_k, batch_size=batch_size, seed=seed, p0=p0, progress=progress)
+    out: dict[str, ZFilterResult] = {}
+    need_z0 = wanted is None or wanted & {"z_filtered", "par_z", "seq_z"}
+    if need_z0:
+        out["z_filtered"] = z_filter(d0, task, **kw)
+    if dg is not None and len(dg):
+        if wanted is None or "z_aug" in wanted:
+            out["z_aug"] = z_filter(dg, task, seed_dataset=d0, allow_empty=True, **kw)
+        if wanted is None or "par_z" in wanted:
+            out["par_z_new"] = z_filter(dg, task, allow_empty=True, **kw)
+        if wanted is None or "seq_z" in wanted:
+            out["seq_z"] = z_filter(dg, task, seed_dataset=out["z_filtered"].kept, allow_empty=True, **kw)
+    return out
+
+
+def canonical_only(ds, extra: Sequence[str] = ()):
+    keep = [c for c in list(CANONICAL) + list(extra) if c in ds.column_names]
+    return ds.select_columns(keep)
+
+
+def _write_parquet(ds, folder: Path, split: str) -> list[dict]:
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(ds)
+    shards = max(1, (n + ROWS_PER_SHARD - 1) // ROWS_PER_SHARD)
+    files = []
+    for i in range(shards):
+        part = ds.select(range(i * ROWS_PER_SHARD, min((i + 1) * ROWS_PER_SHARD, n))) if shards > 1 else ds
+        path = folder / f"{split}-{i:05d}-of-{shards:05d}.parquet"
+        part.to_parquet(str(path))
+        files.append({"path": str(path), "rows": len(part), "bytes": path.stat().st_size})
+    return files
+
+
+def zstats_summary(ds, task: TaskSpec, reference_ds=None, top_k: int = 10) -> dict:
+    """Top features per label of ``ds`` (and of the reference with their z in ``ds``), for cards."""
+    mats = build_feature_matrices([ds] + ([reference_ds] if reference_ds is not None else []))
+    labels = np.asarray(ds["label"], np.int64)
+    zs = compute_zstats(mats[0], labels, task.labels)
+    summary = {"n_rows": len(labels), "max_abs_z": round(zs.max_abs_z(exclude=("<null>",)), 3),
+               "top": zs.top_records(top_k), "_zstats": zs}
+    if reference_ds is not None:
+        zr = compute_zstats(mats[1], np.asarray(reference_ds["label"], np.int64), task.labels)
+        rows = []
+        for l, name in enumerate(task.labels):
+            for i in zr.top_k(top_k)[l]:
+                if i >= 0:
+                    rows.append({"label": name, "feature": str(zr.vocab[i]), "z_before": round(float(zr.z[i, l]), 2),
+                                 "n_before": int(zr.n[i]), "z_after": round(float(zs.z[i, l]), 2) if zs.n[i] else None,
+                                 "n_after": int(zs.n[i])})
+        summary["before_after"] = rows
+    return summary
+
+
+def _dataset_card_yaml(task: TaskSpec, configs: Sequence[ConfigData], written: Mapping[str, Mapping[str, list]],
+                       default: str, meta: Mapping[str, Any]) -> str:
+    """The README YAML: ``configs`` (data_files, default) and ``dataset_info`` (features, sizes)."""
+    import datasets
+    from datasets.info import DatasetInfo, DatasetInfosDict
+    from datasets.splits import SplitDict, SplitInfo
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCardData
+
+    card = DatasetCardData(
+        license=meta.get("license"), pretty_name=meta.get("pretty_name"), task_categories=["text-classification"],
+        task_ids=["natural-language-inference"] if task.num_labels == 3 else ["semantic-similarity-classification"],
+        language=["en"], tags=["debiasing", "z-filtering", "spurious-correlations", "debiased-nli"],
+        size_categories=[_size_category(max(sum(f["rows"] for f in written[c.name]["train"]) for c in configs))])
+    infos, meta_configs = {}, {}
+    for c in configs:
+        feats = canonical_only(next(iter(c.splits.values()))).features
+        splits = SplitDict()
+        for split, files in written[c.name].items():
+            splits.add(SplitInfo(name=split, num_bytes=sum(f["arrow_bytes"] for f in files),
+                                 num_examples=sum(f["rows"] for f in files)))
+        info = DatasetInfo(features=feats, splits=splits, config_name=c.name,
+                           download_size=sum(f["bytes"] for fs in written[c.name].values() for f in fs),
+                           dataset_size=sum(f["arrow_bytes"] for fs in written[c.name].values() for f in fs))
+        infos[c.name] = info
+        entry = {"data_files": [{"split": s, "path": f"data/{c.name}/{s}-*"} for s in written[c.name]]}
+        if c.name == default:
+            entry["default"] = True
+        meta_configs[c.name] = entry
+    DatasetInfosDict(infos).to_dataset_card_data(card)
+    MetadataConfigs(meta_configs).to_dataset_card_data(card)
+    return card.to_yaml().rstrip("\n") + "\n"
+
+
+def _size_category(n: int) -> str:
+    for bound, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
+                        (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M")):
+        if n < bound:
+            return name
+    return "10M<n<100M"
+
+
+def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequence[ConfigData], *, default: str,
+                  manifest: Mapping[str, Any], meta: Mapping[str, Any], original=None, overwrite: bool = False,
+                  top_k_card: int = 10, set_aside=None) -> Path:
+    """Write a Hub-layout release folder atomically (temporary name, then rename)."""
+    task = get_task(task)
+    out = Path(out_dir).resolve()
+    names = [c.name for c in configs]
+    if not configs:
+        raise ConfigError("a release needs at least one config")
+    if default not in names:
+        raise ConfigError(f"default config {default!r} is not among the configs {names}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"config names must be unique: {names}")
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it (the old folder is kept "
+                          f"until the new one is complete)")
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        written: dict[str, dict[str, list]] = {}
+        summaries = {}
+        (tmp / "images").mkdir()
+        from .audit import plot_zstats
+        from .zstats import bonferroni_threshold
+        if original is not None:
+            s = zstats_summary(original, task, top_k=top_k_card)
+            thr = bonferroni_threshold(int((s["_zstats"].n > 0).sum()) * task.num_labels)
+            plot_zstats(s["_zstats"], thr, tmp / "images" / "zstats_original.png",
+                        title=f"original ({len(original):,} rows)")
+            summaries["original"] = {k: v for k, v in s.items() if k != "_zstats"}
+        for c in configs:
+            written[c.name] = {}
+            for split, ds in c.splits.items():
+                ds = canonical_only(ds).flatten_indices()
+                files = _write_parquet(ds, tmp / "data" / c.name, split)
+                for f in files:
+                    f["path"] = str(Path(f["path"]).relative_to(tmp))
+                    f["arrow_bytes"] = int(ds.data.nbytes * f["rows"] / max(len(ds), 1))
+                written[c.name][split] = files
+            if c.rejected is not None and len(c.rejected):
+                extra = [col for col in (REJECTED_BY, "reason", "aflite_score", "aflite_round", "stage")
+                         if col in c.rejected.column_names]
+                _write_parquet(canonical_only(c.rejected, extra), tmp / "rejected" / c.name, "train")
+            train = c.splits.get("train")
+            if train is not None and any(col.startswith("feat_") for col in train.column_names):
+                s = zstats_summary(train, task, reference_ds=original, top_k=top_k_card)
+                thr = bonferroni_threshold(int((s["_zstats"].n > 0).sum()) * task.num_labels)
+                plot_zstats(s["_zstats"], thr, tmp / "images" / f"zstats_{c.name}.png",
+                            title=f"{c.name} ({len(train):,} rows)")
+                summaries[c.name] = {k: v for k, v in s.items() if k != "_zstats"}
+        if set_aside is not None and len(set_aside):
+            (tmp / "rejected").mkdir(exist_ok=True)
+            set_aside.to_parquet(str(tmp / "rejected" / "set_aside_on_load.parquet"))
+        manifest = dict(manifest)
+        manifest["files"] = {c: {s: [{k: v for k, v in f.items() if k != "arrow_bytes"} for f in fs]
+                                 for s, fs in sp.items()} for c, sp in written.items()}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        yaml_header = _dataset_card_yaml(task, configs, written, default, meta)
+        body = render_card(task, configs, written, summaries, manifest, meta, default)
+        (tmp / "README.md").write_text(f"---\n{yaml_header}---\n\n{body}")
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def templates_dir() -> Path:
+    env = os.environ.get("DEBIASED_NLI_TEMPLATES")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "model_cards"
+
+
+def render_card(task: TaskSpec, configs: Sequence[ConfigData], written, summaries, manifest, meta, default) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    sizes = []
+    split_names = sorted({s for sp in written.values() for s in sp}, key=lambda s: (s != "train", s))
+    for c in configs:
+        sizes.append({"config": c.name, "description": c.description or CONFIG_DESCRIPTIONS.get(c.name, ""),
+                      "default": c.name == default,
+                      "rows": {s: sum(f["rows"] for f in written[c.name].get(s, [])) if s in written[c.name] else None
+                               for s in split_names},
+                      "rejected": len(c.rejected) if c.rejected is not None else 0})
+    return env.get_template("dataset_card.md.j2").render(
+        task=task, meta=meta, sizes=sizes, split_names=split_names, summaries=summaries, manifest=manifest,
+        default=default, manifest_json=json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=2,
+                                                  sort_keys=True, default=str),
+        version=__version__, history=meta.get("history", []))
