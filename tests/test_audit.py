@@ -1,0 +1,44 @@
+import json
+
+from debiased_nli.cli import main
+
+
+def test_audit_of_the_real_snli_sample_ranks_known_artifacts(shared_data, tmp_path, capsys):
+    out = tmp_path / "audit"
+    code = main(["audit", "snli", "--data-files", str(shared_data / "snli/train_sample.parquet"), "--out", str(out)])
+    assert code == 0
+    report = json.loads((out / "audit.json").read_text())
+    assert report["n_rows"] == 20_000
+    assert report["labels"] == {"entailment": 6667, "neutral": 6562, "contradiction": 6771}
+    assert 0.5 < report["hypothesis_only_accuracy"] < 0.75
+    top = {label: [r["feature"] for r in report["features"] if r["label"] == label] for label in report["labels"]}
+    assert all(len(v) == 20 for v in top.values())
+    for label in report["labels"]:  # the hypothesis-only prediction heads every label
+        assert top[label][0] == f"hypo-only-pred={label}"
+    assert {"nobody@hypothesis", "sleeping@hypothesis"} <= set(top["contradiction"][:10])
+    assert "outside@hypothesis" in top["entailment"][:10]
+    for r in report["features"]:
+        assert set(r) == {"feature", "label", "n", "p_hat", "z"}
+    md = (out / "audit.md").read_text()
+    assert "### contradiction" in md and "`nobody@hypothesis`" in md
+    assert (out / "zstats.png").stat().st_size > 20_000
+
+
+def test_audit_of_the_demo_finds_the_planted_artifacts(tmp_path):
+    out = tmp_path / "demo"
+    assert main(["audit", "demo", "--out", str(out), "--top-k", "10"]) == 0
+    report = json.loads((out / "audit.json").read_text())
+    top = {label: [r["feature"] for r in report["features"] if r["label"] == label] for label in report["labels"]}
+    assert "nobody@hypothesis" in top["contradiction"]
+    assert "outdoors@hypothesis" in top["entailment"]
+    assert "competition@hypothesis" in top["neutral"]
+
+
+def test_audit_bad_input_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"premise": "A.", "hypothesis": "B.", "label": 0}\n{"premise": "A.", "hypothesis": "B.", "label": -1}\n')
+    assert main(["audit", "snli", "--data-files", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "row 1" in err and "'label'" in err and "-1" in err and "no gold label" in err
+    assert main(["audit", "snlii", "--out", str(tmp_path / "o")]) == 2
+    assert "Did you mean 'snli'" in capsys.readouterr().err

@@ -1,0 +1,106 @@
+import datasets
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from debiased_nli.errors import ConfigError
+from debiased_nli.features import (FeatureMatrix, add_feature_columns, build_feature_matrices,
+                                   build_feature_matrix, extract_table, register_extractor, tokenize)
+from debiased_nli.featurize import add_features
+
+LEXICAL = ["unigram_v1", "bigram_v1", "hypo_len_v1", "len_ratio_v1", "overlap_v1", "low_overlap_v1", "null_v1"]
+
+
+def features_of(premise, hypothesis, extractors=LEXICAL):
+    table = pa.table({"premise": [premise], "hypothesis": [hypothesis]})
+    out = extract_table(table, extractors, ["entailment", "neutral", "contradiction"])
+    return {c: out.column(c)[0].as_py() for c in out.column_names}
+
+
+def test_tokenisation_is_as_documented():
+    assert tokenize("Nobody's here, 'tis the dogs' ball!") == ["nobody's", "here", "tis", "the", "dogs", "ball"]
+    assert tokenize("...") == []
+    assert tokenize("Café  AU lait") == ["café", "au", "lait"]
+
+
+def test_features_of_a_crafted_pair_are_exactly_as_documented():
+    f = features_of("A man is sleeping on a sofa.", "Nobody is sleeping.")
+    assert f["feat_unigram_v1"] == ["a@premise", "man@premise", "is@premise", "sleeping@premise", "on@premise",
+                                    "sofa@premise", "nobody@hypothesis", "is@hypothesis", "sleeping@hypothesis"]
+    assert f["feat_bigram_v1"] == ["a man@premise", "man is@premise", "is sleeping@premise", "sleeping on@premise",
+                                   "on a@premise", "a sofa@premise", "nobody is@hypothesis", "is sleeping@hypothesis"]
+    assert f["feat_hypo_len_v1"] == ["hypo-len<5"]             # 3 tokens
+    assert f["feat_len_ratio_v1"] == ["len-ratio0.25-0.5"]     # 3 / 7
+    assert f["feat_overlap_v1"] == ["lex-overlap0.6-0.8"]      # 2 of 3 hypothesis tokens in the premise
+    assert f["feat_low_overlap_v1"] == ["lex-overlap<0.8"]
+    assert f["feat_null_v1"] == ["<null>"]
+
+
+@pytest.mark.parametrize("premise,hypothesis,overlap,ratio,length", [
+    ("A dog runs.", "A dog runs.", ["lex-overlap>0.8", "full-lex-overlap"], "len-ratio>=1", "hypo-len<5"),
+    ("Two kids play in the park today.", "Two kids play outside in the park", ["lex-overlap>0.8"],
+     "len-ratio>=1", "hypo-len5-9"),
+    ("A b c d e f g h i j", "x y z w v u t s r q p o n m l", ["lex-overlap<0.2"], "len-ratio>=1", "hypo-len15-19"),
+    ("one two three four five six seven eight nine ten eleven twelve thirteen", "one two x", ["lex-overlap0.6-0.8"],
+     "len-ratio<0.25", "hypo-len<5"),
+])
+def test_bins(premise, hypothesis, overlap, ratio, length):
+    f = features_of(premise, hypothesis)
+    assert f["feat_overlap_v1"] == overlap
+    assert f["feat_len_ratio_v1"] == [ratio]
+    assert f["feat_hypo_len_v1"] == [length]
+
+
+def test_repeated_words_count_once_per_row():
+    f = features_of("the the the", "a a b a")
+    assert f["feat_unigram_v1"] == ["the@premise", "a@hypothesis", "b@hypothesis"]
+    assert f["feat_bigram_v1"] == ["the the@premise", "a a@hypothesis", "a b@hypothesis", "b a@hypothesis"]
+
+
+def test_register_a_versioned_extractor():
+    @register_extractor("negation_test_v1")
+    def negation(batch):
+        return [["negation"] if {"no", "not", "nobody", "never"} & set(t) else []
+                for t in batch.tokens("hypothesis").to_pylist()]
+
+    assert features_of("A man.", "Nobody is here.", ["negation_test_v1"]) == {"feat_negation_test_v1": ["negation"]}
+    with pytest.raises(ConfigError, match="must carry a version"):
+        register_extractor("negation")
+    with pytest.raises(ConfigError, match="already registered"):
+        register_extractor("negation_test_v1")(negation)
+
+
+def test_feature_matrix_shares_vocab_and_selects_rows():
+    a = datasets.Dataset.from_dict({"premise": ["A b.", "C d."], "hypothesis": ["B.", "E."]})
+    b = datasets.Dataset.from_dict({"premise": ["Z."], "hypothesis": ["B."]})
+    a = add_feature_columns(a, ["unigram_v1"], ["x", "y"])
+    b = add_feature_columns(b, ["unigram_v1"], ["x", "y"])
+    fa, fb = build_feature_matrices([a, b])
+    assert fa.vocab is fb.vocab and list(fa.vocab) == sorted(fa.vocab)
+    assert fb.row(0) == ["z@premise", "b@hypothesis"]
+    sub = fa.select(np.array([1]))
+    assert sub.row(0) == ["c@premise", "d@premise", "e@hypothesis"]
+    assert fa.csr().shape == (2, len(fa.vocab))
+
+
+def test_feature_matrix_save_and_load(tmp_path):
+    ds = add_feature_columns(datasets.Dataset.from_dict({"premise": ["A b."], "hypothesis": ["B."]}),
+                             ["unigram_v1"], ["x"])
+    fm = build_feature_matrix(ds)
+    fm.save(tmp_path / "fm")
+    back = FeatureMatrix.load(tmp_path / "fm")
+    assert back.row(0) == fm.row(0)
+
+
+def test_add_features_is_cached_and_hypothesis_only_is_out_of_fold(shared_data):
+    from debiased_nli.data import load_task
+
+    ds = load_task("snli", data_files=str(shared_data / "snli/train_sample.parquet"), max_rows=3000).dataset
+    out, hyp = add_features(ds, "snli", progress=False)
+    again, hyp2 = add_features(ds, "snli", progress=False)
+    assert out.cache_files and out.cache_files[0]["filename"] == again.cache_files[0]["filename"]
+    np.testing.assert_array_equal(hyp.predictions, hyp2.predictions)
+    assert 0.4 < hyp.accuracy < 0.8  # far from the ~100% a model tested on its own training rows would get
+    assert set(out.column_names) >= {"feat_unigram_v1", "feat_hypo_only_v1", "hypo_only_pred"}
+    labels = ["entailment", "neutral", "contradiction"]
+    assert out[0]["feat_hypo_only_v1"] == [f"hypo-only-pred={labels[out[0]['hypo_only_pred']]}"]
