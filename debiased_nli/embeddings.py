@@ -1,0 +1,246 @@
+"""Pair embeddings for AFLite (Le Bras et al. 2020): Φ(x) for every row, computed once and cached.
+
+Each row is encoded as the pair ``(premise, hypothesis)`` with the encoder's own tokenizer (so
+``[CLS] premise [SEP] hypothesis [SEP]`` for BERT, ``<s> premise </s></s> hypothesis </s>`` for
+RoBERTa), and its embedding is the masked mean of the last hidden layer over the real tokens:
+
+    Φ(x) = Σ_t mask_t · h_t / Σ_t mask_t          (``pooling="mean"``, the default)
+    Φ(x) = h_0                                     (``pooling="cls"``)
+
+The paper uses RoBERTa-large fine-tuned on a small "warm-up" share of the data as Φ and discards
+the warm-up rows from the filtered set; :func:`warm_up_encoder` does that fine-tuning (a sequence
+classifier on the warm-up slice, then its encoder is used for the embeddings) and returns the rows it
+used, which the AFLite step reports as removed with reason ``warm-up``.
+
+Embeddings are cached on disk (``<cache_dir>/embeddings/emb-<key>.npy``), keyed by the dataset
+fingerprint (``ds._fingerprint``), the model identity (Hub id and revision, or folder and the size and
+modification time of its files) and the parameters, so a second run reads them instead of recomputing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import __version__
+from .errors import ConfigError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+#: the encoder of the paper (for users with the Hub)
+DEFAULT_ENCODER = "roberta-large"
+#: the encoder available offline on the development machines
+OFFLINE_ENCODER = str(Path.home() / ".cache" / "debiased-nli" / "models" / "all-minilm-l6-v2")
+POOLINGS = ("mean", "cls")
+
+
+def default_embedding_cache() -> Path:
+    from .featurize import default_cache_dir
+    return default_cache_dir() / "embeddings"
+
+
+def model_identity(model: str, revision: str | None = None) -> dict:
+    """What identifies an encoder for the cache: a folder by its files' names, sizes and mtimes,
+    a Hub id by its name and revision."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return {"folder": str(path.resolve()),
+                "files": [(str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]}
+    return {"hub": model, "revision": revision}
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _resolve_device(device: str | None):
+    import torch
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _with_pad_token(tok):
+    # byte-level BPE tokenizers (GPT-2 family) have no pad token; padding is masked out anyway
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return tok
+
+
+def _load_encoder(model: str, revision: str | None = None):
+    from transformers import AutoModel, AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(model, revision=revision)
+        enc = AutoModel.from_pretrained(model, revision=revision)
+    except OSError as err:
+        raise ConfigError(f"cannot load encoder {model!r}: {err}. Give a model folder (e.g. {OFFLINE_ENCODER}) "
+                          f"or a Hub id reachable from this machine") from err
+    return _with_pad_token(tok), enc
+
+
+def _check_rows(ds) -> None:
+    for col in ("premise", "hypothesis"):
+        if col not in ds.column_names:
+            raise InvalidInputError(f"compute_embeddings needs a canonical dataset with column {col!r}; "
+                                    f"the dataset has {ds.column_names}. Load it with debiased_nli.data.load_task.",
+                                    column=col)
+
+
+def encode_pairs(premises: Sequence[str], hypotheses: Sequence[str], tokenizer, encoder, *, batch_size: int = 64,
+                 max_length: int = 128, pooling: str = "mean", device=None, progress: bool = True,
+                 desc: str = "embeddings") -> np.ndarray:
+    """Encode (premise, hypothesis) pairs; returns float32 [n, hidden]. Rows are batched by length
+    (sorted, then put back in input order) so little time goes into padding."""
+    import torch
+    from tqdm.auto import tqdm
+
+    if pooling not in POOLINGS:
+        raise ConfigError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    device = _resolve_device(device) if device is None or isinstance(device, str) else device
+    encoder = encoder.to(device).eval()
+    n = len(premises)
+    hidden = encoder.config.hidden_size
+    out = np.zeros((n, hidden), dtype=np.float32)
+    # the character length is a good enough proxy of the token length for bucketing
+    order = np.argsort([len(p) + len(h) for p, h in zip(premises, hypotheses)], kind="stable")
+    with torch.inference_mode(), tqdm(total=n, desc=desc, unit="row", disable=not progress) as bar:
+        for start in range(0, n, batch_size):
+            idx = order[start:start + batch_size]
+            batch = tokenizer([premises[i] for i in idx], [hypotheses[i] for i in idx], padding=True,
+                              truncation=True, max_length=max_length, return_tensors="pt").to(device)
+            h = encoder(**batch).last_hidden_state
+            if pooling == "mean":
+                mask = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
+                pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+            else:
+                pooled = h[:, 0]
+            out[idx] = pooled.float().cpu().numpy()
+            bar.update(len(idx))
+    return out
+
+
+def compute_embeddings(ds, model: str = DEFAULT_ENCODER, *, batch_size: int = 64, max_length: int = 128,
+                       pooling: str = "mean", cache_dir: "str | Path | None" = None, progress: bool = True,
+                       revision: str | None = None, device: str | None = None) -> np.ndarray:
+    """Φ(row) for every row of a canonical dataset: the pooled last layer of ``model`` on the pair
+    (premise, hypothesis), float32 [len(ds), hidden]. Cached by dataset fingerprint + model + params."""
+    _check_rows(ds)
+    if max_length < 8:
+        raise ConfigError(f"max_length must be at least 8 tokens, got {max_length}")
+    cache = Path(cache_dir) if cache_dir is not None else default_embedding_cache()
+    key = _hash({"ds": ds._fingerprint, "n": len(ds), "model": model_identity(model, revision),
+                 "max_length": max_length, "pooling": pooling, "version": __version__})
+    path = cache / f"emb-{key}.npy"
+    if path.exists():
+        emb = np.load(path, allow_pickle=False)
+        if emb.shape[0] == len(ds):
+            log.info("embeddings read from cache %s", path)
+            return emb
+    tok, enc = _load_encoder(model, revision)
+    emb = encode_pairs(ds["premise"], ds["hypothesis"], tok, enc, batch_size=batch_size, max_length=max_length,
+                       pooling=pooling, device=device, progress=progress)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+    np.save(tmp, emb)
+    os.replace(tmp, path)  # atomic: a crashed run never leaves a half-written cache entry
+    return emb
+
+
+@dataclasses.dataclass
+class WarmUp:
+    """The encoder fine-tuned on the warm-up slice, and which rows (indices into the input) it saw."""
+
+    model_dir: str
+    indices: np.ndarray
+    params: dict
+    train_loss: float
+
+    def rest(self, n_rows: int) -> np.ndarray:
+        """Indices of the rows not used for warm-up (the ones AFLite filters)."""
+        keep = np.ones(n_rows, bool)
+        keep[self.indices] = False
+        return np.nonzero(keep)[0]
+
+
+def warm_up_indices(n_rows: int, share: float, seed: int = 0) -> np.ndarray:
+    """The warm-up slice: round(share * n_rows) rows drawn without replacement (seeded), sorted."""
+    if not 0 < share < 1:
+        raise ConfigError(f"the warm-up share must lie strictly between 0 and 1, got {share}")
+    size = int(round(share * n_rows))
+    if size < 1 or size >= n_rows:
+        raise ConfigError(f"a warm-up share of {share} of {n_rows} rows gives {size} rows; choose a share that "
+                          f"leaves at least one row on each side")
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n_rows, size=size, replace=False))
+
+
+def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share: float = 0.1, seed: int = 0,
+                    epochs: float = 1.0, lr: float = 2e-5, batch_size: int = 16, max_length: int = 128,
+                    cache_dir: "str | Path | None" = None, progress: bool = True,
+                    device: str | None = None) -> WarmUp:
+    """Fine-tune ``model`` as a sequence-pair classifier (cross-entropy on the gold label, AdamW with a
+    linear decay) on a seeded warm-up share of the rows, as Le Bras et al. do before embedding; save it
+    (cached by dataset fingerprint + model + params) and return it with the warm-up row indices."""
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+
+    _check_rows(ds)
+    idx = warm_up_indices(len(ds), share, seed)
+    params = {"share": share, "seed": seed, "epochs": epochs, "lr": lr, "batch_size": batch_size,
+              "max_length": max_length, "num_labels": num_labels}
+    cache = Path(cache_dir) if cache_dir is not None else default_embedding_cache()
+    key = _hash({"ds": ds._fingerprint, "n": len(ds), "model": model_identity(model), **params,
+                 "version": __version__})
+    out_dir = cache / f"warmup-{key}"
+    done = out_dir / "warmup.json"
+    if done.exists():
+        meta = json.loads(done.read_text())
+        return WarmUp(str(out_dir), idx, params, float(meta["train_loss"]))
+
+    torch.manual_seed(seed)
+    dev = _resolve_device(device)
+    try:
+        tok = _with_pad_token(AutoTokenizer.from_pretrained(model))
+        clf = AutoModelForSequenceClassification.from_pretrained(model, num_labels=num_labels)
+    except OSError as err:
+        raise ConfigError(f"cannot load encoder {model!r} for warm-up: {err}") from err
+    if clf.config.pad_token_id is None:  # decoder-style classifiers find the last token through it
+        clf.config.pad_token_id = tok.pad_token_id
+    clf.to(dev).train()
+    sub = ds.select(idx)
+    prem, hyp = sub["premise"], sub["hypothesis"]
+    labels = torch.tensor(np.asarray(sub["label"], dtype=np.int64))
+    rng = np.random.default_rng(seed)
+    n_steps = max(1, int(np.ceil(epochs * len(idx) / batch_size)))
+    opt = torch.optim.AdamW(clf.parameters(), lr=lr, weight_decay=0.01)
+    sched = get_linear_schedule_with_warmup(opt, int(0.06 * n_steps), n_steps)
+    order = np.concatenate([rng.permutation(len(idx)) for _ in range(int(np.ceil(epochs)) + 1)])
+    losses = []
+    for step in tqdm(range(n_steps), desc="warm-up fine-tuning", disable=not progress):
+        b = order[step * batch_size:(step + 1) * batch_size]
+        batch = tok([prem[i] for i in b], [hyp[i] for i in b], padding=True, truncation=True,
+                    max_length=max_length, return_tensors="pt").to(dev)
+        loss = clf(**batch, labels=labels[b].to(dev)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(clf.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # the base encoder is what we embed with; the classification head is saved along for inspection
+    clf.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    train_loss = float(np.mean(losses[-max(1, len(losses) // 10):]))
+    done.write_text(json.dumps({"train_loss": train_loss, "params": params, "base_model": model}))
+    return WarmUp(str(out_dir), idx, params, train_loss)

@@ -1,0 +1,205 @@
+"""AFLite (Le Bras et al. 2020, Algorithm 1): predictability scores from ensembles of linear models."""
+import numpy as np
+import pytest
+import torch
+
+from debiased_nli.aflite import (AFLiteParams, aflite, aflite_filter, aflite_step, fit_linear_ensemble,
+                                 predict_ensemble, predictability_scores, random_partitions, standardize)
+from debiased_nli.data import new_rows
+from debiased_nli.errors import ConfigError, InvalidInputError
+
+K = 3
+
+
+def planted_bias(n_per_class=200, biased_share=0.3, d=8, seed=0, shift=3.0):
+    """Paper section 3: rows whose embedding is pure noise (no signal about the label), except that a
+    share of each class carries a planted feature that makes it linearly separable: K extra
+    dimensions, zero for every row except dimension d + c = ``shift`` on the biased rows of class c."""
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(K), n_per_class)
+    X = np.concatenate([rng.normal(size=(len(y), d)), np.zeros((len(y), K))], axis=1).astype(np.float32)
+    biased = np.zeros(len(y), bool)
+    for c in range(K):
+        rows = np.nonzero(y == c)[0]
+        pick = rng.choice(rows, size=int(biased_share * n_per_class), replace=False)
+        biased[pick] = True
+        X[pick, d + c] = shift
+    return X, y, biased
+
+
+def test_planted_bias_rows_are_the_ones_removed():
+    X, y, biased = planted_bias()
+    res = aflite(X, y, K, m=32, train_size=150, k=30, tau=0.75, target_n=200, seed=0, progress=False)
+    removed = res.removed_indices
+    assert len(removed) >= 0.8 * biased.sum()
+    # almost everything removed is a planted row, and almost every planted row is gone
+    assert biased[removed].mean() > 0.9
+    assert biased[res.kept_indices].sum() <= 0.2 * biased.sum()
+    # the run ends by the early stop (fewer than k rows above tau), not by reaching n
+    assert "fewer than k" in res.stop_reason
+    assert len(res.kept_indices) + len(removed) == len(y)
+    assert set(res.kept_indices).isdisjoint(set(removed))
+
+
+def _reference_scores(X, y, train, C=1.0):
+    """Slow reference: one classifier at a time over the same partitions (scikit-learn and the
+    single-partition torch fit), then the share of correct held-out predictions per row."""
+    from sklearn.linear_model import LogisticRegression
+    m, n = train.shape
+    correct_torch = np.zeros(n)
+    correct_skl = np.zeros(n)
+    held = np.zeros(n)
+    for i in range(m):
+        theta, _, conv = fit_linear_ensemble(X, y, train[i:i + 1], K, C=C, dtype=torch.float64, tol=1e-7,
+                                             max_iter=1000)
+        assert conv.all()
+        pred_torch = predict_ensemble(X, theta)[0]
+        lr = LogisticRegression(C=C, tol=1e-10, max_iter=10_000).fit(X[train[i]], y[train[i]])
+        pred_skl = lr.predict(X)
+        v = ~train[i]
+        held += v
+        correct_torch += v & (pred_torch == y)
+        correct_skl += v & (pred_skl == y)
+    return correct_torch / held, correct_skl / held
+
+
+def test_scores_equal_a_slow_one_partition_at_a_time_reference():
+    rng = np.random.default_rng(3)
+    n, d = 90, 5
+    X = rng.normal(size=(n, d))
+    y = (X @ rng.normal(size=(d, K)) + rng.gumbel(size=(n, K))).argmax(1)
+    train = random_partitions(n, 12, 50, np.random.default_rng(7))
+    sr = predictability_scores(X, y, K, m=12, train_size=50, rng=np.random.default_rng(0), train_mask=train,
+                               dtype=torch.float64, tol=1e-7, max_iter=1000)
+    ref_torch, ref_skl = _reference_scores(X, y, train)
+    np.testing.assert_array_equal(sr.scores, ref_torch)
+    np.testing.assert_array_equal(sr.scores, ref_skl)
+    assert sr.converged == 1.0
+    np.testing.assert_array_equal(sr.n_heldout, (~train).sum(0))
+
+
+def test_batched_weights_match_scikit_learn_logistic_regression():
+    from sklearn.linear_model import LogisticRegression
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 6))
+    y = (X @ rng.normal(size=(6, K)) + rng.gumbel(size=(200, K))).argmax(1)
+    train = random_partitions(200, 4, 120, rng)
+    theta, _, conv = fit_linear_ensemble(X, y, train, K, C=0.5, dtype=torch.float64, tol=1e-7, max_iter=1000)
+    assert conv.all()
+    for i in range(4):
+        lr = LogisticRegression(C=0.5, tol=1e-10, max_iter=10_000).fit(X[train[i]], y[train[i]])
+        ref = np.vstack([lr.coef_.T, lr.intercept_[None]])
+        ours = theta[i].numpy()
+        # softmax weights are identified up to a shift per row; compare centred
+        np.testing.assert_allclose(ours - ours.mean(1, keepdims=True), ref - ref.mean(1, keepdims=True), atol=1e-5)
+
+
+def test_partitions_have_t_train_rows_each():
+    train = random_partitions(50, 7, 20, np.random.default_rng(0))
+    assert train.shape == (7, 50)
+    assert (train.sum(1) == 20).all()
+    assert len({tuple(np.nonzero(r)[0]) for r in train}) == 7
+
+
+def test_same_seed_same_output_other_seed_other_partitions():
+    X, y, _ = planted_bias(n_per_class=60, seed=1)
+    a = aflite(X, y, K, m=16, train_size=50, k=10, target_n=60, seed=5, progress=False)
+    b = aflite(X, y, K, m=16, train_size=50, k=10, target_n=60, seed=5, progress=False)
+    np.testing.assert_array_equal(a.kept_indices, b.kept_indices)
+    np.testing.assert_array_equal(a.removed_indices, b.removed_indices)
+    np.testing.assert_array_equal(a.removed_scores, b.removed_scores)
+    assert a.history == b.history
+    c = aflite(X, y, K, m=16, train_size=50, k=10, target_n=60, seed=6, progress=False)
+    assert a.history[0]["score_histogram"] != c.history[0]["score_histogram"]
+
+
+def test_greedy_removes_highest_scores_first_and_respects_tau():
+    X, y, _ = planted_bias(n_per_class=80, seed=2)
+    res = aflite(X, y, K, m=24, train_size=60, k=20, tau=0.75, target_n=80, seed=0, progress=False)
+    assert (res.removed_scores >= 0.75).all()
+    for r in np.unique(res.removed_round):
+        s = res.removed_scores[res.removed_round == r]
+        assert len(s) <= 20
+    assert len(res.kept_indices) >= 80
+    sizes = [h["size_after"] for h in res.history]
+    assert sizes == sorted(sizes, reverse=True)
+    assert res.history[-1]["size_after"] == len(res.kept_indices)
+
+
+def test_target_n_is_never_undershot():
+    X, y, _ = planted_bias(n_per_class=60, biased_share=0.9, seed=4)
+    res = aflite(X, y, K, m=16, train_size=40, k=50, tau=0.5, target_n=150, seed=0, progress=False)
+    assert len(res.kept_indices) == 150
+    assert "target size" in res.stop_reason
+
+
+def test_slice_sampling_variant_draws_only_rows_above_tau():
+    X, y, biased = planted_bias(seed=3)
+    res = aflite(X, y, K, m=32, train_size=150, k=30, tau=0.75, target_n=200, selection="sample", seed=0,
+                 progress=False)
+    assert (res.removed_scores >= 0.75).all()
+    assert biased[res.removed_indices].mean() > 0.85
+    greedy = aflite(X, y, K, m=32, train_size=150, k=30, tau=0.75, target_n=200, seed=0, progress=False)
+    assert not np.array_equal(np.sort(res.removed_indices), np.sort(greedy.removed_indices))
+
+
+def test_standardize_gives_zero_mean_unit_variance():
+    X = np.random.default_rng(0).normal(3, 5, size=(100, 4)).astype(np.float32)
+    X[:, 2] = 1.0
+    Z = standardize(X)
+    np.testing.assert_allclose(Z.mean(0), 0, atol=1e-5)
+    np.testing.assert_allclose(Z[:, [0, 1, 3]].std(0), 1, atol=1e-4)
+
+
+def test_defaults_scale_with_the_input_and_bad_sizes_are_named():
+    p = AFLiteParams().resolved(20_000, 3)
+    assert (p.m, p.tau, p.target_n, p.train_size, p.k) == (64, 0.75, 5000, 4000, 1000)
+    with pytest.raises(ConfigError, match=r"t = 500.*n = 400"):
+        AFLiteParams(train_size=500, target_n=400).resolved(1000, 3)
+    with pytest.raises(ConfigError, match="tau"):
+        AFLiteParams(tau=1.5).resolved(1000, 3)
+
+
+def _dataset(n_per_class=60, seed=0):
+    X, y, biased = planted_bias(n_per_class=n_per_class, seed=seed)
+    names = ["entailment", "neutral", "contradiction"]
+    ds = new_rows("snli", [f"premise {i}" for i in range(len(y))], [f"hypothesis {i}" for i in range(len(y))],
+                  [names[c] for c in y], origin="generated", method="test")
+    return ds, X, y, biased
+
+
+def test_dataset_helper_keeps_every_row_accounted_for():
+    ds, X, y, biased = _dataset()
+    kept, removed, res = aflite_filter(ds, X, m=16, train_size=50, k=10, target_n=60, seed=0, progress=False)
+    assert len(kept) + len(removed) == len(ds)
+    assert sorted(list(kept["uid"]) + list(removed["uid"])) == sorted(ds["uid"])
+    assert {"aflite_score", "aflite_round", "reason"} <= set(removed.column_names)
+    assert all(s >= 0.75 for s in removed["aflite_score"])
+    assert set(removed["reason"]) <= {"aflite"}
+    assert kept.features["label"].names == ds.features["label"].names
+
+
+def test_embedding_row_count_mismatch_names_both_counts():
+    ds, X, _, _ = _dataset()
+    with pytest.raises(InvalidInputError, match=rf"{len(ds)} rows.*{len(ds) - 1} rows"):
+        aflite_filter(ds, X[:-1], progress=False)
+    with pytest.raises(InvalidInputError, match="179 rows but there are 180 labels"):
+        aflite(X[:-1], np.asarray(ds["label"]), K, progress=False)
+
+
+def test_nan_embedding_and_out_of_range_label_name_the_row():
+    X, y, _ = planted_bias(n_per_class=20)
+    X[7, 2] = np.nan
+    with pytest.raises(InvalidInputError, match="row 7"):
+        aflite(X, y, K, progress=False)
+    X[7, 2] = 0.0
+    y = y.copy()
+    y[11] = 5
+    with pytest.raises(InvalidInputError, match="row 11: label 5"):
+        aflite(X, y, K, progress=False)
+
+
+def test_step_rejects_unknown_parameters_with_a_suggestion():
+    ds, _, _, _ = _dataset(n_per_class=5)
+    with pytest.raises(ConfigError, match="Did you mean.*'tau'"):
+        aflite_step(ds, "snli", {"tua": 0.7})
