@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -460,7 +459,7 @@ def aflite_step(ds, task, params: Mapping[str, Any] | None = None):
     audit of the input, of the kept rows and of a random subset of the same size (the paper's control).
     """
     import datasets
-    from .embeddings import OFFLINE_ENCODER, compute_embeddings, warm_up_encoder
+    from .embeddings import compute_embeddings, default_encoder, warm_up_encoder
     from .tasks import get_task
 
     task = get_task(task)
@@ -470,7 +469,7 @@ def aflite_step(ds, task, params: Mapping[str, Any] | None = None):
         raise ConfigError(f"unknown AFLite parameter(s) {unknown}{did_you_mean(unknown[0], list(STEP_DEFAULTS))}; "
                           f"known: {sorted(STEP_DEFAULTS)}")
     p = {**STEP_DEFAULTS, **(params or {})}
-    encoder = p["encoder"] or OFFLINE_ENCODER
+    encoder = p["encoder"] or default_encoder()
     report: dict[str, Any] = {"method": "aflite", "encoder": encoder, "n_input": len(ds)}
     work, warm_rows = ds, None
     if p["warmup_share"]:

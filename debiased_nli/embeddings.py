@@ -40,6 +40,11 @@ OFFLINE_ENCODER = str(Path.home() / ".cache" / "debiased-nli" / "models" / "all-
 POOLINGS = ("mean", "cls")
 
 
+def default_encoder() -> str:
+    """roberta-large (the paper's), or the offline MiniLM folder where it exists (machines without the Hub)."""
+    return OFFLINE_ENCODER if Path(OFFLINE_ENCODER).is_dir() else DEFAULT_ENCODER
+
+
 def default_embedding_cache() -> Path:
     from .featurize import default_cache_dir
     return default_cache_dir() / "embeddings"

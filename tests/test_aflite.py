@@ -7,6 +7,7 @@ from debiased_nli.aflite import (AFLiteParams, aflite, aflite_filter, aflite_ste
                                  predict_ensemble, predictability_scores, random_partitions, standardize)
 from debiased_nli.data import new_rows
 from debiased_nli.errors import ConfigError, InvalidInputError
+from test_embeddings import tiny_encoder  # noqa: F401  (the tiny BERT model folder fixture)
 
 K = 3
 
@@ -203,3 +204,31 @@ def test_step_rejects_unknown_parameters_with_a_suggestion():
     ds, _, _, _ = _dataset(n_per_class=5)
     with pytest.raises(ConfigError, match="Did you mean.*'tau'"):
         aflite_step(ds, "snli", {"tua": 0.7})
+
+
+def test_command_writes_kept_removed_report_and_plot(tmp_path, tiny_encoder):
+    import json
+
+    import pandas as pd
+
+    from debiased_nli.cli import main
+    rng = np.random.default_rng(0)
+    words = "a man woman dog plays runs sleeps outside inside the park street ball".split()
+    pd.DataFrame({"premise": [" ".join(rng.choice(words, 8)) for _ in range(60)],
+                  "hypothesis": [" ".join(rng.choice(words, 4)) for _ in range(60)],
+                  "label": np.arange(60) % 3}).to_parquet(tmp_path / "train.parquet")
+    out = tmp_path / "out"
+    assert main(["aflite", "snli", "--data-files", str(tmp_path / "train.parquet"), "--encoder", tiny_encoder,
+                 "--out", str(out), "--m", "8", "--train-size", "10", "--k", "5", "--target-n", "20"]) == 0
+    report = json.loads((out / "aflite.json").read_text())
+    kept, removed = pd.read_parquet(out / "kept.parquet"), pd.read_parquet(out / "removed.parquet")
+    assert len(kept) == report["n_kept"] and len(removed) == report["n_removed"]
+    assert len(kept) + len(removed) == 60
+    assert report["params"]["m"] == 8 and report["params"]["tau"] == 0.75
+    assert [h["size_before"] for h in report["history"]][0] == 60
+    assert {"before", "after", "random_same_size"} <= set(report["audit"])
+    assert "## Bias audit" in (out / "aflite.md").read_text()
+    assert (out / "aflite.png").stat().st_size > 0
+    # a train size that is not below the target size is refused with both numbers
+    assert main(["aflite", "snli", "--data-files", str(tmp_path / "train.parquet"), "--encoder", tiny_encoder,
+                 "--out", str(out), "--train-size", "30", "--target-n", "20"]) == 2

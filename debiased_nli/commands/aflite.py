@@ -35,8 +35,8 @@ def register(subparsers) -> None:
     add_task_arguments(p)
     p.add_argument("--out", required=True, help="output folder")
     g = p.add_argument_group("embeddings")
-    g.add_argument("--encoder", help="encoder folder or Hub id (default: the offline all-MiniLM-L6-v2 folder; "
-                                     "the paper used roberta-large)")
+    g.add_argument("--encoder", help="encoder folder or Hub id (default: roberta-large, the paper's, or the offline "
+                                     "all-MiniLM-L6-v2 folder ~/.cache/debiased-nli/models/all-minilm-l6-v2 where it exists)")
     g.add_argument("--batch-size", type=int, default=64, help="rows per encoder batch (default 64)")
     g.add_argument("--max-length", type=int, default=128, help="max tokens of a pair (default 128)")
     g.add_argument("--pooling", choices=["mean", "cls"], default="mean", help="pooling of the last layer")
