@@ -1,0 +1,373 @@
+"""Score fine-tuned classifiers on the challenge suite and report the results.
+
+For each model (one folder per seed) and each challenge set: the model's label distribution over the
+task's labels (its ``config.id2label`` is mapped onto the task's label names by
+:func:`debiased_nli.hypothesis_only.map_model_labels`; a model whose names do not match is refused),
+the argmax over the model labels that the set keeps, mapped onto the set's labels (HANS: neutral and
+contradiction -> non-entailment), then accuracy and breakdown accuracies with the ``challenge_accuracy``
+``evaluate`` module. Several seeds give mean ± sample standard deviation (ddof=1).
+
+Outputs: ``results.json`` (typed schema: per set accuracy, n, breakdowns, label map, source; models,
+seeds, library versions, git hash), ``report.md`` (a table; ``--compare`` adds the columns of other
+result files) and ``accuracy.png`` (a bar chart). :func:`push_results` writes the scores into the
+``model-index`` of a Hub model card.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .challenge import ChallengeSet, load_challenge_set, load_metric
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "debiased-nli/evaluation-results/v1"
+
+
+# ------------------------------------------------------------------------------------ prediction
+
+@dataclasses.dataclass
+class LoadedClassifier:
+    path: str
+    model: Any
+    tokenizer: Any
+    id2label: dict[int, str]
+    train_record: dict | None
+
+
+def load_classifier(path: str, device: str | None = None) -> LoadedClassifier:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = Path(path)
+    if not folder.exists() and not ("/" in path and not path.startswith((".", "/"))):
+        raise ConfigError(f"model folder {path} does not exist; give a folder written by `debiased-nli train` "
+                          f"or a Hub model id")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).eval()
+    record_path = folder / "debiased_nli_train.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    id2label = {int(i): str(l) for i, l in (model.config.id2label or {}).items()}
+    return LoadedClassifier(path, model, tok, id2label, record)
+
+
+def predict_probabilities(clf: LoadedClassifier, premises: Sequence[str], hypotheses: Sequence[str], *,
+                          batch_size: int = 64, max_length: int = 128, desc: str = "predict",
+                          progress: bool = True) -> np.ndarray:
+    """softmax(f(premise, hypothesis)) for every row, rows x (model outputs), in the model's order.
+
+    Rows are batched in order of length (less padding) and returned in input order.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    n = len(premises)
+    order = np.argsort([len(p) + len(h) for p, h in zip(premises, hypotheses)], kind="stable")
+    out = np.zeros((n, len(clf.id2label)), dtype=np.float32)
+    device = next(clf.model.parameters()).device
+    with torch.inference_mode():
+        for start in tqdm(range(0, n, batch_size), desc=desc, disable=not progress):
+            idx = order[start:start + batch_size]
+            enc = clf.tokenizer([premises[i] for i in idx], [hypotheses[i] for i in idx], truncation=True,
+                                max_length=max_length, padding=True, return_tensors="pt").to(device)
+            out[idx] = torch.softmax(clf.model(**enc).logits.float(), dim=-1).cpu().numpy()
+    return out
+
+
+def set_predictions(spec: ChallengeSet, probs_model_order: np.ndarray, id2label: Mapping[int, str],
+                    model_name: str = "model") -> tuple[np.ndarray, dict]:
+    """The set-label prediction of each row and the label map used.
+
+    ``probs_model_order`` columns follow the model's ``id2label``; they are reordered to the task's
+    labels by name, the labels the set leaves out (``prediction_map: null``) are dropped, and the
+    argmax is mapped onto the set's labels.
+    """
+    from .hypothesis_only import map_model_labels
+
+    task_labels = spec.model_labels
+    order = map_model_labels(dict(id2label), task_labels, model_name)  # task label i = model output order[i]
+    kept, targets = spec.prediction_indices()
+    probs = probs_model_order[:, [order[i] for i in kept]]
+    pred = np.asarray(targets, dtype=np.int64)[probs.argmax(axis=1)] if len(probs) else np.zeros(0, np.int64)
+    label_map = {"model_output_to_task_label": {int(order[i]): task_labels[i] for i in range(len(task_labels))},
+                 "task_label_to_set_label": {l: spec.prediction_map[l] for l in task_labels},
+                 "set_labels": list(spec.labels)}
+    return pred, label_map
+
+
+def breakdown_keys(spec: ChallengeSet, ds) -> dict[str, list[str]]:
+    """Breakdown name -> the group key of each row (columns joined by '/'; ``label`` as the gold label name)."""
+    out = {}
+    names = list(spec.labels)
+    for b in spec.breakdowns:
+        parts = [[names[v] for v in ds["label"]] if c == "label" else list(ds[c]) for c in b.columns]
+        out[b.name] = ["/".join(vals) for vals in zip(*parts)]
+    return out
+
+
+def score_predictions(spec: ChallengeSet, ds, predictions: np.ndarray, metric=None) -> dict:
+    """Accuracy, n and breakdowns (``challenge_accuracy`` metric) of set-label predictions on ``ds``."""
+    metric = metric or load_metric()
+    return metric.compute(predictions=np.asarray(predictions).tolist(), references=list(ds["label"]),
+                          breakdowns=breakdown_keys(spec, ds) or None)
+
+
+def sample_rows(ds, max_examples: int | None, seed: int):
+    """A seeded random sample of at most ``max_examples`` rows (the same rows for every model)."""
+    if max_examples is None or max_examples >= len(ds):
+        return ds
+    return ds.shuffle(seed=seed).select(range(max_examples))
+
+
+# ------------------------------------------------------------------------------------ the runner
+
+@dataclasses.dataclass
+class EvalConfig:
+    max_examples: int | None = None
+    sample_seed: int = 0
+    batch_size: int = 64
+    max_length: int = 128
+    data_root: str | None = None
+    device: str | None = None
+    progress: bool = True
+
+
+def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cfg: EvalConfig | None = None) -> dict:
+    """Score every model on every set; returns the ``results.json`` object (see :data:`SCHEMA`)."""
+    import time
+
+    cfg = cfg or EvalConfig()
+    metric = load_metric()
+    models = []
+    per_set: dict[str, dict] = {}
+    datasets_cache = {}
+    for spec in sets:  # load (and check) every set first: a missing file fails before any prediction
+        ds = load_challenge_set(spec, cfg.data_root)
+        datasets_cache[spec.name] = (ds, sample_rows(ds, cfg.max_examples, cfg.sample_seed))
+    for path in model_paths:
+        clf = load_classifier(path, cfg.device)
+        seed = (clf.train_record or {}).get("config", {}).get("seed")
+        info = {"path": str(path), "seed": seed, "id2label": {str(k): v for k, v in clf.id2label.items()},
+                "train": (clf.train_record or {}).get("result"), "train_config": (clf.train_record or {}).get("config"),
+                "task": (clf.train_record or {}).get("task")}
+        seconds = {}
+        for spec in sets:
+            full, ds = datasets_cache[spec.name]
+            start = time.perf_counter()
+            probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=cfg.batch_size,
+                                          max_length=cfg.max_length, desc=f"{Path(path).name} / {spec.name}",
+                                          progress=cfg.progress)
+            pred, label_map = set_predictions(spec, probs, clf.id2label, str(path))
+            scores = score_predictions(spec, ds, pred, metric)
+            seconds[spec.name] = round(time.perf_counter() - start, 2)
+            entry = per_set.setdefault(spec.name, {
+                "n": len(ds), "n_total": len(full), "subsampled": len(ds) < len(full),
+                "labels": list(spec.labels), "label_map": label_map, "task": spec.task,
+                "source": str(spec.local_path(cfg.data_root)), "spec_version": spec.version, "runs": []})
+            entry["runs"].append({"model": str(path), "seed": seed, **scores})
+        info["eval_seconds"] = seconds
+        models.append(info)
+        del clf
+    for name, entry in per_set.items():
+        accs = np.array([r["accuracy"] for r in entry["runs"]])
+        entry["accuracy"] = float(accs.mean())
+        entry["accuracy_std"] = float(accs.std(ddof=1)) if len(accs) > 1 else 0.0
+        entry["breakdowns"] = _mean_breakdowns(entry["runs"])
+    return {"schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "models": models, "seeds": [m["seed"] for m in models], "num_models": len(models),
+            "config": dataclasses.asdict(cfg), "sets": per_set, "versions": library_versions(),
+            "git": git_hash()}
+
+
+def _mean_breakdowns(runs: Sequence[dict]) -> dict:
+    out: dict[str, dict] = {}
+    for name in (runs[0].get("breakdowns") or {}):
+        out[name] = {}
+        for group in runs[0]["breakdowns"][name]:
+            accs = np.array([r["breakdowns"][name][group]["accuracy"] for r in runs])
+            out[name][group] = {"accuracy": float(accs.mean()),
+                                "accuracy_std": float(accs.std(ddof=1)) if len(accs) > 1 else 0.0,
+                                "n": runs[0]["breakdowns"][name][group]["n"]}
+    return out
+
+
+def library_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("debiased-nli", "torch", "transformers", "datasets", "evaluate", "accelerate", "huggingface_hub", "numpy"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_hash() -> str | None:
+    import debiased_nli
+
+    root = Path(debiased_nli.__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+# ------------------------------------------------------------------------------------ reports
+
+def load_results(path: "str | Path") -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
+    if not p.exists():
+        raise ConfigError(f"results file {p} does not exist (give a results.json written by `debiased-nli evaluate`)")
+    data = json.loads(p.read_text())
+    if data.get("schema") != SCHEMA:
+        raise ConfigError(f"{p} is not a debiased-nli results file (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+    return data
+
+
+def _fmt(entry: dict | None, num_models: int) -> str:
+    """``mean ± std`` (percent) over several models, the accuracy alone for one."""
+    if not entry:
+        return "–"
+    acc = 100 * entry["accuracy"]
+    return f"{acc:.1f} ± {100 * entry.get('accuracy_std', 0.0):.1f}" if num_models > 1 else f"{acc:.1f}"
+
+
+def write_report(results: dict, out_dir: "str | Path", *, title: str = "Evaluation report",
+                 name: str = "this model", compare: Mapping[str, dict] | None = None, notes: str = "") -> Path:
+    """``report.md`` from ``model_cards/evaluation_report.md.j2`` (a table; one column per compared file)."""
+    import jinja2
+
+    compare = dict(compare or {})
+    columns = [name] + list(compare)
+    all_results = [results] + list(compare.values())
+    set_names = list(results["sets"]) + [s for r in compare.values() for s in r["sets"] if s not in results["sets"]]
+    rows = []
+    for s in set_names:
+        entry = results["sets"].get(s) or next(r["sets"][s] for r in compare.values() if s in r["sets"])
+        rows.append({"set": s, "n": entry["n"], "n_total": entry.get("n_total", entry["n"]),
+                     "cells": [_fmt(r["sets"].get(s), r["num_models"]) for r in all_results]})
+    breakdowns = []
+    for s in results["sets"]:
+        for bname, groups in (results["sets"][s].get("breakdowns") or {}).items():
+            brows = [{"group": g, "n": v["n"],
+                      "cells": [_fmt((r["sets"].get(s, {}).get("breakdowns") or {}).get(bname, {}).get(g),
+                                     r["num_models"]) for r in all_results]} for g, v in groups.items()]
+            breakdowns.append({"set": s, "name": bname, "rows": brows})
+    template = Path(__file__).resolve().parents[1] / "model_cards" / "evaluation_report.md.j2"
+    if not template.exists():
+        raise ConfigError(f"report template {template} is missing")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template.parent)), autoescape=False,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    text = env.get_template(template.name).render(
+        title=title, columns=columns, rows=rows, breakdowns=breakdowns, results=results, notes=notes,
+        models=results["models"], subsampled=any(e.get("subsampled") for e in results["sets"].values()))
+    out = Path(out_dir) / "report.md"
+    out.write_text(text)
+    return out
+
+
+def plot_results(results: dict, path: "str | Path", *, name: str = "this model",
+                 compare: Mapping[str, dict] | None = None) -> Path:
+    """A grouped bar chart of mean accuracy per set (error bars: std over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    compare = dict(compare or {})
+    series = [(name, results)] + list(compare.items())
+    sets = list(results["sets"])
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(sets) + 2), 4))
+    x = np.arange(len(sets))
+    for i, (label, r) in enumerate(series):
+        acc = [100 * r["sets"][s]["accuracy"] if s in r["sets"] else np.nan for s in sets]
+        err = [100 * r["sets"][s].get("accuracy_std", 0.0) if s in r["sets"] else 0.0 for s in sets]
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, acc, width, yerr=err, capsize=3, label=label)
+    ax.set_xticks(x, sets, rotation=30, ha="right")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def write_outputs(results: dict, out_dir: "str | Path", *, name: str = "this model",
+                  compare: Mapping[str, dict] | None = None, title: str = "Evaluation report",
+                  notes: str = "") -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    return {"results": out / "results.json",
+            "report": write_report(results, out, title=title, name=name, compare=compare, notes=notes),
+            "chart": plot_results(results, out / "accuracy.png", name=name, compare=compare)}
+
+
+# ------------------------------------------------------------------------------------ Hub push
+
+def eval_results_for_card(results: dict, model_name: str):
+    """``huggingface_hub.EvalResult`` entries (one per set: mean accuracy) for a card's ``model-index``."""
+    from huggingface_hub import EvalResult
+
+    from .challenge import get_set
+
+    out = []
+    for s, entry in results["sets"].items():
+        try:
+            spec = get_set(s)
+            hub = spec.hub or {}
+        except ConfigError:
+            hub = {}
+        out.append(EvalResult(
+            task_type="text-classification", task_name="Natural Language Inference" if entry.get("task") in (
+                "snli", "mnli") else "Text Classification",
+            dataset_type=hub.get("path") or f"debiased-nli/{s}", dataset_name=s,
+            dataset_config=hub.get("name"), dataset_split=hub.get("split"),
+            metric_type="accuracy", metric_name="Accuracy", metric_value=round(entry["accuracy"], 6),
+            verified=False))
+    return out
+
+
+def push_results(repo_id: str, results: dict, *, model_name: str | None = None, token: str | None = None,
+                 revision: str | None = None, commit_message: str | None = None, create_pr: bool = False):
+    """Write the results into the ``model-index`` of ``repo_id``'s model card (``huggingface_hub.ModelCard``).
+
+    The card is read from the Hub (a new one is made if the repo has none); its eval results for the
+    same sets are replaced, others are kept; the card body is left as it is. Returns the commit info.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+
+    model_name = model_name or repo_id.split("/")[-1]
+    try:
+        card = ModelCard.load(repo_id, token=token)
+    except (EntryNotFoundError, RepositoryNotFoundError):
+        card = ModelCard.from_template(ModelCardData(model_name=model_name), model_id=model_name)
+    new = eval_results_for_card(results, model_name)
+    replaced = {(r.dataset_name, r.metric_type) for r in new}
+    kept = [r for r in (card.data.eval_results or []) if (r.dataset_name, r.metric_type) not in replaced]
+    card.data.eval_results = kept + new
+    card.data.model_name = card.data.model_name or model_name
+    message = commit_message or f"Add debiased-nli evaluation results ({len(new)} challenge sets)"
+    return card.push_to_hub(repo_id, token=token, revision=revision, commit_message=message, create_pr=create_pr)

@@ -1,0 +1,380 @@
+"""Fine-tune a sentence-pair classifier on a task or a release, optionally with a product of experts.
+
+Any ``AutoModelForSequenceClassification`` (a Hub id or a folder; an encoder without a classification
+head, such as all-MiniLM-L6-v2, gets a fresh one) is trained with the ``transformers`` ``Trainer``,
+which runs on ``accelerate`` (so ``accelerate launch -m debiased_nli.cli train ...`` trains on many
+GPUs, and the same command trains on CPU here). Defaults are the papers' hyper-parameters (Wu et al.
+2022, section 5 / appendix A.2; Gururangan et al. 2018): learning rate 1e-5, batch 32, maximum length
+128, linear warm-up over 10% of the steps, early stopping on the dev accuracy (patience 3
+evaluations). Training is seeded (``transformers.set_seed``), checkpoints are written every
+evaluation, and a rerun of the same command resumes from the last checkpoint.
+
+**Product of experts** (Clark et al. 2019; Karimi Mahabadi et al. 2020; Wu et al. 2022, appendix
+A.2). With the main model's distribution ``p = softmax(f(x))`` and a hypothesis-only bias model's
+distribution ``b``, training minimises
+
+    L = CE(softmax(log p + beta * log b), y) + gamma * CE(b, y)
+
+and at test time only ``p`` is used. The bias model's probabilities are the out-of-fold TF-IDF +
+logistic-regression hypothesis-only predictions of :func:`debiased_nli.featurize.add_features`
+(default) or those of a trained hypothesis-only classifier (a folder). Both are fixed (precomputed)
+here, so the ``gamma`` term carries no gradient (it is still computed and logged); :func:`poe_loss`
+takes bias log-probabilities that may require grad, for a bias model trained jointly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ConfigError, EmptyResultError
+from .tasks import TaskSpec, get_task
+
+logger = logging.getLogger(__name__)
+
+BIAS_COLUMN = "bias_log_probs"
+TRAIN_CONFIG_FILE = "debiased_nli_train.json"
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Hyper-parameters of :func:`train_classifier`. Defaults: the papers' (lr 1e-5, batch 32, length 128)."""
+
+    model: str
+    output_dir: str
+    learning_rate: float = 1e-5
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    max_length: int = 128
+    epochs: float = 3.0
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 42
+    data_seed: int = 0               # which rows --max-train-rows keeps (same subset for every seed)
+    max_train_rows: int | None = None
+    max_dev_rows: int | None = None
+    eval_steps: int | None = None    # None: evaluate (and checkpoint) once per epoch
+    early_stopping_patience: int = 3
+    save_total_limit: int = 2
+    poe: bool = False
+    poe_beta: float = 1.0
+    poe_gamma: float = 1.0
+    bias_model: str = "tfidf"        # "tfidf" (out-of-fold hypothesis-only) or a classifier folder
+    group_by_length: bool = True     # batches of similar length: less padding, same examples
+    resume: bool = True
+    use_cpu: bool | None = None      # None: CPU when no accelerator is visible
+    num_threads: int | None = None
+    progress: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------- PoE
+
+def poe_loss(main_logits, bias_log_probs, labels, beta: float = 1.0, gamma: float = 1.0,
+             return_parts: bool = False):
+    """Product-of-experts loss (Wu et al. 2022, appendix A.2).
+
+    ``L = CE(softmax(log_softmax(main_logits) + beta * bias_log_probs), y) + gamma * CE(b, y)``,
+    averaged over the batch. ``bias_log_probs`` are the bias model's log-probabilities ``log b``.
+    """
+    import torch.nn.functional as F
+
+    log_p = F.log_softmax(main_logits.float(), dim=-1)
+    combined = log_p + beta * bias_log_probs.float()
+    ensemble = F.cross_entropy(combined, labels)  # cross_entropy re-normalises: softmax(log p + beta log b)
+    bias_ce = F.nll_loss(bias_log_probs.float(), labels)
+    loss = ensemble + gamma * bias_ce
+    return (loss, ensemble, bias_ce) if return_parts else loss
+
+
+def bias_log_probabilities(ds, task: TaskSpec, bias_model: str = "tfidf", *, seed: int = 0,
+                           progress: bool = True) -> tuple[np.ndarray, dict]:
+    """Per-row log-probabilities of the hypothesis-only bias model, rows x K, in the task's label order.
+
+    ``"tfidf"``: the out-of-fold predictions of :func:`debiased_nli.featurize.add_features` (no row is
+    scored by a model that saw it); otherwise a fine-tuned classifier folder run on the hypothesis.
+    Probabilities are clipped at 1e-6 before the log, so a confident bias model cannot give -inf.
+    """
+    from .featurize import add_features
+
+    _, result = add_features(ds, task, hypothesis_only=bias_model, seed=seed, progress=progress)
+    if result is None:
+        raise ConfigError(f"task {task.name!r} has no hypothesis-only feature (hypo_only_v1); cannot build "
+                          f"a PoE bias model for it")
+    probs = np.clip(np.asarray(result.probabilities, dtype=np.float64), 1e-6, 1.0)
+    probs /= probs.sum(axis=1, keepdims=True)
+    return np.log(probs).astype(np.float32), result.to_dict()
+
+
+# ------------------------------------------------------------------------------------------- data
+
+def load_training_split(task: TaskSpec, *, data_files=None, release: str | None = None, config: str | None = None,
+                        split: str = "train", on_invalid: str = "error"):
+    """The canonical rows of one split: from ``data_files`` (or the task's Hub source) through
+    :func:`debiased_nli.data.load_task`, or from a release folder/repo with ``load_dataset(release, config)``."""
+    import datasets
+
+    from .data import canonicalize, load_task
+
+    if release is None:
+        return load_task(task, split, data_files=data_files, on_invalid=on_invalid).dataset
+    try:
+        raw = datasets.load_dataset(release, config, split=split)
+    except ValueError as err:  # unknown config / split: datasets lists the available ones
+        raise ConfigError(f"cannot load split {split!r} of config {config!r} from {release}: {err}") from err
+    if all(c in raw.column_names for c in ("uid", "origin", "method")) and isinstance(
+            raw.features.get("label"), datasets.ClassLabel) and list(raw.features["label"].names) == list(task.labels):
+        return raw
+    ds, _ = canonicalize(raw, task, split=split, columns={"premise": "premise", "hypothesis": "hypothesis",
+                                                          "label": "label"}, on_invalid=on_invalid, where=release)
+    return ds
+
+
+def subsample(ds, n: int | None, seed: int):
+    """A seeded random subset of ``n`` rows (the same rows for every training seed)."""
+    if n is None or n >= len(ds):
+        return ds
+    return ds.shuffle(seed=seed).select(range(n))
+
+
+def model_label_order(model, task: TaskSpec, name: str) -> list[int]:
+    """For each task label, the model head's output index (by ``config.id2label`` names)."""
+    from .hypothesis_only import map_model_labels
+
+    id2label = {int(i): str(l) for i, l in (model.config.id2label or {}).items()}
+    return map_model_labels(id2label, task.labels, name)
+
+
+def load_model_for_task(model_name: str, task: TaskSpec):
+    """Tokenizer + classifier whose ``config.id2label`` names the task's labels.
+
+    An encoder without a head (or with a generic ``LABEL_i`` head of the right size) gets the task's
+    names; a head with other names is kept only if its names are the task's (in any order).
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(model_name)
+    names = [str(v) for _, v in sorted((int(k), v) for k, v in (cfg.id2label or {}).items())]
+    generic = all(n.upper().startswith("LABEL_") for n in names)
+    has_head = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+    kwargs: dict[str, Any] = {}
+    if not has_head or generic:  # a fresh head, or a generic one: name its outputs with the task's labels
+        kwargs = {"num_labels": task.num_labels, "id2label": dict(enumerate(task.labels)),
+                  "label2id": {l: i for i, l in enumerate(task.labels)}}
+        if has_head and len(names) != task.num_labels:
+            kwargs["ignore_mismatched_sizes"] = True
+    tok = AutoTokenizer.from_pretrained(model_name)
+    model = AutoModelForSequenceClassification.from_pretrained(model_name, **kwargs)
+    model_label_order(model, task, model_name)  # refuses a head whose names are not the task's
+    return tok, model
+
+
+def tokenize_pairs(ds, tokenizer, max_length: int, *, label_order: Sequence[int] | None = None,
+                   bias: np.ndarray | None = None, desc: str = "tokenize"):
+    """``premise, hypothesis`` -> ``input_ids, attention_mask[, token_type_ids], labels[, bias_log_probs]``.
+
+    No padding here (batches are padded dynamically); a ``length`` column feeds the length-grouped sampler.
+    """
+    order = np.asarray(label_order if label_order is not None else [], dtype=np.int64)
+
+    def encode(batch, idx):
+        enc = tokenizer(batch["premise"], batch["hypothesis"], truncation=True, max_length=max_length)
+        labels = np.asarray(batch["label"], dtype=np.int64)
+        enc["labels"] = (order[labels] if len(order) else labels).tolist()
+        enc["length"] = [len(x) for x in enc["input_ids"]]
+        if bias is not None:
+            b = bias[np.asarray(idx)]
+            enc[BIAS_COLUMN] = (b[:, order] if len(order) else b).tolist()
+        return enc
+
+    keep = ["input_ids", "attention_mask", "token_type_ids", "labels", "length", BIAS_COLUMN]
+    out = ds.map(encode, batched=True, with_indices=True, desc=desc,
+                 remove_columns=ds.column_names)
+    return out.remove_columns([c for c in out.column_names if c not in keep])
+
+
+class PairCollator:
+    """Dynamic padding (``DataCollatorWithPadding``) that carries the PoE bias column along."""
+
+    def __init__(self, tokenizer):
+        from transformers import DataCollatorWithPadding
+
+        self.pad = DataCollatorWithPadding(tokenizer)
+
+    def __call__(self, features):
+        import torch
+
+        bias = [f.pop(BIAS_COLUMN) for f in features] if features and BIAS_COLUMN in features[0] else None
+        for f in features:
+            f.pop("length", None)
+        batch = self.pad(features)
+        if bias is not None:
+            batch[BIAS_COLUMN] = torch.tensor(bias, dtype=torch.float32)
+        return batch
+
+
+def _accuracy_metric():
+    from .challenge import load_metric
+
+    metric = load_metric()
+
+    def compute(eval_pred):
+        logits, labels = eval_pred.predictions, eval_pred.label_ids
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        res = metric.compute(predictions=np.asarray(logits).argmax(-1).tolist(), references=np.asarray(labels).tolist())
+        return {"accuracy": res["accuracy"]}
+
+    return compute
+
+
+def _make_trainer_class():
+    from transformers import Trainer
+
+    class DebiasTrainer(Trainer):
+        """``Trainer`` whose loss is the product of experts when a batch carries bias log-probabilities."""
+
+        poe_beta: float = 1.0
+        poe_gamma: float = 1.0
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            import torch.nn.functional as F
+
+            bias = inputs.pop(BIAS_COLUMN, None)
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            logits = outputs.logits
+            if bias is None:
+                loss = F.cross_entropy(logits.float(), labels)
+            else:
+                loss = poe_loss(logits, bias, labels, self.poe_beta, self.poe_gamma)
+            return (loss, outputs) if return_outputs else loss
+
+    return DebiasTrainer
+
+
+@dataclasses.dataclass
+class TrainResult:
+    output_dir: str
+    train_rows: int
+    dev_rows: int
+    train_seconds: float
+    train_examples_per_second: float
+    dev_accuracy: float | None
+    best_checkpoint: str | None
+    resumed_from: str | None
+    bias_model: dict | None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _last_checkpoint(output_dir: str) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+
+
+def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=None) -> TrainResult:
+    """Fine-tune ``cfg.model`` on the canonical ``train_ds`` (early stopping on ``dev_ds``) and save
+    the best model, its tokenizer (``config.id2label`` = the task's label names) and
+    ``debiased_nli_train.json`` (config, data fingerprints, bias model, timings) in ``cfg.output_dir``."""
+    import torch
+    from transformers import EarlyStoppingCallback, TrainingArguments, set_seed
+
+    from . import __version__
+
+    task = get_task(task)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    if len(train_ds) == 0:
+        raise EmptyResultError("the training set has no rows")
+    train_ds = subsample(train_ds, cfg.max_train_rows, cfg.data_seed)
+    if dev_ds is not None:
+        dev_ds = subsample(dev_ds, cfg.max_dev_rows, cfg.data_seed)
+    set_seed(cfg.seed)
+    tok, model = load_model_for_task(cfg.model, task)
+    order = model_label_order(model, task, cfg.model)
+
+    bias, bias_info = None, None
+    if cfg.poe:
+        bias, bias_info = bias_log_probabilities(train_ds, task, cfg.bias_model, seed=cfg.data_seed,
+                                                 progress=cfg.progress)
+        bias_info = {**bias_info, "beta": cfg.poe_beta, "gamma": cfg.poe_gamma, "source": cfg.bias_model}
+    train_tok = tokenize_pairs(train_ds, tok, cfg.max_length, label_order=order, bias=bias, desc="tokenize train")
+    dev_tok = tokenize_pairs(dev_ds, tok, cfg.max_length, label_order=order, desc="tokenize dev") if dev_ds is not None else None
+
+    use_cpu = cfg.use_cpu if cfg.use_cpu is not None else not (torch.cuda.is_available() or
+                                                              getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    strategy = "steps" if cfg.eval_steps else "epoch"
+    has_dev = dev_tok is not None
+    args = TrainingArguments(
+        output_dir=cfg.output_dir,
+        learning_rate=cfg.learning_rate,
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.eval_batch_size,
+        num_train_epochs=cfg.epochs,
+        warmup_steps=cfg.warmup_ratio,  # a float in [0, 1) is a ratio of the total steps
+        weight_decay=cfg.weight_decay,
+        lr_scheduler_type="linear",
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        eval_strategy=strategy if has_dev else "no",
+        eval_steps=cfg.eval_steps,
+        save_strategy=strategy,
+        save_steps=cfg.eval_steps,
+        save_total_limit=cfg.save_total_limit,
+        load_best_model_at_end=has_dev,
+        metric_for_best_model="accuracy" if has_dev else None,
+        greater_is_better=True,
+        logging_steps=max(1, cfg.eval_steps or 50),
+        report_to="none",
+        remove_unused_columns=False,  # keep the PoE bias column for the collator
+        train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
+        use_cpu=use_cpu,
+        disable_tqdm=not cfg.progress,
+        dataloader_num_workers=0,
+    )
+    Trainer = _make_trainer_class()
+    trainer = Trainer(model=model, args=args, train_dataset=train_tok, eval_dataset=dev_tok,
+                      data_collator=PairCollator(tok), processing_class=tok,
+                      compute_metrics=_accuracy_metric() if has_dev else None,
+                      callbacks=[EarlyStoppingCallback(cfg.early_stopping_patience)] if has_dev else None)
+    trainer.poe_beta, trainer.poe_gamma = cfg.poe_beta, cfg.poe_gamma
+    resume = _last_checkpoint(cfg.output_dir) if cfg.resume else None
+    if resume:
+        logger.warning("resuming from %s", resume)
+    start = time.perf_counter()
+    out = trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - start
+    dev_acc = None
+    if has_dev:
+        dev_acc = float(trainer.evaluate()["eval_accuracy"])
+    if trainer.is_world_process_zero():
+        trainer.save_model(cfg.output_dir)
+        tok.save_pretrained(cfg.output_dir)
+    result = TrainResult(
+        output_dir=cfg.output_dir, train_rows=len(train_ds), dev_rows=len(dev_ds) if dev_ds is not None else 0,
+        train_seconds=round(seconds, 2),
+        train_examples_per_second=round(float(out.metrics.get("train_samples_per_second", 0.0)), 3),
+        dev_accuracy=dev_acc, best_checkpoint=trainer.state.best_model_checkpoint, resumed_from=resume,
+        bias_model=bias_info)
+    if trainer.is_world_process_zero():
+        import datasets as hf_datasets
+        import transformers
+
+        record = {"config": cfg.to_dict(), "task": task.name, "labels": list(task.labels),
+                  "train_fingerprint": train_ds._fingerprint,
+                  "dev_fingerprint": dev_ds._fingerprint if dev_ds is not None else None,
+                  "result": result.to_dict(), "world_size": trainer.args.world_size,
+                  "versions": {"debiased_nli": __version__, "transformers": transformers.__version__,
+                               "datasets": hf_datasets.__version__, "torch": torch.__version__}}
+        Path(cfg.output_dir, TRAIN_CONFIG_FILE).write_text(json.dumps(record, indent=2))
+    return result

@@ -1,0 +1,194 @@
+"""Fine-tuning and the product-of-experts loss (Wu et al. 2022, appendix A.2), with a tiny BERT from a config."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from debiased_nli.data import load_task
+from debiased_nli.errors import ConfigError
+from debiased_nli.tasks import get_task
+from debiased_nli.training import (BIAS_COLUMN, PairCollator, TrainConfig, bias_log_probabilities,
+                                   load_model_for_task, poe_loss, tokenize_pairs, train_classifier)
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def make_tiny_bert(folder: Path, texts, *, id2label: dict[int, str] | None = None, head: bool = False) -> Path:
+    """A 2-layer BERT (hidden 32) from a config and a WordPiece tokenizer built from a vocab file of ``texts``."""
+    from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    words = sorted({w for t in texts for w in re.findall(r"\w+|[^\w\s]", t.lower())})
+    (folder / "vocab.txt").write_text("\n".join(SPECIALS + words) + "\n")
+    tok = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    tok.save_pretrained(folder)
+    cfg = BertConfig(vocab_size=len(SPECIALS) + len(words), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    if head:
+        cfg.id2label = dict(id2label)
+        cfg.label2id = {v: k for k, v in id2label.items()}
+        cfg.num_labels = len(id2label)
+        BertForSequenceClassification(cfg).save_pretrained(folder)
+    else:  # an encoder without a classification head, like all-MiniLM-L6-v2
+        BertModel(cfg).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def snli_small(shared_data):
+    train = load_task("snli", data_files=str(shared_data / "snli" / "train_sample.parquet"), max_rows=300).dataset
+    dev = load_task("snli", "validation", data_files=[f"validation={shared_data / 'snli' / 'dev.parquet'}"],
+                    max_rows=100).dataset
+    return train, dev
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory, snli_small, shared_data):
+    import pandas as pd
+
+    texts = list(snli_small[0]["premise"]) + list(snli_small[0]["hypothesis"]) + list(snli_small[1]["premise"]) \
+        + list(snli_small[1]["hypothesis"])
+    for f in ["hans/evaluation_regenerated.parquet", "snli/dev.parquet"]:
+        df = pd.read_parquet(shared_data / f).head(2000)
+        texts += list(df.premise) + list(df.hypothesis)
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny") / "encoder", texts)
+
+
+def test_poe_loss_equals_the_hand_computation():
+    # one row, K = 3: p = softmax(f), b given; L = -log softmax(log p + beta log b)_y + gamma * (-log b_y)
+    logits = torch.tensor([[2.0, 0.5, -1.0]])
+    b = torch.tensor([[0.7, 0.2, 0.1]])
+    y = torch.tensor([1])
+    beta, gamma = 0.8, 0.3
+    p = [math.exp(v) for v in (2.0, 0.5, -1.0)]
+    p = [v / sum(p) for v in p]
+    scores = [math.log(pi) + beta * math.log(bi) for pi, bi in zip(p, (0.7, 0.2, 0.1))]
+    ensemble = -(scores[1] - math.log(sum(math.exp(s) for s in scores)))
+    expected = ensemble + gamma * -math.log(0.2)
+    loss, ens, bias_ce = poe_loss(logits, b.log(), y, beta, gamma, return_parts=True)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert ens.item() == pytest.approx(ensemble, rel=1e-6)
+    assert bias_ce.item() == pytest.approx(-math.log(0.2), rel=1e-6)
+
+
+def test_poe_with_beta_zero_and_gamma_zero_is_cross_entropy():
+    torch.manual_seed(0)
+    logits, y = torch.randn(8, 3), torch.randint(0, 3, (8,))
+    b = torch.softmax(torch.randn(8, 3), -1).log()
+    assert poe_loss(logits, b, y, 0.0, 0.0).item() == pytest.approx(
+        torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-6)
+
+
+def test_poe_gradient_is_smaller_where_the_bias_model_is_already_right():
+    # the point of PoE: a row the bias model gets confidently right pushes the main model less
+    logits = torch.zeros(2, 3, requires_grad=True)
+    y = torch.tensor([0, 0])
+    b = torch.tensor([[0.98, 0.01, 0.01], [1 / 3, 1 / 3, 1 / 3]]).log()
+    poe_loss(logits, b, y, 1.0, 0.0).backward()
+    g = logits.grad.norm(dim=1)
+    assert g[0] < 0.1 * g[1]
+
+
+def test_bias_model_is_out_of_fold_tfidf_log_probabilities(snli_small):
+    train, _ = snli_small
+    logb, info = bias_log_probabilities(train, "snli", "tfidf", progress=False)
+    assert logb.shape == (len(train), 3)
+    np.testing.assert_allclose(np.exp(logb).sum(axis=1), 1.0, atol=1e-5)
+    assert info["method"] == "tfidf-logreg-oof"
+
+
+def test_collator_pads_dynamically_and_keeps_the_bias_column(tiny_encoder, snli_small):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_encoder)
+    train = snli_small[0].select(range(8))
+    bias = np.log(np.full((8, 3), 1 / 3, dtype=np.float32))
+    enc = tokenize_pairs(train, tok, 16, bias=bias)
+    batch = PairCollator(tok)([dict(enc[i]) for i in range(8)])
+    assert batch["input_ids"].shape[1] == max(enc["length"]) <= 16
+    assert batch[BIAS_COLUMN].shape == (8, 3)
+    assert batch["labels"].tolist() == train["label"]
+
+
+def test_a_head_with_other_label_names_is_refused(tmp_path, snli_small):
+    texts = list(snli_small[0]["premise"][:20])
+    folder = make_tiny_bert(tmp_path / "yesno", texts, head=True, id2label={0: "yes", 1: "maybe", 2: "no"})
+    with pytest.raises(ConfigError, match="no output named 'entailment'"):
+        load_model_for_task(str(folder), get_task("snli"))
+
+
+def test_a_head_in_another_label_order_trains_with_remapped_labels(tmp_path, snli_small):
+    from debiased_nli.training import model_label_order
+
+    texts = list(snli_small[0]["premise"][:20])
+    folder = make_tiny_bert(tmp_path / "perm", texts, head=True,
+                            id2label={0: "contradiction", 1: "entailment", 2: "neutral"})
+    tok, model = load_model_for_task(str(folder), get_task("snli"))
+    order = model_label_order(model, get_task("snli"), "perm")
+    assert order == [1, 2, 0]  # entailment is output 1, neutral 2, contradiction 0
+    enc = tokenize_pairs(snli_small[0].select(range(6)), tok, 32, label_order=order)
+    assert enc["labels"] == [order[l] for l in snli_small[0]["label"][:6]]
+
+
+def test_one_epoch_trains_saves_label_names_and_resumes(tiny_encoder, snli_small, tmp_path):
+    train, dev = snli_small
+    cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "run"), learning_rate=1e-3,
+                      batch_size=32, max_length=48, epochs=1, seed=3, progress=False, use_cpu=True)
+    result = train_classifier(cfg, "snli", train, dev)
+    assert result.train_rows == 300 and result.dev_rows == 100
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["id2label"] == {"0": "entailment", "1": "neutral", "2": "contradiction"}
+    record = json.loads((tmp_path / "run" / "debiased_nli_train.json").read_text())
+    assert record["config"]["seed"] == 3 and record["result"]["dev_accuracy"] == result.dev_accuracy
+    assert list((tmp_path / "run").glob("checkpoint-*"))
+    # a rerun with more epochs resumes from the last checkpoint instead of starting over
+    cfg2 = TrainConfig(**{**cfg.to_dict(), "epochs": 2})
+    again = train_classifier(cfg2, "snli", train, dev)
+    assert again.resumed_from is not None and again.resumed_from.endswith("checkpoint-10")
+
+
+def test_training_is_seeded(tiny_encoder, snli_small, tmp_path):
+    train, _ = snli_small
+    weights = []
+    for run in ("a", "b"):
+        cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / run), learning_rate=1e-3,
+                          batch_size=64, max_length=32, epochs=1, seed=7, progress=False, use_cpu=True,
+                          max_train_rows=128)
+        train_classifier(cfg, "snli", train)
+        from safetensors.torch import load_file
+        weights.append(load_file(str(tmp_path / run / "model.safetensors"))["classifier.weight"])
+    assert torch.equal(weights[0], weights[1])
+
+
+def test_poe_training_runs_with_the_tfidf_bias_model(tiny_encoder, snli_small, tmp_path):
+    train, dev = snli_small
+    cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "poe"), learning_rate=1e-3,
+                      batch_size=32, max_length=48, epochs=1, seed=1, progress=False, use_cpu=True,
+                      poe=True, poe_beta=1.0, poe_gamma=1.0)
+    result = train_classifier(cfg, "snli", train, dev)
+    assert result.bias_model["method"] == "tfidf-logreg-oof" and result.bias_model["beta"] == 1.0
+    assert (tmp_path / "poe" / "model.safetensors").exists()
+
+
+def test_cli_train_from_a_release_config(tiny_encoder, snli_small, tmp_path):
+    """`--release DIR --config NAME` reads load_dataset(DIR, NAME) (a Hub-layout folder)."""
+    from debiased_nli.cli import main
+
+    release = tmp_path / "release"
+    (release / "data" / "z_filtered").mkdir(parents=True)
+    snli_small[0].to_parquet(str(release / "data" / "z_filtered" / "train-00000-of-00001.parquet"))
+    (release / "README.md").write_text("---\nconfigs:\n- config_name: z_filtered\n  data_files:\n"
+                                       "  - split: train\n    path: data/z_filtered/train-*.parquet\n---\n")
+    out = tmp_path / "zf"
+    rc = main(["train", "snli", "--release", str(release), "--config", "z_filtered", "--model", str(tiny_encoder),
+               "--out", str(out), "--epochs", "1", "--max-train-rows", "64", "--max-length", "32", "--lr", "1e-3",
+               "--cpu"])
+    assert rc == 0
+    assert json.loads((out / "debiased_nli_train.json").read_text())["result"]["train_rows"] == 64
