@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from . import __version__
-from .errors import ConfigError
+from .errors import ConfigError, EmptyResultError
 from .tasks import did_you_mean, get_task
 
 DEFAULTS: dict[str, Any] = {
@@ -196,6 +196,9 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     ctx["sources"].append(loaded.source)
     stages.append({"stage": "load", "detail": f"{task.name} split {d['split']!r}", "counts": loaded.counts})
     d0 = loaded.dataset
+    if len(d0) == 0:
+        raise EmptyResultError(f"no usable rows in {task.name!r} split {d['split']!r} after loading "
+                               f"({loaded.counts}); nothing was written")
     eval_splits = {}
     for split in d["eval_splits"]:
         ev = load_task(task, split, data_files=files, on_invalid=d["on_invalid"], revision=d["revision"])

@@ -94,7 +94,7 @@ class FakeHub:
                     req = json.loads(body)
                     repo = f"{req.get('organization')}/{req['name']}" if req.get("organization") else req["name"]
                     if repo not in hub.repos:
-                        hub.repos[repo] = {"commits": {}, "head": None, "tags": {}, "private": req.get("private")}
+                        hub.repos[repo] = {"commits": {}, "head": None, "tags": {}, "private": req.get("visibility") == "private" or bool(req.get("private"))}
                     return self._send(200, {"url": f"{hub.url}/datasets/{repo}", "name": repo})
                 if parts[:2] == ["api", "validate-yaml"]:
                     import yaml
