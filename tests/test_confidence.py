@@ -1,0 +1,106 @@
+"""Confidence filtering: keep a row when the NLI model M gives its label probability > tau."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from debiased_nli.confidence import confidence_filter, confidence_report
+from debiased_nli.data import new_rows
+from debiased_nli.errors import ConfigError
+
+MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
+NAMES = ["entailment", "neutral", "contradiction"]
+
+
+def make_model(path, id2label):
+    from transformers import AutoTokenizer, GPT2Config, GPT2ForSequenceClassification
+    tok = AutoTokenizer.from_pretrained(str(MODELS / "gpt2-tokenizer"))
+    tok.pad_token = tok.eos_token
+    cfg = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tok), num_labels=len(id2label),
+                     id2label=id2label, label2id={v: k for k, v in id2label.items()}, pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    m = GPT2ForSequenceClassification(cfg)
+    with torch.no_grad():
+        m.score.weight.mul_(300)  # spread the probabilities so that some pass a high tau
+    m.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    prem = ["A dog runs.", "Two men play chess outside.", "A girl eats.", "People wait for a bus.", "A cat sleeps."] * 4
+    hyp = ["An animal moves.", "Nobody plays.", "A child eats fruit quickly.", "Someone sleeps.", "The cat naps."] * 4
+    return new_rows("snli", prem, hyp, [NAMES[i % 3] for i in range(20)], origin="generated", method="generator:test")
+
+
+def reference_probs(folder, ds):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    m, t = AutoModelForSequenceClassification.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    out = []
+    with torch.no_grad():
+        for p, h in zip(ds["premise"], ds["hypothesis"]):  # one at a time: no padding at all
+            out.append(torch.softmax(m(**t(p, h, return_tensors="pt")).logits[0], -1).numpy())
+    return np.array(out)
+
+
+def test_keeps_rows_whose_label_probability_is_above_tau(rows, tmp_path):
+    model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    probs = reference_probs(model, rows)
+    conf = probs[np.arange(len(rows)), rows["label"]]
+    tau = float(np.median(conf))
+    kept, rejected = confidence_filter(rows, model, "snli", tau=tau, batch_size=7, progress=False)
+    assert len(kept) + len(rejected) == len(rows) and len(kept) > 0 and len(rejected) > 0
+    assert all(c > tau for c in kept["confidence"]) and all(c <= tau for c in rejected["confidence"])
+    by_uid = dict(zip(rows["uid"], conf))
+    for d in (kept, rejected):
+        for uid, c in zip(d["uid"], d["confidence"]):
+            assert c == pytest.approx(by_uid[uid], abs=1e-5)  # batched with padding == one at a time
+    assert set(rejected["rejected_by"]) == {f"confidence<={tau}"}
+    assert kept.column_names[:6] == ["premise", "hypothesis", "label", "uid", "origin", "method"]
+    rep = confidence_report(kept, rejected, "snli", tau)
+    assert rep["acceptance_rate"] == pytest.approx(len(kept) / 20, abs=1e-4)
+    assert sum(v["kept"] for v in rep["per_label"].values()) == len(kept)
+
+
+def test_model_outputs_are_matched_to_the_task_labels_by_name(rows, tmp_path):
+    plain = make_model(tmp_path / "a", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    # the same weights with the output rows permuted and named accordingly
+    from transformers import AutoModelForSequenceClassification
+    m = AutoModelForSequenceClassification.from_pretrained(plain)
+    perm = [2, 0, 1]  # output i of the new model is output perm[i] of the old one
+    with torch.no_grad():
+        m.score.weight.copy_(m.score.weight[perm])
+    m.config.id2label = {i: NAMES[perm[i]] for i in range(3)}
+    m.config.label2id = {v: k for k, v in m.config.id2label.items()}
+    m.save_pretrained(tmp_path / "b")
+    from transformers import AutoTokenizer
+    AutoTokenizer.from_pretrained(plain).save_pretrained(tmp_path / "b")
+    k1, r1 = confidence_filter(rows, plain, "snli", tau=0.5, progress=False)
+    k2, r2 = confidence_filter(rows, str(tmp_path / "b"), "snli", tau=0.5, progress=False)
+    assert k1["uid"] == k2["uid"]
+    np.testing.assert_allclose(list(k1["confidence"]) + list(r1["confidence"]), list(k2["confidence"]) + list(r2["confidence"]), atol=1e-5)
+
+
+def test_a_model_whose_labels_are_not_the_tasks_is_refused(rows, tmp_path):
+    wrong = make_model(tmp_path / "w", {0: "positive", 1: "negative", 2: "neutral"})
+    with pytest.raises(ConfigError, match="no output named 'entailment'"):
+        confidence_filter(rows, wrong, "snli", progress=False)
+    two = make_model(tmp_path / "t", {0: "entailment", 1: "not_entailment"})
+    with pytest.raises(ConfigError, match="2 labels"):
+        confidence_filter(rows, two, "snli", progress=False)
+
+
+def test_cli_writes_kept_rejected_and_report(rows, tmp_path):
+    import json
+    from debiased_nli.cli import main
+    model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    rows.to_parquet(str(tmp_path / "gen.parquet"))
+    assert main(["confidence-filter", "snli", "--data-files", str(tmp_path / "gen.parquet"), "--model", model,
+                 "--tau", "0.6", "--out", str(tmp_path / "out")]) == 0
+    rep = json.loads((tmp_path / "out" / "confidence_report.json").read_text())
+    import datasets
+    kept = datasets.Dataset.from_parquet(str(tmp_path / "out" / "kept.parquet"))
+    assert rep["kept"] == len(kept) and rep["rows"] == 20 and "confidence" in kept.column_names
