@@ -1,0 +1,58 @@
+"""The builder steps of the generation pipeline on the demo task: train G*, sample, confidence-filter."""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from debiased_nli.data import load_task
+from debiased_nli.generation import PAPER_DEFAULTS
+from debiased_nli.generation.steps import confidence_filter_step, generate_step, train_generator_step
+
+MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
+
+
+def test_paper_defaults():
+    assert PAPER_DEFAULTS["lambda"] == 0.5 and PAPER_DEFAULTS["alpha"] == 1.0 and PAPER_DEFAULTS["tau"] == 0.95
+    assert PAPER_DEFAULTS["generator"] == "gpt2-large" and PAPER_DEFAULTS["confidence_model"] == "roberta-large"
+    assert PAPER_DEFAULTS["num_samples"] == {"snli": 5_000_000, "mnli": 4_000_000}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoTokenizer, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+    tok = AutoTokenizer.from_pretrained(str(MODELS / "gpt2-tokenizer"))
+    base = tmp_path_factory.mktemp("steps")
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tok))).save_pretrained(base / "lm")
+    tok.save_pretrained(base / "lm")
+    names = {0: "entailment", 1: "neutral", 2: "contradiction"}
+    tok.pad_token = tok.eos_token
+    GPT2ForSequenceClassification(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tok),
+                                             num_labels=3, id2label=names, label2id={v: k for k, v in names.items()},
+                                             pad_token_id=tok.eos_token_id)).save_pretrained(base / "clf")
+    tok.save_pretrained(base / "clf")
+    return base
+
+
+def test_debias_step_z_filters_the_input_and_trains_g_star(tiny, tmp_path):
+    ds = load_task("demo", max_rows=600).dataset
+    out, dropped, rep = train_generator_step(ds, "demo", {"model": str(tiny / "lm"), "out": str(tmp_path / "gstar"),
+                                                         "mode": "debias", "max_steps": 2, "batch_size": 4,
+                                                         "cpu": True, "z_batch_size": 100})
+    assert out is ds and dropped is None
+    z = rep["z_filter"]
+    assert z["kept"] + z["rejected"] == 600 and z["rejected"] > 0
+    assert rep["rows"] == 600 and rep["steps"] == 2 and (tmp_path / "gstar" / "model.safetensors").exists()
+
+
+def test_generate_and_confidence_steps_account_for_every_row(tiny, tmp_path):
+    ds = load_task("demo", max_rows=20).dataset
+    rows, rejects, rep = generate_step(ds, "demo", {"generator": str(tiny / "lm"), "out": str(tmp_path / "g"),
+                                                    "num_samples": 6, "num_shards": 2, "batch_size": 3,
+                                                    "max_new_tokens": 6, "condition": "premise", "cpu": True,
+                                                    "progress": False})
+    assert len(rows) + len(rejects) == 6 == rep["samples"]
+    kept, rejected, crep = confidence_filter_step(ds, "demo", {"model": str(tiny / "clf"), "tau": 0.34,
+                                                               "progress": False})
+    assert len(kept) + len(rejected) == 20 == crep["rows"]
