@@ -130,3 +130,18 @@ def test_debias_fine_tune_applies_unlikelihood_to_the_rejected_rows(tiny_gpt2, t
     assert rep["mode"] == "debias" and all(h["unlikelihood"] > 0 for h in rep["history"])
     with pytest.raises(Exception, match="rejected_by"):
         debias_training_set(kept, rows(2))
+
+
+def test_two_process_ddp_training_on_cpu(tiny_gpt2, tmp_path):
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+                          "-m", "debiased_nli.cli", "train-generator", "demo", "--max-rows", "32", "--model", tiny_gpt2,
+                          "--out", str(tmp_path / "ddp"), "--max-steps", "3", "--batch-size", "4", "--cpu",
+                          "--checkpoint-every", "2"], env=env, cwd=root, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((tmp_path / "ddp" / "train_report.json").read_text())
+    assert report["processes"] == 2 and report["steps"] == 3
+    assert (tmp_path / "ddp" / "checkpoints" / "step-2" / "trainable.pt").exists()
