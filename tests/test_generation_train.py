@@ -110,6 +110,16 @@ def test_llama_lora_adapter_is_saved_and_merges_to_the_same_model(tiny_llama, tm
         assert not torch.allclose(base(ids).logits, merged(ids).logits)
     again = merge_adapter(str(out), str(tmp_path / "merged2"))
     assert (Path(again) / "config.json").exists()
+    # sampling from the adapter folder (merged on load) gives the samples of the merged model
+    from debiased_nli.generation.sample import generate_samples, load_generated
+    kw = dict(num_shards=1, batch_size=2, max_new_tokens=5, seed=3, cpu=True, progress=False)
+    generate_samples(str(out), str(tmp_path / "s1"), "snli", 2, **kw)
+    generate_samples(rep["merged"], str(tmp_path / "s2"), "snli", 2, **kw)
+    for kind in ("shard", "rejects"):
+        a, b = load_generated(str(tmp_path / "s1"), kind), load_generated(str(tmp_path / "s2"), kind)
+        assert a.remove_columns(["generator", "checkpoint", "method", "uid"] if kind == "shard" else []).to_list() == \
+            b.remove_columns(["generator", "checkpoint", "method", "uid"] if kind == "shard" else []).to_list()
+    assert len(load_generated(str(tmp_path / "s1"))) + len(load_generated(str(tmp_path / "s1"), "rejects")) == 2
 
 
 def test_lora_target_modules_option(tiny_llama):

@@ -159,6 +159,8 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     model = tok = None
     if todo:
         model, tok = load_generator(generator, dtype=dtype)
+        if hasattr(model, "merge_and_unload"):  # a LoRA adapter: merged weights sample the same, faster
+            model = model.merge_and_unload()
         model.to(state.device).eval()
         tok.padding_side = "left"
     fmt = SequenceFormat.for_tokenizer(tok, task.labels) if tok is not None else None
