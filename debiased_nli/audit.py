@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from . import __version__
+from .data import column_numpy, labels_of
 from .features import NULL_FEATURE, build_feature_matrix
 from .featurize import add_features
 from .tasks import TaskSpec, get_task
@@ -30,14 +31,14 @@ def audit_dataset(ds, task: "str | TaskSpec", *, top_k: int = 20, p0="uniform", 
     if not features_ready:
         ds, hyp = add_features(ds, task, hypothesis_only=hypothesis_only, seed=seed, progress=progress)
     fm = build_feature_matrix(ds)
-    labels = np.asarray(ds["label"], dtype=np.int64)
+    labels = labels_of(ds)
     zs = compute_zstats(fm, labels, task.labels, p0=p0)
     n_tests = int((zs.n > 0).sum()) * task.num_labels
     threshold = float(z_threshold) if z_threshold is not None else bonferroni_threshold(n_tests, alpha)
     if hyp is not None:
         hyp_acc = hyp.accuracy
     elif "hypo_only_pred" in ds.column_names:
-        hyp_acc = float((np.asarray(ds["hypo_only_pred"]) == labels).mean())
+        hyp_acc = float((column_numpy(ds, "hypo_only_pred") == labels).mean())
     else:
         hyp_acc = None
     report = {

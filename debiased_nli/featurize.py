@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from . import __version__
+from .data import labels_of
 from .errors import ConfigError
 from .features import (HYPO_ONLY_COLUMN, add_feature_columns, build_feature_matrix, feature_columns,
                        get_extractor)
@@ -57,7 +58,7 @@ def add_features(ds, task: "str | TaskSpec", *, extractors: Sequence[str] | None
                               desc=f"features ({len(lexical)} extractors)")
     if HYPO_ONLY_EXTRACTOR not in names or hypothesis_only is None:
         return out, None
-    labels = np.asarray(out["label"], dtype=np.int64)
+    labels = labels_of(out)
     if hypothesis_only == "tfidf":
         params = {"folds": hypo_only_folds, "seed": seed}
         pkey = _hash([ds._fingerprint, lexical, params, __version__])

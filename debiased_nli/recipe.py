@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import inspect
 import platform
 import sys
 from pathlib import Path
@@ -210,7 +211,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     parts = []
     for step in recipe["new_rows"]:
         params = {k: v for k, v in step.items() if k != "step"}
-        rows = _step("source", step["step"])(task, params, ctx)
+        rows = _step("source", step["step"])(task, params, ctx)  # source steps: (task, params, ctx)
         stages.append({"stage": f"new rows: {step['step']}", "counts": {"rows": len(rows)}})
         parts.append(rows)
     if parts:
@@ -257,7 +258,9 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
             continue
         params = {k: v for k, v in step.items() if k not in ("step", "config")}
         params.setdefault("seed", seed_)
-        kept, removed, report = _step("filter", step["step"])(d0_f, task, params, ctx)
+        fn = _step("filter", step["step"])
+        accepts_ctx = len(inspect.signature(fn).parameters) >= 4
+        kept, removed, report = fn(d0_f, task, params, ctx) if accepts_ctx else fn(d0_f, task, params)
         configs.append(ConfigData(name, {"train": kept, **eval_splits}, removed))
         stages.append({"stage": f"{name}: {step['step']}", "counts": {"kept": len(kept), "removed": len(removed)},
                        "report": report})

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import __version__
-from .data import PROVENANCE_COLUMNS
+from .data import PROVENANCE_COLUMNS, labels_of
 from .errors import ConfigError
 from .features import build_feature_matrices
 from .tasks import TaskSpec, get_task
@@ -104,12 +104,12 @@ def _write_parquet(ds, folder: Path, split: str) -> list[dict]:
 def zstats_summary(ds, task: TaskSpec, reference_ds=None, top_k: int = 10) -> dict:
     """Top features per label of ``ds`` (and of the reference with their z in ``ds``), for cards."""
     mats = build_feature_matrices([ds] + ([reference_ds] if reference_ds is not None else []))
-    labels = np.asarray(ds["label"], np.int64)
+    labels = labels_of(ds)
     zs = compute_zstats(mats[0], labels, task.labels)
     summary = {"n_rows": len(labels), "max_abs_z": round(zs.max_abs_z(exclude=("<null>",)), 3),
                "top": zs.top_records(top_k), "_zstats": zs}
     if reference_ds is not None:
-        zr = compute_zstats(mats[1], np.asarray(reference_ds["label"], np.int64), task.labels)
+        zr = compute_zstats(mats[1], labels_of(reference_ds), task.labels)
         rows = []
         for l, name in enumerate(task.labels):
             for i in zr.top_k(top_k)[l]:

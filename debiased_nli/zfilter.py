@@ -29,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .data import labels_of
 from .errors import ConfigError, EmptyResultError
 from .features import FeatureMatrix, build_feature_matrices
 from .tasks import TaskSpec, get_task
@@ -234,11 +235,11 @@ def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1
                     f"the {name} has labels {getattr(lab, 'names', lab)}, but task {task.name!r} has "
                     f"{list(task.labels)}: the seed set must be of the same task")
         fm, seed_fm = build_feature_matrices([ds, seed_dataset])
-        seed_labels = np.asarray(seed_dataset["label"], dtype=np.int64)
+        seed_labels = labels_of(seed_dataset)
     else:
         fm, = build_feature_matrices([ds])
         seed_fm = seed_labels = None
-    labels = np.asarray(ds["label"], dtype=np.int64)
+    labels = labels_of(ds)
     out = z_filter_matrix(fm, labels, task.num_labels, top_k=top_k, batch_size=batch_size, seed=seed,
                           seed_fm=seed_fm, seed_labels=seed_labels, p0=p0, min_z=min_z, progress=progress)
     if len(out.kept) == 0 and not allow_empty:
