@@ -79,8 +79,9 @@ def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float
     scored = scored.add_column(CONFIDENCE_COLUMN, conf.astype(np.float64).tolist())
     keep = conf > tau
     kept = scored.select(np.nonzero(keep)[0])
-    rejected = scored.select(np.nonzero(~keep)[0])
-    rejected = rejected.add_column("rejected_by", [f"confidence<={tau}"] * len(rejected))
+    # the reason is added before selecting: add_column on an (empty) selection fails in datasets
+    reason = scored.add_column("rejected_by", [f"confidence<={tau}"] * len(scored))
+    rejected = reason.select(np.nonzero(~keep)[0])
     return kept, rejected
 
 

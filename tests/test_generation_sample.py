@@ -19,8 +19,7 @@ PREMISES = ["A dog runs in the park.", "Two men play chess.", "A girl eats an ap
             "A woman rides a bike."]
 
 
-@pytest.fixture(scope="module")
-def generator(tmp_path_factory):
+def eos_generator(path) -> str:
     """A tiny GPT-2 (real GPT-2 tokenizer) that ends a text with probability ~0.4 at every step.
 
     Its final layer norm outputs a constant vector along the end marker's embedding (tied output
@@ -44,10 +43,14 @@ def generator(tmp_path_factory):
     with torch.no_grad():
         model.transformer.ln_f.weight.zero_()
         model.transformer.ln_f.bias.copy_(c * emb[eos])
-    path = tmp_path_factory.mktemp("gen")
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def generator(tmp_path_factory):
+    return eos_generator(tmp_path_factory.mktemp("gen"))
 
 
 KW = dict(num_shards=4, batch_size=3, max_new_tokens=8, seed=7, top_p=1.0, condition="premise+label",

@@ -56,3 +56,20 @@ def test_generate_and_confidence_steps_account_for_every_row(tiny, tmp_path):
     kept, rejected, crep = confidence_filter_step(ds, "demo", {"model": str(tiny / "clf"), "tau": 0.34,
                                                                "progress": False})
     assert len(kept) + len(rejected) == 20 == crep["rows"]
+
+
+def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path):
+    from debiased_nli.generation.steps import generator_source
+    from test_generation_sample import eos_generator
+    lm = eos_generator(tmp_path / "eos_lm")  # samples that parse about half of the time
+    ctx = {"recipe": {"data": {"split": "train", "data_files": None, "max_rows": 40}}}
+    rows = generator_source("demo", {
+        "train": {"model": lm, "out": str(tmp_path / "G"), "max_steps": 1, "batch_size": 4, "cpu": True, "lr": 1e-9},
+        "generate": {"out": str(tmp_path / "samples"), "num_samples": 8, "num_shards": 1, "batch_size": 4,
+                     "max_new_tokens": 6, "condition": "premise+label", "cpu": True, "progress": False},
+        "confidence": {"model": str(tiny / "clf"), "tau": 0.0, "progress": False},
+    }, ctx)
+    reports = ctx["generation"]["reports"]
+    assert set(reports) == {"train", "generate", "confidence"} and reports["train"]["steps"] == 1
+    assert len(rows) == reports["generate"]["parsed"] == reports["confidence"]["kept"] > 0
+    assert rows.column_names == ["premise", "hypothesis", "label", "uid", "origin", "method"]

@@ -81,3 +81,37 @@ def confidence_filter_step(ds, task, params: dict):
                                        batch_size=_p(params, "batch_size", 64),
                                        max_length=_p(params, "max_length", 128), progress=_p(params, "progress", True))
     return kept, rejected, confidence_report(kept, rejected, task, tau)
+
+
+def generator_source(task, params: dict, ctx: dict | None = None):
+    """A recipe *source step* (``(task, params, ctx) -> new rows``) running the paper's whole generation
+    pipeline: train G on D0 (``train``), optionally fine-tune G* (``debias``), sample (``generate``) and
+    confidence-filter (``confidence``). Each sub-dict holds that step's params; ``generator`` names an
+    already trained G and skips ``train``. D0 is read from ``params["data_files"]`` or the recipe's data.
+    The reports (and the confidence filter's rejected rows) are recorded in ``ctx["generation"]``."""
+    from ..data import load_task
+
+    task = get_task(task)
+    ctx = ctx if ctx is not None else {}
+    reports: dict[str, Any] = {}
+    generator = params.get("generator")
+    d0 = None
+    if generator is None or params.get("debias"):
+        data = (ctx.get("recipe") or {}).get("data", {})
+        d0 = load_task(task, data.get("split", "train"), data_files=params.get("data_files") or data.get("data_files"),
+                       on_invalid=data.get("on_invalid", "error"), max_rows=data.get("max_rows")).dataset
+    if generator is None:
+        train = dict(params["train"])
+        _, _, reports["train"] = train_generator_step(d0, task, {**train, "mode": "generator"})
+        generator = train["out"]
+    if params.get("debias"):
+        debias = dict(params["debias"])
+        _, _, reports["debias"] = train_generator_step(d0, task, {"model": generator, **debias, "mode": "debias"})
+        generator = debias["out"]
+    rows, rejects, reports["generate"] = generate_step(d0, task, {**params["generate"], "generator": generator})
+    if params.get("confidence"):
+        rows, dropped, reports["confidence"] = confidence_filter_step(rows, task, dict(params["confidence"]))
+        ctx.setdefault("generation", {})["confidence_rejected"] = dropped
+    ctx.setdefault("generation", {})["reports"] = reports
+    keep = ["premise", "hypothesis", "label", "uid", "origin", "method"]
+    return rows.select_columns(keep)
