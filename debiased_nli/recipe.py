@@ -261,7 +261,9 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         fn = _step("filter", step["step"])
         accepts_ctx = len(inspect.signature(fn).parameters) >= 4
         kept, removed, report = fn(d0_f, task, params, ctx) if accepts_ctx else fn(d0_f, task, params)
-        configs.append(ConfigData(name, {"train": kept, **eval_splits}, removed))
+        section = getattr(sys.modules[fn.__module__], f"render_{step['step']}_md", None)
+        configs.append(ConfigData(name, {"train": kept, **eval_splits}, removed,
+                                  card_section=section(report) if section else None))
         stages.append({"stage": f"{name}: {step['step']}", "counts": {"kept": len(kept), "removed": len(removed)},
                        "report": report})
     if recipe["configs"] != "auto" and "original" in recipe["configs"]:

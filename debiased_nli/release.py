@@ -57,6 +57,7 @@ class ConfigData:
     rejected: Any = None
     description: str = ""
     stages: list[dict] = dataclasses.field(default_factory=list)
+    card_section: str | None = None  # markdown a filter step adds to the card (e.g. AFLite's audit)
 
 
 def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
@@ -257,8 +258,12 @@ def render_card(task: TaskSpec, configs: Sequence[ConfigData], written, summarie
                       "rows": {s: sum(f["rows"] for f in written[c.name].get(s, [])) if s in written[c.name] else None
                                for s in split_names},
                       "rejected": len(c.rejected) if c.rejected is not None else 0})
+    # a step's markdown keeps its own structure, three levels below the card's config headings
+    sections = [(c.name, "\n".join("###" + line if line.startswith("#") else line
+                                    for line in c.card_section.splitlines()))
+                for c in configs if c.card_section]
     return env.get_template("dataset_card.md.j2").render(
-        task=task, meta=meta, sizes=sizes, split_names=split_names, summaries=summaries, manifest=manifest,
+        task=task, sections=sections, meta=meta, sizes=sizes, split_names=split_names, summaries=summaries, manifest=manifest,
         default=default, manifest_json=json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=2,
                                                   sort_keys=True, default=str),
         version=__version__, history=meta.get("history", []))

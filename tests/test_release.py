@@ -10,6 +10,7 @@ import yaml
 from debiased_nli.cli import main
 from debiased_nli.errors import ConfigError
 from debiased_nli.recipe import build, load_recipe
+from test_embeddings import tiny_encoder  # noqa: F401  (a tiny BERT folder built from a config)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,3 +135,18 @@ def test_interrupted_write_leaves_no_half_release(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         build(ROOT / "builders/demo.yaml", tmp_path / "x", progress=False, max_rows=600)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_filter_step_adds_its_config_and_card_section(tmp_path, tiny_encoder):
+    recipe = {"task": "demo", "z_filter": {"top_k": 20, "batch_size": 100},
+              "filters": [{"step": "aflite", "encoder": str(tiny_encoder), "m": 8, "max_iter": 20,
+                           "audit": False, "random_control": False, "progress": False}]}
+    res = build(recipe, tmp_path / "rel", progress=False, max_rows=600)
+    assert set(res.configs) == {"z_filtered", "aflite"}
+    kept = datasets.load_dataset(str(tmp_path / "rel"), "aflite", split="train")
+    removed = datasets.Dataset.from_parquet(str(next((tmp_path / "rel/rejected/aflite").glob("*.parquet"))))
+    assert len(kept) + len(removed) == 600 and len(removed) > 0
+    assert {"aflite_score", "aflite_round"} <= set(removed.column_names)
+    assert min(s for s in removed["aflite_score"] if s is not None) >= 0.75
+    card = (tmp_path / "rel/README.md").read_text()
+    assert "### `aflite`: how the filter was run" in card
