@@ -117,8 +117,7 @@ def test_two_processes_write_disjoint_shards_whose_union_is_the_one_process_run(
     prem.write_text("".join(json.dumps({"premise": p}) + "\n" for p in PREMISES))
     args += ["--premises-from", str(prem)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    subprocess.run([sys.executable, "-m", "debiased_nli.cli", *args, "--out", str(one)], check=True, env=env,
-                   cwd=ROOT, capture_output=True)
+    generate_samples(generator, str(one), "snli", 13, **KW)  # the 1-process run, in this process
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
                           "-m", "debiased_nli.cli", *args, "--out", str(two)], env=env, cwd=ROOT,
                          capture_output=True, text=True)
