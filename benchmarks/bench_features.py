@@ -128,6 +128,9 @@ def main() -> None:
     ap.add_argument("--stage")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not args.stage:
+        import tempfile
+        os.environ["DEBIASED_NLI_CACHE"] = tempfile.mkdtemp(prefix="bench-features-cache-")
     if args.stage == "lexical":
         print(json.dumps(stage_lexical(args.rows, args.num_proc)))
         return

@@ -44,7 +44,8 @@ class ZFilterOutcome:
 
     kept: np.ndarray            # input positions kept, in the order they were added to Z
     rejected: np.ndarray        # input positions rejected, in walk order
-    rejected_by: list[list[int]]  # for each rejected row, the feature ids that rejected it
+    rejected_by_ids: np.ndarray     # the feature ids that rejected each rejected row, concatenated...
+    rejected_by_indptr: np.ndarray  # ...row r's are rejected_by_ids[indptr[r]:indptr[r+1]]
     batch_of: np.ndarray        # batch number of every input position
     counts: np.ndarray          # final counts of Z (features x labels), seed included
     n_batches: int
@@ -63,15 +64,21 @@ def _z_rows(counts: np.ndarray, p0: np.ndarray, min_z: float) -> np.ndarray:
 
 
 class _TopK:
-    """Top-k feature ids per label under incremental count updates (exact)."""
+    """Top-k feature ids per label under incremental count updates (exact).
+
+    After a full ranking, ``static[l]`` holds the best ``cache`` features of label l and ``floor[l]``
+    the z of the next one, so every other feature has z <= floor. Afterwards the invariant "every
+    feature outside static[l] and above[l] has z <= floor[l]" is kept by adding each updated
+    feature whose z rises above the floor to ``above[l]``. The top-k of the candidates
+    static[l] + above[l] (at their current z) is then exact whenever its k-th z is above the
+    floor (strictly: a tie at the floor could be won by an outside feature of lower id);
+    otherwise a full ranking restores the invariant.
+    """
 
     def __init__(self, z: np.ndarray, k: int, cache: int):
         self.z, self.k, self.cache = z, k, max(cache, 4 * k)
         self.K = z.shape[1]
-        self.touched = np.zeros(z.shape[0], bool)
         self.full_rankings = 0
-        self.static: list[np.ndarray] = []
-        self.floor = np.full(self.K, -np.inf)
         self._rank_all()
 
     def _rank(self, ids: np.ndarray, l: int, m: int) -> np.ndarray:
@@ -90,36 +97,38 @@ class _TopK:
         self.full_rankings += 1
         all_ids = np.arange(self.z.shape[0])
         self.static, self.floor = [], np.full(self.K, -np.inf)
+        self.above = np.zeros((self.K, self.z.shape[0]), bool)
         for l in range(self.K):
             ranked = self._rank(all_ids, l, self.cache + 1)
-            # the (cache+1)-th z bounds every untouched feature outside the cache
             if len(ranked) > self.cache:
                 self.floor[l] = self.z[ranked[-1], l]
                 ranked = ranked[:-1]
             self.static.append(ranked)
-        self.touched[:] = False
 
     def mark(self, ids: np.ndarray) -> None:
-        self.touched[ids] = True
+        """Record that the z of ``ids`` changed."""
+        for l in range(self.K):
+            self.above[l, ids] = self.z[ids, l] > self.floor[l]
 
     def top(self) -> list[np.ndarray]:
-        if self.touched.sum() > self.cache * 8:
-            self._rank_all()
-        touched = np.flatnonzero(self.touched)
-        fresh = len(touched) == 0  # right after a full ranking the cached prefix is exact
         out = []
         for l in range(self.K):
-            st = self.static[l]
-            cand = np.concatenate([st[~self.touched[st]], touched])
-            best = self._rank(cand, l, self.k)
-            # otherwise exact when the k-th candidate beats every untouched feature outside the
-            # cache (strictly: a tie at the floor could be won by an outside feature of lower id)
-            if not fresh and ((len(best) < self.k and np.isfinite(self.floor[l]))
-                              or (len(best) == self.k and self.z[best[-1], l] <= self.floor[l])):
+            st, above = self.static[l], np.flatnonzero(self.above[l])
+            if len(above) > 4 * self.cache:  # keep the candidate sets small: re-rank
                 self._rank_all()
-                return self.top()
+                return self.top_after_full_ranking()
+            cand = np.concatenate([st[~self.above[l, st]], above])
+            best = self._rank(cand, l, self.k)
+            if (len(best) < self.k and np.isfinite(self.floor[l])) or (
+                    len(best) == self.k and self.z[best[-1], l] <= self.floor[l]):
+                self._rank_all()
+                return self.top_after_full_ranking()
             out.append(best)
         return out
+
+    def top_after_full_ranking(self) -> list[np.ndarray]:
+        # right after a full ranking static[l] is the exact prefix of the order: no check needed
+        return [self._rank(self.static[l], l, self.k) for l in range(self.K)]
 
 
 def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, top_k: int = 20,
@@ -164,7 +173,9 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
     z[present] = _z_rows(counts[present], p0_arr, min_z)
     topk = _TopK(z, top_k, cache)
     biased = np.zeros(V * K, bool)
-    kept_parts, rej_parts, rej_by = [], [], []
+    kept_parts, rej_parts, rej_ids, rej_lens = [], [], [], []
+    mark = np.zeros(V, bool)
+    flat_counts = counts.reshape(-1)
     batch_of = np.empty(n, np.int64)
     n_batches = (n + batch_size - 1) // batch_size
     bar = tqdm(total=n, desc="z-filtering", unit="rows", disable=not progress)
@@ -184,24 +195,29 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
         keep_local = np.flatnonzero(~row_hit)
         rej_local = np.flatnonzero(row_hit)
         if len(rej_local):
-            hit_rows, hit_feats = entry_row[hit] - lo, feats[hit]
-            splits = np.searchsorted(hit_rows, rej_local, side="left")
-            ends = np.searchsorted(hit_rows, rej_local, side="right")
-            rej_by.extend(hit_feats[s:e].tolist() for s, e in zip(splits, ends))
+            # entries are grouped by row, so the hits of the rejected rows come out in their order
+            rej_ids.append(feats[hit])
+            rej_lens.append(np.bincount(entry_row[hit] - lo, minlength=hi - lo)[rej_local])
         rej_parts.append(order[lo + rej_local])
         kept_parts.append(order[lo + keep_local])
         if len(keep_local):
             kmask = ~row_hit[entry_row - lo]
             kf = feats[kmask]
-            np.add.at(counts, (kf, wl[entry_row[kmask]]), 1)
-            touched = np.unique(kf)
+            np.add.at(flat_counts, kf * K + wl[entry_row[kmask]], 1)
+            mark[kf] = True
+            touched = np.flatnonzero(mark)
+            mark[touched] = False
             z[touched] = _z_rows(counts[touched], p0_arr, min_z)
             topk.mark(touched)
         bar.update(hi - lo)
     bar.close()
     kept = np.concatenate(kept_parts) if kept_parts else np.zeros(0, np.int64)
     rejected = np.concatenate(rej_parts) if rej_parts else np.zeros(0, np.int64)
-    return ZFilterOutcome(kept, rejected, rej_by, batch_of, counts, n_batches, topk.full_rankings)
+    lens = np.concatenate(rej_lens) if rej_lens else np.zeros(0, np.int64)
+    indptr = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    ids = np.concatenate(rej_ids) if rej_ids else np.zeros(0, np.int64)
+    return ZFilterOutcome(kept, rejected, ids, indptr, batch_of, counts, n_batches, topk.full_rankings)
 
 
 @dataclasses.dataclass
@@ -253,8 +269,10 @@ def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1
         cols = [c for c in kept.column_names if c in seed_dataset.column_names]
         kept = datasets.concatenate_datasets([seed_dataset.select_columns(cols), kept.select_columns(cols)])
     rejected = ds.select(out.rejected)
-    rejected = rejected.add_column(REJECTED_BY, [[str(fm.vocab[i]) for i in f] for f in out.rejected_by],
-                                   feature=datasets.Sequence(datasets.Value("string")))
+    import pyarrow as pa
+    names = pa.array(fm.vocab.tolist(), pa.string()).take(pa.array(out.rejected_by_ids))
+    by = pa.ListArray.from_arrays(pa.array(out.rejected_by_indptr.astype(np.int32)), names)
+    rejected = rejected.add_column(REJECTED_BY, by, feature=datasets.Sequence(datasets.Value("string")))
     params = {"top_k": top_k, "batch_size": batch_size, "seed": seed, "p0": p0, "min_z": min_z,
               "conditional": seed_dataset is not None}
     return ZFilterResult(kept, rejected, out, params)

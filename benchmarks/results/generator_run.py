@@ -66,9 +66,11 @@ def generate() -> None:
     sh(["debiased-nli", "generate", "snli", "--generator", str(RUN / "G"), "--out", str(RUN / "samples"),
         "--num-samples", str(N_SAMPLES), "--shard-size", str(SHARD), "--batch-size", "16", "--top-p", "0.9",
         "--max-new-tokens", "40", "--seed", "0", "--cpu", "--threads", "1",
-        # CPU budget: prompt with premises of SNLI dev (unseen in training) and let G write the label and
-        # hypothesis; the paper samples whole rows (--condition none), which costs ~3x the tokens
-        "--condition", "premise", "--premises-from", str(SNLI_DEV)])
+        # CPU budget: prompt with a premise of SNLI dev (unseen in training) and a label (cycling through
+        # the three), G writes the hypothesis; the paper samples whole rows (--condition none). A first
+        # try with --condition premise (G also writes the label; samples_premise_only/) is summarised in
+        # the report: after 60 LoRA steps G's label words were mostly malformed.
+        "--condition", "premise+label", "--premises-from", str(SNLI_DEV)])
 
 
 def filter_() -> None:
@@ -128,6 +130,9 @@ def report() -> None:
         "seq_z": seq,
         "examples": examples,
     }
+    from debiased_nli.generation.sample import summarize
+    if (RUN / "samples_premise_only").exists():
+        summary["premise_only_try"] = summarize(RUN / "samples_premise_only", "snli")
     (HERE / "generator_run.json").write_text(json.dumps(summary, indent=2, default=str))
     (HERE / "generator_run.md").write_text(markdown(summary))
     print(json.dumps({k: summary[k] for k in ("generation", "confidence_filter", "acceptance_at_other_tau")}, indent=2))
@@ -160,9 +165,10 @@ def markdown(s: dict) -> str:
         f"of the same sample, 1 epoch; SNLI dev accuracy {m['dev_accuracy']} (first {m['dev_rows']} dev rows).",
         f"* **Sampling**: {gen['config']['num_samples']} samples, {gen['config']['num_shards']} shards, top-p "
         f"{gen['config']['top_p']}, at most {gen['config']['max_new_tokens']} new tokens, condition "
-        f"`{gen['config']['condition']}`: the prompt is a premise of SNLI dev (not in the training sample) and G "
-        "writes the label and the hypothesis. **Deviation from the paper**, for the CPU budget: Wu et al. sample whole "
-        "rows (`--condition none`, also implemented), which costs about three times the tokens.",
+        f"`{gen['config']['condition']}`: the prompt is a premise of SNLI dev (not in the training sample) and a "
+        "label (cycling through the three); G writes the hypothesis. **Deviation from the paper**, for the CPU budget: "
+        "Wu et al. sample whole rows (`--condition none`, implemented and tested), which costs about three times the "
+        "tokens and needs a generator trained long enough to write the label well (see the first try below).",
         "",
         "## Results",
         "",
@@ -184,6 +190,14 @@ def markdown(s: dict) -> str:
                   f"{seq['seq_z_generated_kept']} / {seq['seq_z_generated_rejected']} (seq_z: {seq['seq_z']['output']} rows) |"]
     else:
         lines += [f"| seq_z | {seq.get('note')} |"]
+    po = s.get("premise_only_try")
+    if po:
+        lines += ["", "## First try: G writes the label too (`--condition premise`)", "",
+                  f"Stopped after its first complete shard ({po['samples']} samples) to switch to label prompts: "
+                  f"parse rate {po['parse_rate']}, unparseable by reason {po['unparseable_reasons']}, labels of "
+                  f"the parsed rows {po['labels']}, distinct-2 {po['distinct_2_hypothesis']}. After 60 LoRA steps "
+                  "(480 rows seen) G writes fluent SNLI-like hypotheses but its label word is usually malformed "
+                  "(`description`, `2a`, `disproven`) and otherwise almost always `neutral`."]
     lines += ["", "## Twenty examples (ten accepted, ten rejected by the confidence filter)", "",
               "| filter | premise | label | hypothesis | p_M(label) |", "|---|---|---|---|---|"]
     for e in s["examples"]:
