@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import importlib
 import inspect
+import os
 import platform
 import sys
 from pathlib import Path
@@ -48,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "default_config": "auto",
     "history": [],
     "extra_citations": [],
+    "profiles": {},
 }
 Z_CONFIGS = ("z_filtered", "z_aug", "par_z", "seq_z")
 
@@ -58,6 +60,7 @@ _FILTER_STEPS: dict[str, FilterStep] = {}
 # steps defined in modules that are imported only when a recipe uses them (heavy dependencies)
 _LAZY_STEPS = {
     "aflite": ("filter", "debiased_nli.aflite", "aflite_step"),
+    "generator": ("source", "debiased_nli.generation.steps", "generator_source"),
 }
 
 
@@ -107,8 +110,20 @@ def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     return ds
 
 
-def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]") -> dict[str, Any]:
-    """Read and validate a recipe (unknown keys are errors, with "did you mean")."""
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings; lists and scalars of ``over`` replace those of ``base``."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | None = None) -> dict[str, Any]:
+    """Read and validate a recipe (unknown keys are errors, with "did you mean").
+
+    ``profile`` applies one of the recipe's ``profiles`` (named overrides, e.g. ``paper`` adds the
+    generation steps of Wu et al. 2022 to the SNLI recipe) on top of its top-level settings.
+    """
     if isinstance(path_or_dict, Mapping):
         raw, where = dict(path_or_dict), "<recipe>"
     else:
@@ -116,12 +131,20 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]") -> dict[str, Any
         if not p.exists():
             raise ConfigError(f"recipe {p} does not exist")
         raw, where = yaml.safe_load(p.read_text()) or {}, str(p)
+    if profile is not None:
+        profiles = raw.get("profiles") or {}
+        if profile not in profiles:
+            raise ConfigError(f"{where}: no profile {profile!r}.{did_you_mean(profile, list(profiles))} "
+                              f"Profiles: {sorted(profiles) or 'none'}")
+        raw = _merge(raw, profiles[profile])
+        raw["profile"] = profile
+    profile_used = raw.pop("profile", None)
     recipe = copy.deepcopy(DEFAULTS)
     for key, value in raw.items():
         if key not in DEFAULTS:
             raise ConfigError(f"{where}: unknown recipe key {key!r}.{did_you_mean(key, list(DEFAULTS))} "
                               f"Known keys: {sorted(DEFAULTS)}")
-        if isinstance(DEFAULTS[key], dict):
+        if isinstance(DEFAULTS[key], dict) and key != "profiles":
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{where}: `{key}` must be a mapping")
             for sub in value:
@@ -131,6 +154,7 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]") -> dict[str, Any
             recipe[key].update(value)
         else:
             recipe[key] = value
+    recipe["profile"] = profile_used
     if not recipe["task"]:
         raise ConfigError(f"{where}: a recipe needs `task`")
     get_task(recipe["task"])
@@ -169,7 +193,7 @@ class BuildResult:
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
-          max_rows: int | None = None) -> BuildResult:
+          max_rows: int | None = None, profile: str | None = None) -> BuildResult:
     """Run a recipe end to end and write the release folder."""
     import datasets
 
@@ -178,7 +202,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     from .featurize import add_features
     from .release import ConfigData, compose, write_release
 
-    recipe = load_recipe(recipe)
+    recipe = load_recipe(recipe, profile)
     if seed is not None:
         recipe["seed"] = seed
     if max_rows is not None:
@@ -189,6 +213,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     seed_ = int(recipe["seed"])
     d = recipe["data"]
     files = data_files if data_files is not None else d["data_files"]
+    d["data_files"] = files  # the effective source, for later steps and the manifest
     ctx: dict[str, Any] = {"sources": [], "set_aside": [], "seed": seed_, "recipe": recipe}
     stages: list[dict] = []
 
@@ -216,6 +241,14 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         parts.append(rows)
     if parts:
         dg = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # under `accelerate launch` the new-row steps shard their work over the ranks; the rest
+        # (features, filtering, writing the release) runs once, on the main process
+        from accelerate import PartialState
+        state = PartialState()
+        state.wait_for_everyone()
+        if not state.is_main_process:
+            return BuildResult(Path(out_dir), {}, {"rank": state.process_index})
 
     # features of D0 and D_G together: one vocabulary, one out-of-fold hypothesis-only model
     feat_cfg = recipe["features"]

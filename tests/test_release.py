@@ -150,3 +150,17 @@ def test_a_filter_step_adds_its_config_and_card_section(tmp_path, tiny_encoder):
     assert min(s for s in removed["aflite_score"] if s is not None) >= 0.75
     card = (tmp_path / "rel/README.md").read_text()
     assert "### `aflite`: how the filter was run" in card
+
+
+def test_profiles_add_the_papers_generation_steps():
+    plain = load_recipe(ROOT / "builders/snli.yaml")
+    assert plain["new_rows"] == [] and plain["z_filter"]["top_k"] == 20
+    paper = load_recipe(ROOT / "builders/snli.yaml", profile="paper")
+    step = paper["new_rows"][0]
+    assert step["step"] == "generator" and paper["profile"] == "paper"
+    assert step["train"]["model"] == "gpt2-large" and step["train"]["lam"] == 0.5
+    assert step["debias"]["alpha"] == 1.0 and step["confidence"]["tau"] == 0.95
+    assert step["generate"]["num_samples"] == 5_000_000
+    assert load_recipe(ROOT / "builders/mnli.yaml", profile="paper")["new_rows"][0]["generate"]["num_samples"] == 4_000_000
+    with pytest.raises(ConfigError, match="no profile 'papr'.*Did you mean 'paper'"):
+        load_recipe(ROOT / "builders/snli.yaml", profile="papr")

@@ -21,6 +21,8 @@ def register(sub) -> None:
     p.add_argument("--new-rows", nargs="+", metavar="PATH",
                    help="files of new rows D_G (generated or perturbed; the task's columns) to compose "
                         "z_aug, par_z and seq_z")
+    p.add_argument("--profile", help="apply one of the recipe's profiles (e.g. `paper`: the generation steps of "
+                                     "Wu et al. 2022; see the recipe's `profiles`)")
     p.add_argument("--max-rows", type=int, help="use at most this many rows of D0 (quick looks)")
     p.add_argument("--seed", type=int, help="override the recipe's seed")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
@@ -32,7 +34,8 @@ def run(args) -> int:
     from ..recipe import build
 
     result = build(args.recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
-                   overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows)
+                   overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
+                   profile=args.profile)
     print(f"wrote {result.out_dir}", file=sys.stderr)
     for name, n in result.configs.items():
         print(f"  {name}: {n:,} train rows", file=sys.stderr)
