@@ -388,15 +388,21 @@ class FeatureMatrix:
             raise KeyError(f"feature {name!r} is not in the vocabulary")
         return self._index[name]
 
-    def select(self, rows: np.ndarray) -> "FeatureMatrix":
+    def select(self, rows: np.ndarray, chunk: int = 1 << 20) -> "FeatureMatrix":
         rows = np.asarray(rows, dtype=np.int64)
         starts, ends = self.indptr[rows], self.indptr[rows + 1]
         lengths = ends - starts
         indptr = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(lengths, out=indptr[1:])
-        # gather all entries of the selected rows without a Python loop
-        pos = np.repeat(starts - indptr[:-1], lengths) + np.arange(indptr[-1])
-        return FeatureMatrix(indptr, self.indices[pos], self.vocab)
+        indices = np.empty(int(indptr[-1]), self.indices.dtype)
+        # gather the entries of the selected rows without a Python loop per row, in chunks of rows
+        # so that the int64 position array stays small
+        for lo in range(0, len(rows), chunk):
+            hi = min(lo + chunk, len(rows))
+            a, b = indptr[lo], indptr[hi]
+            pos = np.repeat(starts[lo:hi] - indptr[lo:hi], lengths[lo:hi]) + np.arange(a, b)
+            indices[a:b] = self.indices[pos]
+        return FeatureMatrix(indptr, indices, self.vocab)
 
     def feature_mask(self, predicate: Callable[[pa.Array], pa.Array]) -> np.ndarray:
         """Boolean mask over the vocabulary, e.g. ``lambda v: pc.ends_with(v, "@hypothesis")``."""

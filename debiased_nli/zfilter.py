@@ -166,7 +166,7 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
     if order is None:
         order = np.random.default_rng(seed).permutation(n) if seed is not None else np.arange(n)
     order = np.asarray(order, dtype=np.int64)
-    walk = fm.select(order)  # rows in walk order: every batch is a contiguous slice
+    starts_all, lens_all = fm.indptr[order], np.diff(fm.indptr)[order]  # rows in walk order
     wl = labels[order]
     z = np.full((V, K), -np.inf)
     present = counts.sum(axis=1) > 0
@@ -186,9 +186,12 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
         biased[:] = False
         for l in range(K):
             biased[top[l] * K + l] = True
-        e_lo, e_hi = walk.indptr[lo], walk.indptr[hi]
-        feats = walk.indices[e_lo:e_hi].astype(np.int64)
-        entry_row = np.repeat(np.arange(lo, hi), np.diff(walk.indptr[lo:hi + 1]))
+        # gather the batch's (row, feature) entries; no copy of the whole matrix in walk order
+        lens = lens_all[lo:hi]
+        offsets = np.cumsum(lens) - lens
+        total = int(lens.sum())
+        feats = fm.indices[np.repeat(starts_all[lo:hi] - offsets, lens) + np.arange(total)].astype(np.int64)
+        entry_row = np.repeat(np.arange(lo, hi), lens)
         hit = biased[feats * K + wl[entry_row]]
         row_hit = np.zeros(hi - lo, bool)
         row_hit[entry_row[hit] - lo] = True
