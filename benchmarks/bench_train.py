@@ -134,6 +134,15 @@ def main() -> None:
         s = summary[c]
         lines.append(f"| {c} | {s['median_examples_per_second']:.2f} | {s['ratio_vs_trainer_pad_max_length']:.2f} | "
                      + ", ".join(f"{r['examples_per_second']:.2f}" for r in s["runs"]) + " |")
+    lines += ["", "Notes:",
+              "- `debiased_nli_train`'s time includes what `debiased-nli train` does inside `Trainer.train()`: "
+              "writing the end-of-epoch checkpoint (model + optimizer state); the plain Trainer runs use "
+              "`save_strategy=\"no\"`, so the comparison is slightly unfavourable to the harness.",
+              "- The padding to max length costs most where rows are much shorter than the limit (SNLI pairs are "
+              "about 25-40 tokens against 128). Length-grouped batches (the harness) save a little more "
+              "than dynamic padding alone.",
+              "- Each run is one epoch of rows/batch steps including the first (slow) step; with few steps and "
+              "shared cores, single runs vary by about 30%: read the medians and ratios, not single figures."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

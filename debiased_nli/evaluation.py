@@ -48,11 +48,15 @@ def load_classifier(path: str, device: str | None = None) -> LoadedClassifier:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     folder = Path(path)
-    if not folder.exists() and not ("/" in path and not path.startswith((".", "/"))):
-        raise ConfigError(f"model folder {path} does not exist; give a folder written by `debiased-nli train` "
-                          f"or a Hub model id")
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path)
+    except OSError as err:
+        if folder.exists():
+            raise ConfigError(f"{path} is not a model folder ({err}); give a folder written by "
+                              f"`debiased-nli train`") from err
+        raise ConfigError(f"model {path!r}: no such folder, and not a Hub model id that can be reached "
+                          f"({type(err).__name__}). Give a folder written by `debiased-nli train` or a Hub id.") from err
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     record_path = folder / "debiased_nli_train.json"

@@ -2,8 +2,11 @@
 
 Any ``AutoModelForSequenceClassification`` (a Hub id or a folder; an encoder without a classification
 head, such as all-MiniLM-L6-v2, gets a fresh one) is trained with the ``transformers`` ``Trainer``,
-which runs on ``accelerate`` (so ``accelerate launch -m debiased_nli.cli train ...`` trains on many
-GPUs, and the same command trains on CPU here). Defaults are the papers' hyper-parameters (Wu et al.
+which runs on ``accelerate``: ``accelerate launch --multi_gpu --num_processes N -m debiased_nli.cli
+train ...`` trains data-parallel on N GPUs, and on a machine without GPUs the same command runs N CPU
+processes (gloo): with no accelerator visible ``TrainingArguments(use_cpu=True)`` makes the Trainer's
+``Accelerator(cpu=True)``, which is what lets several CPU processes form a group. (``accelerate launch
+--cpu`` itself starts a single process unless an MPI launcher is configured.) Defaults are the papers' hyper-parameters (Wu et al.
 2022, section 5 / appendix A.2; Gururangan et al. 2018): learning rate 1e-5, batch 32, maximum length
 128, linear warm-up over 10% of the steps, early stopping on the dev accuracy (patience 3
 evaluations). Training is seeded (``transformers.set_seed``), checkpoints are written every
@@ -341,6 +344,7 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
         use_cpu=use_cpu,
         disable_tqdm=not cfg.progress,
         dataloader_num_workers=0,
+        ddp_find_unused_parameters=False,  # every parameter takes part in the forward pass
     )
     Trainer = _make_trainer_class()
     trainer = Trainer(model=model, args=args, train_dataset=train_tok, eval_dataset=dev_tok,

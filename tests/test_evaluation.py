@@ -245,3 +245,9 @@ def test_push_replaces_the_same_sets_and_keeps_the_rest_of_an_existing_card(fake
     results = meta["model-index"][0]["results"]
     values = {r["dataset"]["name"]: r["metrics"][0]["value"] for r in results}
     assert values == {"hans": 0.55, "glue-mrpc": 0.9}
+
+
+def test_a_missing_model_folder_is_named(tmp_path, capsys):
+    assert main(["evaluate", "--model", str(tmp_path / "runs" / "nothing"), "--sets", "paws_qqp",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert f"model '{tmp_path / 'runs' / 'nothing'}': no such folder" in capsys.readouterr().err

@@ -192,3 +192,12 @@ def test_cli_train_from_a_release_config(tiny_encoder, snli_small, tmp_path):
                "--cpu"])
     assert rc == 0
     assert json.loads((out / "debiased_nli_train.json").read_text())["result"]["train_rows"] == 64
+
+
+def test_the_bias_model_can_be_a_trained_hypothesis_only_classifier(tmp_path, snli_small):
+    train = snli_small[0].select(range(40))
+    folder = make_tiny_bert(tmp_path / "hyp", list(train["hypothesis"]), head=True,
+                            id2label={0: "neutral", 1: "contradiction", 2: "entailment"})
+    logb, info = bias_log_probabilities(train, "snli", str(folder), progress=False)
+    assert info["method"] == "transformers" and logb.shape == (40, 3)
+    np.testing.assert_allclose(np.exp(logb).sum(axis=1), 1.0, atol=1e-5)

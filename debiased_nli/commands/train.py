@@ -12,7 +12,8 @@ _EPILOG = """examples:
   debiased-nli train snli --release out/snli-release --config z_filtered \\
       --dev-files ../shared/data/snli/dev.parquet --model roberta-large --out runs/zf
   debiased-nli train snli --data-files ... --poe --poe-beta 1 --poe-gamma 1 --out runs/poe
-  accelerate launch -m debiased_nli.cli train snli ...      # many GPUs (or CPU processes)
+  accelerate launch --multi_gpu --num_processes 8 -m debiased_nli.cli train snli ...   # 8 GPUs
+  (on a machine without GPUs the same launch runs N CPU processes with gloo)
 
 Defaults are the papers' (Wu et al. 2022): lr 1e-5, batch 32, max length 128, 10%% linear warm-up,
 early stopping on dev accuracy (patience 3). Rerunning a command resumes from its last checkpoint."""
