@@ -69,7 +69,7 @@ class _TopK:
     After a full ranking, ``static[l]`` holds the best ``cache`` features of label l and ``floor[l]``
     the z of the next one, so every other feature has z <= floor. Afterwards the invariant "every
     feature outside static[l] and above[l] has z <= floor[l]" is kept by adding each updated
-    feature whose z rises above the floor to ``above[l]``. The top-k of the candidates
+    feature whose z rises above the floor to ``above[l]`` (no scan over the vocabulary per batch). The top-k of the candidates
     static[l] + above[l] (at their current z) is then exact whenever its k-th z is above the
     floor (strictly: a tie at the floor could be won by an outside feature of lower id);
     otherwise a full ranking restores the invariant.
@@ -95,29 +95,38 @@ class _TopK:
 
     def _rank_all(self) -> None:
         self.full_rankings += 1
-        all_ids = np.arange(self.z.shape[0])
+        V = self.z.shape[0]
+        all_ids = np.arange(V)
         self.static, self.floor = [], np.full(self.K, -np.inf)
-        self.above = np.zeros((self.K, self.z.shape[0]), bool)
+        self.listed = np.zeros((self.K, V), bool)  # in static[l] or above[l]
+        self.above: list[list[np.ndarray]] = [[] for _ in range(self.K)]
+        self.n_above = np.zeros(self.K, np.int64)
         for l in range(self.K):
             ranked = self._rank(all_ids, l, self.cache + 1)
             if len(ranked) > self.cache:
                 self.floor[l] = self.z[ranked[-1], l]
                 ranked = ranked[:-1]
             self.static.append(ranked)
+            self.listed[l, ranked] = True
 
     def mark(self, ids: np.ndarray) -> None:
-        """Record that the z of ``ids`` changed."""
+        """Record that the z of ``ids`` changed: list those that rose above the floor."""
         for l in range(self.K):
-            self.above[l, ids] = self.z[ids, l] > self.floor[l]
+            new = ids[(self.z[ids, l] > self.floor[l]) & ~self.listed[l, ids]]
+            if len(new):
+                self.listed[l, new] = True
+                self.above[l].append(new)
+                self.n_above[l] += len(new)
 
     def top(self) -> list[np.ndarray]:
+        if self.n_above.max() > 4 * self.cache:  # keep the candidate sets small: re-rank
+            self._rank_all()
+            return self.top_after_full_ranking()
         out = []
         for l in range(self.K):
-            st, above = self.static[l], np.flatnonzero(self.above[l])
-            if len(above) > 4 * self.cache:  # keep the candidate sets small: re-rank
-                self._rank_all()
-                return self.top_after_full_ranking()
-            cand = np.concatenate([st[~self.above[l, st]], above])
+            # listed features whose z fell back under the floor may stay listed: they are ranked
+            # at their current z, and the check below catches any that would matter
+            cand = np.concatenate([self.static[l]] + self.above[l]) if self.above[l] else self.static[l]
             best = self._rank(cand, l, self.k)
             if (len(best) < self.k and np.isfinite(self.floor[l])) or (
                     len(best) == self.k and self.z[best[-1], l] <= self.floor[l]):
