@@ -84,3 +84,14 @@ def test_feature_spans():
     assert feature_char_spans("not is@hypothesis", p, h) == []
     for whole in ("hypo-len5-9", "lex-overlap<0.2", "hypo-only-pred=contradiction", "<null>", "len-ratio<0.25"):
         assert feature_char_spans(whole, p, h) == [("hypothesis", 0, len(h))]
+
+
+@pytest.mark.parametrize("premise,label,hypothesis", ROWS)
+def test_prompts_are_token_prefixes_of_the_training_sequence(tok, premise, label, hypothesis):
+    fmt = SequenceFormat.for_tokenizer(tok, LABELS)
+    full = tok(fmt.text(premise, label, hypothesis), add_special_tokens=False)["input_ids"]
+    for prompt in (fmt.prompt(), fmt.prompt(premise), fmt.prompt(premise, label)):
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        assert full[:len(ids)] == ids, prompt
+        assert fmt.parse(prompt + fmt.text(premise, label, hypothesis)[len(prompt):]) == (
+            {"premise": " ".join(premise.split()), "label": label, "hypothesis": hypothesis}, None)

@@ -71,7 +71,8 @@ class SequenceFormat:
 
     # ---- text ----------------------------------------------------------------------------
     def prompt(self, premise: str | None = None, label: str | None = None) -> str:
-        """The generation prompt: the start and the premise marker (optionally a given premise and label)."""
+        """The generation prompt: the start and the premise marker (optionally a given premise and label),
+        without the marker's trailing space, so that its tokens are a prefix of the training sequence's."""
         text = self.start + PREMISE_MARKER
         if premise is not None:
             text += _clean(premise) + LABEL_MARKER
@@ -79,7 +80,9 @@ class SequenceFormat:
                 text += self._label(label) + HYPOTHESIS_MARKER
         elif label is not None:
             raise ConfigError("a prompt with a label needs a premise too (the order is premise, label, hypothesis)")
-        return text
+        # no trailing space: in training the space before a field is part of its first token (" A"),
+        # so a prompt ending in " " would put the model off its training distribution
+        return text[:-1] if text.endswith(" ") else text
 
     def _label(self, label: Any) -> str:
         if isinstance(label, (int, np.integer)):
@@ -112,13 +115,14 @@ class SequenceFormat:
         if cut < 0:
             return None, NO_END
         text = text[:cut]
-        if not text.startswith(PREMISE_MARKER):
+        # markers are matched without their trailing space (a sample may end right after "hypothesis:")
+        if not text.startswith(PREMISE_MARKER.rstrip(" ")):
             return None, NO_PREMISE_MARKER
-        text = text[len(PREMISE_MARKER):]
-        premise, sep, rest = text.partition(LABEL_MARKER)
+        text = text[len(PREMISE_MARKER.rstrip(" ")):]
+        premise, sep, rest = text.partition(LABEL_MARKER.rstrip(" "))
         if not sep:
             return None, NO_LABEL_MARKER
-        label, sep, hypothesis = rest.partition(HYPOTHESIS_MARKER)
+        label, sep, hypothesis = rest.partition(HYPOTHESIS_MARKER.rstrip(" "))
         if not sep:
             return None, NO_HYPOTHESIS_MARKER
         label = label.strip()
