@@ -113,12 +113,17 @@ def main() -> None:
     summary = {c: {"median_examples_per_second": statistics.median(r["examples_per_second"] for r in runs[c]),
                    "ratio_vs_trainer_pad_max_length": statistics.median(r["examples_per_second"] for r in runs[c]) / base,
                    "runs": runs[c]} for c in configs}
-    lengths = [len(x) for x in train["premise"]]
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(args.model)(list(train["premise"]), list(train["hypothesis"]),
+                                                    truncation=True, max_length=args.max_length)["input_ids"]
+    lengths = [len(x) for x in ids]
+    tok_len = {"mean": float(np.mean(lengths)), "p90": float(np.percentile(lengths, 90)), "max": int(max(lengths))}
     record = {"command": "python benchmarks/bench_train.py " + " ".join(sys.argv[1:]), "args": vars(args),
               "results": summary, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                                               "torch_threads": torch.get_num_threads(), "shared_cpu": True},
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-              "data": {"rows": args.rows, "mean_premise_chars": float(np.mean(lengths))}}
+              "data": {"rows": args.rows, "pair_word_pieces": tok_len}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2))
@@ -138,8 +143,9 @@ def main() -> None:
               "- `debiased_nli_train`'s time includes what `debiased-nli train` does inside `Trainer.train()`: "
               "writing the end-of-epoch checkpoint (model + optimizer state); the plain Trainer runs use "
               "`save_strategy=\"no\"`, so the comparison is slightly unfavourable to the harness.",
-              "- The padding to max length costs most where rows are much shorter than the limit (SNLI pairs are "
-              "about 25-40 tokens against 128). Length-grouped batches (the harness) save a little more "
+              "- The padding to max length costs most where rows are much shorter than the limit (on these SNLI rows "
+              f"a pair is {tok_len['mean']:.0f} word pieces on average, {tok_len['p90']:.0f} at the 90th percentile, "
+              f"{tok_len['max']} at most, against {args.max_length}). Length-grouped batches (the harness) save a little more "
               "than dynamic padding alone.",
               "- Each run is one epoch of rows/batch steps including the first (slow) step; with few steps and "
               "shared cores, single runs vary by about 30%: read the medians and ratios, not single figures."]
