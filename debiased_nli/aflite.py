@@ -21,11 +21,15 @@ The linear classifier is multinomial logistic regression with an L2 penalty, as 
 
     min_{W,b}  (1/t) Σ_{j∈T_i} CE(softmax(W·x_j + b), y_j) + ||W||² / (2 C t)
 
-All m classifiers of a round are trained at once: their weights form one tensor (m, d+1, K) and
-every full-batch step is two matrix products over all rows, with a per-partition row mask (the
-train rows of partition i weigh 1/t, the others 0). The optimiser is L-BFGS run independently per
-partition (its own history, curvature pairs and Armijo backtracking line search), so each
-classifier follows the same path it would follow when fitted alone.
+The m classifiers of a round are trained in groups of g partitions (g from a memory budget, 1 GiB
+by default): the t train rows of each partition of a group are gathered into one (g, t, d) tensor,
+and every full-batch pass is one batched matrix product (``torch.bmm``), so each classifier does
+exactly the arithmetic of its own fit on t rows (not a masked pass over all N rows). The optimiser
+is L-BFGS run independently per partition (its own history, curvature pairs and Armijo
+backtracking line search), so each classifier follows the same path it would follow when fitted
+alone; the trial points of the line search reuse the logits (they are linear in the weights), so
+one iteration costs one forward and one backward pass. The held-out predictions are one matrix
+product over all rows for all partitions (most rows are held out by most partitions).
 
 Variants and choices (documented deviations from the paper's text):
 
@@ -127,114 +131,252 @@ def random_partitions(n: int, m: int, t: int, rng: np.random.Generator) -> np.nd
     return train
 
 
+DEFAULT_MEMORY_BUDGET = 1 << 30
+"""Bytes allowed for the gathered train rows of one group of partitions (1 GiB)."""
+CPU_CACHE_BYTES = 16 << 20
+"""On CPU a group is also kept small enough to stay in the last-level cache (16 MiB) across its
+L-BFGS iterations: with K ~ 3 classes each pass over the rows is memory-bound (3 multiply-adds per
+value read); in isolation a pass over 1-2 partitions of 2,000 x 384 ran about twice as fast per
+partition as one over 8 or more, though on the shared benchmark machine group sizes 1 to 32 measured
+within noise of each other (see benchmarks/results/aflite_bench.md)."""
+
+
+def group_size_for(m: int, t: int, d: int, num_labels: int, *, itemsize: int = 4,
+                   memory_budget: int = DEFAULT_MEMORY_BUDGET, device_type: str = "cpu") -> int:
+    """How many partitions to train together: g = floor(budget / bytes per partition), 1 <= g <= m.
+
+    One partition holds its t gathered rows (t x d) and a few t x K arrays (labels, weights, logits,
+    the direction's logits, the trial logits, the residuals). On CPU g is further capped so a group
+    fits in ``CPU_CACHE_BYTES`` (never below 1)."""
+    per = t * (d + 6 * num_labels + 1) * itemsize
+    g = memory_budget // per
+    if device_type == "cpu":
+        g = min(g, CPU_CACHE_BYTES // per)
+    return int(max(1, min(m, g)))
+
+
 def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, max_iter: int = 100,
-                        tol: float = 1e-4, history_size: int = 10, dtype=None, device=None):
-    """Fit m multinomial logistic regressions at once, partition i on the rows where train_mask[i].
+                        tol: float = 1e-4, history_size: int = 10, dtype=None, device=None,
+                        memory_budget: int = DEFAULT_MEMORY_BUDGET, group_size: int | None = None,
+                        progress: bool = False):
+    """Fit m multinomial logistic regressions, partition i on the rows where train_mask[i].
 
     Minimises, for each i separately, (1/t_i) Σ_{j∈T_i} CE(W_i x_j + b_i, y_j) + ||W_i||² / (2 C t_i)
     with L-BFGS (per-partition two-loop recursion and Armijo backtracking), full batch; stops a
     partition when its largest absolute gradient entry is below ``tol``. Returns (theta (m, d+1, K)
     with the bias in the last row, n_iter per partition, converged per partition).
+
+    The partitions are trained in groups of g (``group_size``, or :func:`group_size_for` from
+    ``memory_budget``): the train rows of each partition of a group are gathered into one
+    (g, t, d) tensor and every pass is a batched matrix product (``torch.bmm``), so each classifier
+    does exactly the arithmetic of its own fit on t rows. Every partition keeps its own L-BFGS
+    history, step and line search; a partition leaves the group (and costs nothing more) once it
+    has converged, so the result does not depend on g (up to floating-point summation order).
+
+    The line search uses that logits are linear in θ: with Z = θ·X and Zp = p·X for the search
+    direction p, the trial point θ + αp has logits Z + α·Zp, so the trial losses need no further
+    pass over the rows. One iteration is thus one forward pass (Zp) and one backward pass (the
+    gradient at the accepted point), whatever the number of backtracking steps.
     """
     import torch
+    from tqdm.auto import tqdm
 
     dtype = dtype or torch.float32
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    X = torch.as_tensor(np.asarray(X), dtype=dtype, device=dev)
-    N, d = X.shape
-    Xa = torch.cat([X, torch.ones(N, 1, dtype=dtype, device=dev)], dim=1)
-    mask = torch.as_tensor(np.asarray(train_mask), device=dev)
+    Xt = torch.as_tensor(np.asarray(X), dtype=dtype, device=dev)
+    N, d = Xt.shape
+    yt = torch.as_tensor(np.asarray(y), device=dev).long()
+    mask = np.asarray(train_mask, dtype=bool)
+    if mask.ndim != 2 or mask.shape[1] != N:
+        raise ConfigError(f"train_mask must have shape (m, {N}) (one row per partition, one column per data row), "
+                          f"got {mask.shape}")
     m = mask.shape[0]
-    t = mask.sum(1).to(dtype)                                                # m
-    weight = mask.T.to(dtype) / t[None, :]                                   # N, m
-    Y1 = torch.nn.functional.one_hot(torch.as_tensor(np.asarray(y), device=dev).long(), num_labels).to(dtype)
-    # L2 strength per partition: 1/(C t_i) on the weights, 0 on the bias row
-    reg = (1.0 / (C * t))[:, None, None] * torch.cat([torch.ones(d, 1, dtype=dtype, device=dev),
-                                                       torch.zeros(1, 1, dtype=dtype, device=dev)])[None]
-    reg = reg.expand(m, d + 1, 1)
+    t = mask.sum(1)
+    if m and t.min() == 0:
+        raise ConfigError(f"partition {int(np.argmin(t))} has no train rows; every partition needs t >= 1")
+    K = int(num_labels)
+    g = int(group_size) if group_size else group_size_for(m, int(t.max(initial=1)), d, K,
+                                                          itemsize=Xt.element_size(),
+                                                          memory_budget=memory_budget, device_type=dev.type)
+    theta = torch.zeros(m, d + 1, K, dtype=dtype, device=dev)
+    n_iter = np.zeros(m, dtype=np.int64)
+    converged = np.zeros(m, dtype=bool)
+    for s in tqdm(range(0, m, g), desc="linear models", unit="group", disable=not progress, leave=False):
+        rows = [np.flatnonzero(mask[i]) for i in range(s, min(s + g, m))]
+        width = max(len(r) for r in rows)
+        # partitions of unequal size are padded with row 0 at weight 0
+        idx = np.zeros((len(rows), width), dtype=np.int64)
+        w = np.zeros((len(rows), width), dtype=np.float64)
+        for j, r in enumerate(rows):
+            idx[j, :len(r)] = r
+            w[j, :len(r)] = 1.0 / len(r)
+        idx_t = torch.as_tensor(idx, device=dev)
+        Xg = Xt[idx_t]                                                                   # g, t, d
+        Y1 = torch.nn.functional.one_hot(yt[idx_t], K).to(dtype).transpose(1, 2).contiguous()  # g, K, t
+        wt = torch.as_tensor(w, dtype=dtype, device=dev)[:, None, :]                    # g, 1, t
+        lam = torch.as_tensor(1.0 / (C * t[s:s + len(rows)]), dtype=dtype, device=dev)  # g
+        th, it, cv = _lbfgs_group(Xg, Y1, wt, lam, max_iter=max_iter, tol=tol, history_size=history_size)
+        theta[s:s + len(rows)] = th.transpose(1, 2)
+        n_iter[s:s + len(rows)] = it
+        converged[s:s + len(rows)] = cv
+        del Xg, Y1, wt
+    return theta, n_iter, converged
 
-    def f(theta):
-        return _loss_and_grad(theta, Xa, Y1, weight, reg)
 
-    theta = torch.zeros(m, d + 1, num_labels, dtype=dtype, device=dev)
-    loss, grad = f(theta)
-    s_hist, y_hist, rho_hist = [], [], []
-    n_iter = torch.zeros(m, dtype=torch.long, device=dev)
+def _group_loss(Z, theta, Y1, w, lam, regmask):
+    """Per-partition objective from the logits Z (g, K, t) = θ·X: returns (loss (g,), logsumexp (g, t))."""
+    import torch
+    lse = torch.logsumexp(Z, dim=1)
+    ce = lse - (Z * Y1).sum(1)
+    loss = (w[:, 0] * ce).sum(1) + 0.5 * lam * (regmask * theta.pow(2)).sum((1, 2))
+    return loss, lse
+
+
+def _group_grad(Z, lse, theta, Xg, Y1, w, lam, regmask):
+    """∇ = (softmax(Z) - Y)·w · [X, 1] + λ θ (no penalty on the bias column): (g, K, d+1)."""
+    import torch
+    R = (torch.exp(Z - lse[:, None, :]) - Y1) * w                                        # g, K, t
+    G = torch.cat([torch.bmm(R, Xg), R.sum(2, keepdim=True)], dim=2)
+    return G + lam[:, None, None] * regmask * theta
+
+
+def _group_logits(P, Xg):
+    """P (g, K, d+1) with the bias in the last column -> P·[x, 1] for every row: (g, K, t)."""
+    import torch
+    d = Xg.shape[2]
+    return torch.baddbmm(P[:, :, d:], P[:, :, :d].contiguous(), Xg.transpose(1, 2))
+
+
+LS_TRIALS = 30
+"""At most this many Armijo backtracking trials (steps 1, 1/2, ..., 2^-29) per L-BFGS iteration."""
+LS_BLOCK = 3
+"""Trial steps evaluated together (one set of tensor operations for 3 steps, then the next 3 if none passed)."""
+
+
+def _lbfgs_group(Xg, Y1, w, lam, *, max_iter: int, tol: float, history_size: int):
+    """L-BFGS for the g partitions of one group (θ stored transposed, (g, K, d+1)); each partition
+    has its own history, direction, step and stopping test. Returns (θ, n_iter, converged).
+
+    Per iteration and partition: the two-loop recursion gives the direction p = -H∇ (the first
+    step is steepest descent scaled to unit L1 length; a non-descent direction is replaced by -∇);
+    Armijo backtracking takes the first step α in 1, 1/2, 1/4, ... with
+    f(θ + αp) <= f(θ) + 1e-4 α ∇·p, where f(θ + αp) comes from the logits Z + α·(p·X) and the penalty
+    ½λ(||θ||² + 2α θ·p + α²||p||²) (no new pass over the rows); the curvature pair (s, y) is kept
+    when s·y > 1e-10. A partition stops when max|∇| <= tol or when no trial step passes."""
+    import torch
+
+    g, t, d = Xg.shape
+    K = Y1.shape[1]
+    dtype, dev = Xg.dtype, Xg.device
+    regmask = torch.ones(1, 1, d + 1, dtype=dtype, device=dev)
+    regmask[..., d] = 0
+    out_theta = torch.zeros(g, K, d + 1, dtype=dtype, device=dev)
+    out_iter = torch.zeros(g, dtype=torch.long, device=dev)
+    out_gmax = torch.zeros(g, dtype=dtype, device=dev)
+
+    live = torch.arange(g, device=dev)              # the group positions still being optimised
+    theta = torch.zeros(g, K, d + 1, dtype=dtype, device=dev)
+    Z = torch.zeros(g, K, t, dtype=dtype, device=dev)
+    loss, lse = _group_loss(Z, theta, Y1, w, lam, regmask)
+    grad = _group_grad(Z, lse, theta, Xg, Y1, w, lam, regmask)
+    n_iter = torch.zeros(g, dtype=torch.long, device=dev)
+    s_hist, y_hist, rho_hist = [], [], []           # (g, K(d+1)) each: flattened curvature pairs
     active = grad.abs().flatten(1).amax(1) > tol
+
+    def retire(keep):
+        """Write out the partitions that stop and drop them from every per-partition tensor."""
+        nonlocal live, theta, Z, lse, loss, grad, n_iter, Xg, Y1, w, lam, s_hist, y_hist, rho_hist
+        done = ~keep
+        out_theta[live[done]] = theta[done]
+        out_iter[live[done]] = n_iter[done]
+        out_gmax[live[done]] = grad[done].abs().flatten(1).amax(1)
+        sel = torch.nonzero(keep).flatten()
+        live, theta, Z, lse, loss, grad, n_iter = (a.index_select(0, sel)
+                                                   for a in (live, theta, Z, lse, loss, grad, n_iter))
+        Xg, Y1, w, lam = (a.index_select(0, sel) for a in (Xg, Y1, w, lam))
+        s_hist = [a.index_select(0, sel) for a in s_hist]
+        y_hist = [a.index_select(0, sel) for a in y_hist]
+        rho_hist = [a.index_select(0, sel) for a in rho_hist]
+
+    halves = 0.5 ** torch.arange(LS_TRIALS, dtype=torch.float64)
     for _ in range(max_iter):
-        if not bool(active.any()):
+        if not bool(active.all()):
+            retire(active)
+        if len(live) == 0:
             break
-        # two-loop recursion, every inner product per partition: (m,)
-        q = grad.clone()
+        n = len(live)
+        gf = grad.flatten(1)
+        # two-loop recursion, every inner product per partition: (g,)
+        q = gf.clone()
         alphas = []
-        for s, yv, rho in reversed(list(zip(s_hist, y_hist, rho_hist))):
-            a = rho * (s * q).sum((1, 2))
-            q -= a[:, None, None] * yv
+        for s, yv, rho in zip(reversed(s_hist), reversed(y_hist), reversed(rho_hist)):
+            a = rho * torch.linalg.vecdot(s, q)
+            q.addcmul_(a[:, None], yv, value=-1)
             alphas.append(a)
         if s_hist:
             s, yv = s_hist[-1], y_hist[-1]
-            gamma = (s * yv).sum((1, 2)) / (yv * yv).sum((1, 2)).clamp_min(1e-30)
-            q *= gamma[:, None, None]
+            q *= (torch.linalg.vecdot(s, yv) / torch.linalg.vecdot(yv, yv).clamp_min(1e-30))[:, None]
         else:
             # first step: a unit-length steepest-descent step per partition
-            q /= grad.abs().sum((1, 2)).clamp_min(1e-30)[:, None, None]
-        for (s, yv, rho), a in zip(zip(s_hist, y_hist, rho_hist), reversed(alphas)):
-            b = rho * (yv * q).sum((1, 2))
-            q += (a - b)[:, None, None] * s
-        direction = -q
-        slope = (grad * direction).sum((1, 2))
+            q /= gf.abs().sum(1).clamp_min(1e-30)[:, None]
+        for s, yv, rho, a in zip(s_hist, y_hist, rho_hist, reversed(alphas)):
+            q.addcmul_((a - rho * torch.linalg.vecdot(yv, q))[:, None], s)
+        pf = q.neg_()
+        slope = torch.linalg.vecdot(gf, pf)
         bad = slope >= 0  # not a descent direction (lost curvature): restart with steepest descent
         if bool(bad.any()):
-            direction[bad] = -grad[bad]
-            slope = torch.where(bad, -(grad * grad).sum((1, 2)), slope)
-        direction = direction * active[:, None, None]
-        # Armijo backtracking, per partition
-        step = torch.ones(m, dtype=dtype, device=dev)
-        todo = active.clone()
-        new_theta, new_loss, new_grad = theta, loss, grad
-        for _ls in range(30):
-            cand = theta + step[:, None, None] * direction
-            c_loss, c_grad = f(cand)
-            ok = todo & (c_loss <= loss + 1e-4 * step * slope)
-            new_theta = torch.where(ok[:, None, None], cand, new_theta)
-            new_loss = torch.where(ok, c_loss, new_loss)
-            new_grad = torch.where(ok[:, None, None], c_grad, new_grad)
-            todo = todo & ~ok
-            if not bool(todo.any()):
+            pf[bad] = -gf[bad]
+            slope = torch.where(bad, -torch.linalg.vecdot(gf, gf), slope)
+        direction = pf.view_as(grad)
+        # Armijo backtracking on the logits Z + α·Zp (one pass over the rows for Zp)
+        Zp = _group_logits(direction, Xg)
+        tf, pr = (theta * regmask).flatten(1), (direction * regmask).flatten(1)
+        pen = (torch.linalg.vecdot(tf, tf), 2 * torch.linalg.vecdot(tf, pr), torch.linalg.vecdot(pr, pr))
+        step = torch.zeros(n, dtype=dtype, device=dev)
+        found = torch.zeros(n, dtype=torch.bool, device=dev)
+        new_loss, new_lse = loss, lse
+        rows = torch.arange(n, device=dev)
+        for b0 in range(0, LS_TRIALS, LS_BLOCK):
+            steps = halves[b0:b0 + LS_BLOCK].to(dtype=dtype, device=dev)                        # S
+            cZ = Z[:, None] + steps[None, :, None, None] * Zp[:, None]                           # g, S, K, t
+            c_lse = torch.logsumexp(cZ, dim=2)                                                   # g, S, t
+            c_loss = ((c_lse - (cZ * Y1[:, None]).sum(2)) * w).sum(2) + 0.5 * lam[:, None] * (
+                pen[0][:, None] + steps * pen[1][:, None] + steps * steps * pen[2][:, None])      # g, S
+            ok = c_loss <= loss[:, None] + 1e-4 * steps * slope[:, None]
+            first = ok.to(torch.uint8).argmax(1)
+            take = ok.any(1) & ~found
+            step = torch.where(take, steps[first], step)
+            new_loss = torch.where(take, c_loss[rows, first], new_loss)
+            new_lse = torch.where(take[:, None], c_lse[rows, first], new_lse)
+            found |= take
+            if bool(found.all()):
                 break
-            step = torch.where(todo, step * 0.5, step)
-        moved = active & ~todo
-        s_new = new_theta - theta
-        y_new = new_grad - grad
-        sy = (s_new * y_new).sum((1, 2))
-        theta, loss, grad = new_theta, new_loss, new_grad
+        moved = found
+        s_new = step[:, None] * pf
+        new_theta = theta + s_new.view_as(theta)
+        new_Z = torch.addcmul(Z, step[:, None, None], Zp)
+        new_grad = _group_grad(new_Z, new_lse, new_theta, Xg, Y1, w, lam, regmask)
+        if not bool(moved.all()):
+            new_grad = torch.where(moved[:, None, None], new_grad, grad)
+        y_new = (new_grad - grad).flatten(1)
+        sy = torch.linalg.vecdot(s_new, y_new)
+        theta, loss, grad, Z, lse = new_theta, new_loss, new_grad, new_Z, new_lse
         n_iter += moved.long()
         # keep a curvature pair only where it is informative; elsewhere store a neutral pair
         good = moved & (sy > 1e-10)
         rho = torch.where(good, 1.0 / sy.clamp_min(1e-30), torch.zeros_like(sy))
-        s_hist.append(s_new * good[:, None, None])
-        y_hist.append(y_new * good[:, None, None])
+        if not bool(good.all()):
+            s_new, y_new = s_new * good[:, None], y_new * good[:, None]
+        s_hist.append(s_new)
+        y_hist.append(y_new)
         rho_hist.append(rho)
         if len(s_hist) > history_size:
             s_hist.pop(0), y_hist.pop(0), rho_hist.pop(0)
         # a partition whose line search failed has converged to float precision
-        active = active & moved & (grad.abs().flatten(1).amax(1) > tol)
-    converged = grad.abs().flatten(1).amax(1) <= tol
-    return theta, n_iter.cpu().numpy(), converged.cpu().numpy()
-
-
-def _loss_and_grad(theta, Xa, Y1, weight, reg):
-    """Per-partition objective and gradient. theta (m, D, K), Xa (N, D) with a trailing 1 column,
-    Y1 one-hot (N, K), weight (N, m) = 1/t on train rows, reg (m, D, 1) = 1/(C t) except on the bias row."""
-    import torch
-    m, D, K = theta.shape
-    logits = (Xa @ theta.permute(1, 0, 2).reshape(D, m * K)).view(-1, m, K)
-    lse = torch.logsumexp(logits, dim=2)
-    ce = lse - (logits * Y1[:, None, :]).sum(2)
-    loss = (weight * ce).sum(0) + 0.5 * (reg * theta.pow(2)).sum((1, 2))
-    resid = (torch.exp(logits - lse[:, :, None]) - Y1[:, None, :]) * weight[:, :, None]  # softmax - onehot
-    grad = (Xa.T @ resid.reshape(-1, m * K)).view(D, m, K).permute(1, 0, 2) + reg * theta
-    return loss, grad
+        active = moved & (grad.abs().flatten(1).amax(1) > tol)
+    if len(live):
+        retire(torch.zeros(len(live), dtype=torch.bool, device=dev))
+    return out_theta, out_iter.cpu().numpy(), (out_gmax <= tol).cpu().numpy()
 
 
 def predict_ensemble(X, theta, dtype=None, device=None) -> np.ndarray:
@@ -267,22 +409,41 @@ class ScoreRound:
     converged: float
 
 
+def heldout_correct(X, y, theta, train_mask, *, chunk_rows: int = 32768):
+    """Per row: how many partitions held it out (|{i : e ∈ V_i}|) and how many of those predict its
+    label (|{i : e ∈ V_i, argmax_k (x W_i + b_i)_k = y_e}|). One matrix product over all rows for all
+    partitions at once, in chunks of ``chunk_rows`` rows (the held-out rows are most of them, so
+    this is cheaper than gathering them per partition). Returns (n_heldout, n_correct), int64 (N,)."""
+    import torch
+    Xt = torch.as_tensor(np.asarray(X), dtype=theta.dtype, device=theta.device)
+    yt = torch.as_tensor(np.asarray(y), device=theta.device).long()
+    held = torch.as_tensor(~np.asarray(train_mask, dtype=bool), device=theta.device)   # m, N
+    m, D, K = theta.shape
+    W = theta[:, :-1, :].permute(1, 0, 2).reshape(D - 1, m * K)
+    b = theta[:, -1, :]
+    n_corr = torch.zeros(len(yt), dtype=torch.long, device=theta.device)
+    for a in range(0, len(yt), chunk_rows):
+        pred = (Xt[a:a + chunk_rows] @ W).view(-1, m, K).add_(b[None]).argmax(2)        # rows, m
+        n_corr[a:a + chunk_rows] = ((pred == yt[a:a + chunk_rows, None]) & held[:, a:a + chunk_rows].T).sum(1)
+    return held.sum(0).cpu().numpy().astype(np.int64), n_corr.cpu().numpy()
+
+
 def predictability_scores(X, y, num_labels: int, *, m: int = 64, train_size: int, rng: np.random.Generator,
                           C: float = 1.0, max_iter: int = 100, tol: float = 1e-4, history_size: int = 10,
-                          dtype=None, device=None, train_mask: np.ndarray | None = None) -> ScoreRound:
+                          dtype=None, device=None, train_mask: np.ndarray | None = None,
+                          memory_budget: int = DEFAULT_MEMORY_BUDGET, group_size: int | None = None,
+                          progress: bool = False) -> ScoreRound:
     """score(e) = |{i : e ∈ V_i and L_i(Φ(e)) = y_e}| / |{i : e ∈ V_i}| over m random partitions."""
     n = len(y)
     train = train_mask if train_mask is not None else random_partitions(n, m, train_size, rng)
     theta, n_iter, conv = fit_linear_ensemble(X, y, train, num_labels, C=C, max_iter=max_iter, tol=tol,
-                                              history_size=history_size, dtype=dtype, device=device)
-    pred = predict_ensemble(X, theta)
-    held = ~train
-    correct = (pred == np.asarray(y)[None, :]) & held
-    n_held = held.sum(0)
-    n_corr = correct.sum(0)
+                                              history_size=history_size, dtype=dtype, device=device,
+                                              memory_budget=memory_budget, group_size=group_size,
+                                              progress=progress)
+    n_held, n_corr = heldout_correct(X, y, theta, train)
     with np.errstate(invalid="ignore", divide="ignore"):
         scores = np.where(n_held > 0, n_corr / np.maximum(n_held, 1), np.nan)
-    acc = float(correct.sum() / max(held.sum(), 1))
+    acc = float(n_corr.sum() / max(n_held.sum(), 1))
     return ScoreRound(scores, n_held, n_corr, acc, int(n_iter.max(initial=0)), float(conv.mean()))
 
 
@@ -329,8 +490,17 @@ def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = 
            selection: str = "greedy", C: float = 1.0, max_iter: int = 100, tol: float = 1e-4,
            history_size: int = 10, standardize_embeddings: bool = True, seed: int = 0,
            max_rounds: int | None = None, dtype=None, device: str | None = None,
+           memory_budget: int | None = None, group_size: int | None = None,
            progress: bool = True) -> AFLiteResult:
-    """Run AFLite (Le Bras et al. 2020, Algorithm 1) on precomputed embeddings Φ(x) and labels y."""
+    """Run AFLite (Le Bras et al. 2020, Algorithm 1) on precomputed embeddings Φ(x) and labels y.
+
+    ``memory_budget`` (bytes, default 1 GiB) bounds the gathered train rows of the partitions trained
+    together; ``group_size`` sets their number directly (see :func:`fit_linear_ensemble`)."""
+    memory_budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else int(memory_budget)
+    if memory_budget < 1:
+        raise ConfigError(f"memory_budget must be a positive number of bytes, got {memory_budget}")
+    if group_size is not None and group_size < 1:
+        raise ConfigError(f"group_size must be >= 1 (partitions trained together), got {group_size}")
     from tqdm.auto import tqdm
 
     X = np.asarray(embeddings)
@@ -372,7 +542,8 @@ def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = 
             Xs = standardize(Xs.astype(np.float32, copy=False))
         sr = predictability_scores(Xs, y[alive], K, m=p.m, train_size=p.train_size, rng=rng, C=p.C,
                                    max_iter=p.max_iter, tol=p.tol, history_size=p.history_size, dtype=dtype,
-                                   device=device)
+                                   device=device, memory_budget=memory_budget, group_size=group_size,
+                                   progress=progress)
         cap = min(p.k, len(alive) - p.target_n)
         pos = _select_slice(sr.scores, p.tau, cap, p.selection, rng)
         n_cand = int(np.sum(np.nan_to_num(sr.scores, nan=-1.0) >= p.tau))

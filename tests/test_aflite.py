@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from debiased_nli.aflite import (AFLiteParams, aflite, aflite_filter, aflite_step, fit_linear_ensemble,
-                                 predict_ensemble, predictability_scores, random_partitions, standardize)
+                                 group_size_for, predict_ensemble, predictability_scores, random_partitions,
+                                 standardize)
 from debiased_nli.data import new_rows
 from debiased_nli.errors import ConfigError, InvalidInputError
 from test_embeddings import tiny_encoder  # noqa: F401  (the tiny BERT model folder fixture)
@@ -93,6 +94,61 @@ def test_batched_weights_match_scikit_learn_logistic_regression():
         ours = theta[i].numpy()
         # softmax weights are identified up to a shift per row; compare centred
         np.testing.assert_allclose(ours - ours.mean(1, keepdims=True), ref - ref.mean(1, keepdims=True), atol=1e-5)
+
+
+def test_groups_of_gathered_partitions_give_the_same_fit_whatever_the_group_size():
+    """Training g partitions at a time on their gathered rows: every partition keeps its own L-BFGS
+    path, so g = 1, 3 (a last, smaller group) and m give the same weights, iterations and scores."""
+    rng = np.random.default_rng(1)
+    n, d, m = 120, 7, 7
+    X = rng.normal(size=(n, d))
+    y = (X @ rng.normal(size=(d, K)) + rng.gumbel(size=(n, K))).argmax(1)
+    train = random_partitions(n, m, 70, np.random.default_rng(2))
+    fits = {g: fit_linear_ensemble(X, y, train, K, dtype=torch.float64, tol=1e-7, max_iter=1000, group_size=g)
+            for g in (1, 3, m)}
+    for g in (3, m):
+        np.testing.assert_allclose(fits[g][0].numpy(), fits[1][0].numpy(), atol=1e-9)
+        np.testing.assert_array_equal(fits[g][1], fits[1][1])
+        assert fits[g][2].all()
+    scores = {g: predictability_scores(X, y, K, m=m, train_size=70, rng=None, train_mask=train, group_size=g,
+                                       dtype=torch.float64, tol=1e-7, max_iter=1000).scores for g in (1, m)}
+    np.testing.assert_array_equal(scores[1], scores[m])
+    # a memory budget too small for even one partition still trains one partition at a time
+    tiny = predictability_scores(X, y, K, m=m, train_size=70, rng=None, train_mask=train, memory_budget=1,
+                                 dtype=torch.float64, tol=1e-7, max_iter=1000).scores
+    np.testing.assert_array_equal(tiny, scores[1])
+
+
+def test_partitions_of_unequal_size_in_one_group_match_their_own_fits():
+    """Partitions of different t share a group (shorter ones padded with zero-weight rows): each
+    still minimises its own objective, (1/t_i) Σ CE + ||W||²/(2 C t_i), like scikit-learn."""
+    from sklearn.linear_model import LogisticRegression
+    rng = np.random.default_rng(4)
+    n, d = 150, 5
+    X = rng.normal(size=(n, d))
+    y = (X @ rng.normal(size=(d, K)) + rng.gumbel(size=(n, K))).argmax(1)
+    train = np.zeros((3, n), bool)
+    for i, t in enumerate((40, 90, 61)):
+        train[i, rng.choice(n, t, replace=False)] = True
+    theta, _, conv = fit_linear_ensemble(X, y, train, K, C=2.0, dtype=torch.float64, tol=1e-7, max_iter=1000,
+                                         group_size=3)
+    assert conv.all()
+    for i in range(3):
+        lr = LogisticRegression(C=2.0, tol=1e-10, max_iter=10_000).fit(X[train[i]], y[train[i]])
+        ref = np.vstack([lr.coef_.T, lr.intercept_[None]])
+        ours = theta[i].numpy()
+        np.testing.assert_allclose(ours - ours.mean(1, keepdims=True), ref - ref.mean(1, keepdims=True), atol=1e-5)
+
+
+def test_group_size_follows_the_memory_budget():
+    per = 1000 * (50 + 6 * K + 1) * 4  # bytes of one partition: t = 1000 rows of d = 50 float32 + t x K arrays
+    assert group_size_for(64, 1000, 50, K, memory_budget=5 * per, device_type="cuda") == 5
+    assert group_size_for(64, 1000, 50, K, memory_budget=1000 * per, device_type="cuda") == 64
+    assert group_size_for(64, 1000, 50, K, memory_budget=per - 1, device_type="cuda") == 1
+    # on CPU a group also stays within the cache-sized cap
+    assert group_size_for(64, 1000, 50, K, memory_budget=1000 * per) < 64
+    with pytest.raises(ConfigError, match="partition 1 has no train rows"):
+        fit_linear_ensemble(np.ones((4, 2)), np.array([0, 1, 2, 0]), np.array([[1, 1, 0, 0], [0, 0, 0, 0]], bool), K)
 
 
 def test_partitions_have_t_train_rows_each():
