@@ -61,6 +61,8 @@ def tokenize_arrow(texts: pa.Array | pa.ChunkedArray) -> pa.ListArray:
     """Tokenise a string array (see the module docstring for the rules)."""
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
+    if not pa.types.is_string(texts.type):  # large_string (e.g. parquet written by pandas), dictionary, ...
+        texts = texts.cast(pa.string())
     t = pc.utf8_lower(texts.fill_null(""))
     t = pc.replace_substring_regex(t, r"[^\pL\pN']+", " ")
     t = pc.replace_substring_regex(t, r"(^| )'+|'+( |$)", " ")
@@ -437,19 +439,19 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
         missing = [c for c in cols if c not in ds.column_names]
         if missing:
             raise ConfigError(f"a dataset lacks the feature columns {missing}; compute features for every input")
-    # per dataset and column: flat values + the row of each value
-    pieces, rows_of, n_rows = [], [], []
+    # per dataset and column: flat values (one piece per chunk) + the row of each value
+    pieces, layout = [], []  # layout[d] = [(rows of the column's entries, number of chunks), ...]
     for ds in datasets:
-        ds_rows = []
+        cols_layout = []
         for col in cols:
             lists = _list_column(ds, col)
-            offset_base = 0
+            rows, base = [], 0
             for chunk in lists.chunks:
                 pieces.append(pc.list_flatten(chunk))
-                ds_rows.append(pc.list_parent_indices(chunk).to_numpy().astype(np.int64) + offset_base)
-                offset_base += len(chunk)
-        rows_of.append(ds_rows)
-        n_rows.append(len(ds))
+                rows.append(pc.list_parent_indices(chunk).to_numpy().astype(np.int64) + base)
+                base += len(chunk)
+            cols_layout.append((np.concatenate(rows) if rows else np.zeros(0, np.int64), len(rows)))
+        layout.append((cols_layout, len(ds)))
     encoded = pc.dictionary_encode(pa.chunked_array(pieces, pa.string()))
     dictionary = encoded.chunks[-1].dictionary if encoded.num_chunks else pa.array([], pa.string())
     # ids in lexicographic order of the feature strings: independent of row order, and the
@@ -458,16 +460,24 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
     rank = np.empty(len(order), np.int32)
     rank[order] = np.arange(len(order), dtype=np.int32)
     vocab = np.array(dictionary.take(pa.array(order)).to_pylist(), dtype=object)
-    codes = [rank[c.indices.to_numpy()] for c in encoded.chunks]
+    chunk_codes = [rank[c.indices.to_numpy()] for c in encoded.chunks]
     out, k = [], 0
-    for ds_rows, n in zip(rows_of, n_rows):
-        r = np.concatenate(ds_rows) if ds_rows else np.zeros(0, np.int64)
-        c = np.concatenate(codes[k:k + len(ds_rows)]) if ds_rows else np.zeros(0, np.int32)
-        k += len(ds_rows)
-        order = np.argsort(r, kind="stable")
+    for cols_layout, n in layout:
+        # CSR without sorting: each column's entries are in row order, so an entry's slot is its
+        # row's start, plus what earlier columns put in that row, plus its rank in the column's row
+        lens = [np.bincount(r, minlength=n) for r, _ in cols_layout]
         indptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(r, minlength=n), out=indptr[1:])
-        out.append(FeatureMatrix(indptr, c[order], vocab))
+        np.cumsum(np.sum(lens, axis=0) if lens else np.zeros(n, np.int64), out=indptr[1:])
+        indices = np.empty(int(indptr[-1]), np.int32)
+        filled = indptr[:-1].copy()
+        for (r, n_chunks), ln in zip(cols_layout, lens):
+            c = np.concatenate(chunk_codes[k:k + n_chunks]) if n_chunks else np.zeros(0, np.int32)
+            k += n_chunks
+            if len(r):
+                first = np.cumsum(ln) - ln  # where each row's entries start inside this column
+                indices[filled[r] + np.arange(len(r)) - first[r]] = c
+            filled += ln
+        out.append(FeatureMatrix(indptr, indices, vocab))
     return out
 
 

@@ -104,3 +104,10 @@ def test_add_features_is_cached_and_hypothesis_only_is_out_of_fold(shared_data):
     assert set(out.column_names) >= {"feat_unigram_v1", "feat_hypo_only_v1", "hypo_only_pred"}
     labels = ["entailment", "neutral", "contradiction"]
     assert out[0]["feat_hypo_only_v1"] == [f"hypo-only-pred={labels[out[0]['hypo_only_pred']]}"]
+
+
+def test_large_string_columns_are_featurised_like_strings():
+    table = pa.table({"premise": pa.array(["A dog runs."], pa.large_string()),
+                      "hypothesis": pa.array(["Nobody runs."], pa.large_string())})
+    out = extract_table(table, LEXICAL, ["entailment", "neutral", "contradiction"])
+    assert out.column("feat_unigram_v1")[0].as_py() == features_of("A dog runs.", "Nobody runs.")["feat_unigram_v1"]
