@@ -55,6 +55,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .data import labels_of
 from .errors import ConfigError, EmptyResultError, InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -595,7 +596,7 @@ def aflite_filter(ds, embeddings: np.ndarray, *, num_labels: int | None = None, 
         raise InvalidInputError(f"the dataset has no 'label' column (columns: {ds.column_names})", column="label")
     if num_labels is None and hasattr(ds.features.get("label"), "num_classes"):
         num_labels = ds.features["label"].num_classes
-    res = aflite(emb, np.asarray(ds["label"], dtype=np.int64), num_labels, **params)
+    res = aflite(emb, labels_of(ds), num_labels, **params)
     kept = ds.select(res.kept_indices)
     order = np.argsort(res.removed_indices, kind="stable")  # removed rows in input order
     removed = ds.select(res.removed_indices[order])

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .data import column_numpy, labels_of
 from .errors import ConfigError, EmptyResultError
 from .tasks import TaskSpec, get_task
 
@@ -73,7 +74,7 @@ def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float
     clf, tok = load_classifier(model, tokenizer)
     probs = label_probabilities(ds, clf, tok, task, batch_size=batch_size, max_length=max_length, device=device,
                                 progress=progress, model_name=name)
-    labels = np.asarray(ds["label"], dtype=np.int64)
+    labels = labels_of(ds)
     conf = probs[np.arange(len(labels)), labels] if len(labels) else np.zeros(0)
     scored = ds.remove_columns([c for c in (CONFIDENCE_COLUMN,) if c in ds.column_names])
     scored = scored.add_column(CONFIDENCE_COLUMN, conf.astype(np.float64).tolist())
@@ -92,10 +93,10 @@ def confidence_report(kept, rejected, task: "str | TaskSpec", tau: float) -> dic
         raise EmptyResultError("confidence filtering got no rows")
     per_label = {}
     for k, name in enumerate(task.labels):
-        nk = int(np.sum(np.asarray(kept["label"]) == k)) if len(kept) else 0
-        nr = int(np.sum(np.asarray(rejected["label"]) == k)) if len(rejected) else 0
+        nk = int(np.sum(labels_of(kept) == k)) if len(kept) else 0
+        nr = int(np.sum(labels_of(rejected) == k)) if len(rejected) else 0
         per_label[name] = {"kept": nk, "rejected": nr, "acceptance": round(nk / (nk + nr), 4) if nk + nr else None}
-    conf = np.concatenate([np.asarray(kept[CONFIDENCE_COLUMN]), np.asarray(rejected[CONFIDENCE_COLUMN])])
+    conf = np.concatenate([column_numpy(kept, CONFIDENCE_COLUMN), column_numpy(rejected, CONFIDENCE_COLUMN)])
     return {"tau": tau, "rows": n, "kept": len(kept), "rejected": len(rejected),
             "acceptance_rate": round(len(kept) / n, 4), "per_label": per_label,
             "confidence_quantiles": {q: round(float(np.quantile(conf, q)), 4) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .challenge import ChallengeSet, load_challenge_set, load_metric
+from .data import labels_of
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ def breakdown_keys(spec: ChallengeSet, ds) -> dict[str, list[str]]:
 def score_predictions(spec: ChallengeSet, ds, predictions: np.ndarray, metric=None) -> dict:
     """Accuracy, n and breakdowns (``challenge_accuracy`` metric) of set-label predictions on ``ds``."""
     metric = metric or load_metric()
-    return metric.compute(predictions=np.asarray(predictions).tolist(), references=list(ds["label"]),
+    return metric.compute(predictions=np.asarray(predictions).tolist(), references=labels_of(ds).tolist(),
                           breakdowns=breakdown_keys(spec, ds) or None)
 
 
