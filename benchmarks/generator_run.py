@@ -24,10 +24,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RUN = Path(os.environ.get("GENERATOR_RUN_DIR", Path.home() / "runs" / "generator_run"))
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SNLI = SHARED / "snli" / "train_sample.parquet"
 SNLI_DEV = SHARED / "snli" / "dev.parquet"
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent / "results"
 
 G_STEPS, G_BATCH, G_LEN = 60, 8, 48
 M_ROWS = 6000
@@ -179,7 +179,7 @@ def markdown(s: dict) -> str:
         "Commands (each stage resumable; outputs under `~/runs/generator_run`, not in the repo):",
         "",
         "```",
-        *[f"python benchmarks/results/generator_run.py {st}" for st in ("train_g", "train_m", "generate", "filter", "report")],
+        *[f"python benchmarks/generator_run.py {st}" for st in ("train_g", "train_m", "generate", "filter", "report")],
         "```",
         "",
         "`train_g`, `generate` and the first half of `filter` call the CLI (`debiased-nli train-generator`, "
