@@ -50,13 +50,26 @@ def merge_history(local_card: str, remote_card: str | None, version: str | None,
     return f"{local_card.rstrip()}\n\n{HISTORY_HEADING}\n\n{table}"
 
 
+def _remote_card(api, repo_id: str) -> str | None:
+    """The README.md on the Hub (None if the repo has none yet). A network failure is an error, not
+    "no card": merging with a card we could not read would drop the version history."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        path = hf_hub_download(repo_id, "README.md", repo_type="dataset", endpoint=api.endpoint, token=api.token)
+    except LocalEntryNotFoundError as err:  # raised when the Hub could not be reached at all
+        raise ConfigError(f"could not read the current card of {repo_id} from {api.endpoint}: {err}") from err
+    except (EntryNotFoundError, RepositoryNotFoundError):
+        return None
+    return Path(path).read_text()
+
+
 def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = None, private: bool = False,
                  token: str | None = None, commit_message: str | None = None, endpoint: str | None = None,
                  api: Any = None) -> dict[str, Any]:
     """Upload a release folder to ``repo_id`` (a dataset repo) in one commit, then tag it ``revision``."""
     from huggingface_hub import CommitOperationAdd, HfApi
-    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
-    from huggingface_hub.utils import HfHubHTTPError
 
     folder = Path(folder)
     readme = folder / "README.md"
@@ -74,14 +87,7 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
         if any(t.name == revision for t in refs.tags):
             raise ConfigError(f"{repo_id} already has the tag {revision!r}; versions are immutable, "
                               f"choose a new --revision")
-    try:
-        remote = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset")).read_text()
-    except (EntryNotFoundError, RepositoryNotFoundError):
-        remote = None
-    except HfHubHTTPError as err:
-        if getattr(getattr(err, "response", None), "status_code", None) != 404:
-            raise
-        remote = None
+    remote = _remote_card(api, repo_id)
     card = merge_history(readme.read_text(), remote, revision)
     ops = [CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode())]
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
