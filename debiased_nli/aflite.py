@@ -611,6 +611,7 @@ STEP_DEFAULTS: dict[str, Any] = {
     "warmup_epochs": 1.0, "warmup_lr": 2e-5, "m": 64, "train_size": None, "k": None, "tau": 0.75,
     "target_n": None, "selection": "greedy", "C": 1.0, "max_iter": 100, "tol": 1e-4, "seed": 0,
     "max_rounds": None, "audit": True, "top_k": 20, "random_control": True, "progress": True,
+    "memory_budget": None, "group_size": None,
 }
 
 
@@ -657,7 +658,7 @@ def aflite_step(ds, task, params: Mapping[str, Any] | None = None):
                              pooling=p["pooling"], progress=p["progress"])
     report["embedding_dim"] = int(emb.shape[1])
     algo = {k: p[k] for k in ("m", "train_size", "k", "tau", "target_n", "selection", "C", "max_iter", "tol",
-                              "seed", "max_rounds")}
+                              "seed", "max_rounds", "memory_budget", "group_size")}
     kept, removed, res = aflite_filter(work, emb, num_labels=task.num_labels, progress=p["progress"], **algo)
     if warm_rows is not None and len(warm_rows):
         n = len(warm_rows)

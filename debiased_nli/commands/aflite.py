@@ -56,6 +56,9 @@ def register(subparsers) -> None:
     a.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regressions")
     a.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per round (default 100)")
     a.add_argument("--max-rounds", type=int, help="stop after this many rounds")
+    a.add_argument("--memory-budget-mb", type=int, help="memory for the partitions trained together "
+                                                     "(default 1024 MB; more trains more classifiers at once)")
+    a.add_argument("--group-size", type=int, help="train this many partitions together (overrides the budget)")
     a.add_argument("--seed", type=int, default=0, help="seed of partitions, sampling and warm-up (default 0)")
     p.add_argument("--no-audit", action="store_true", help="skip the bias audit before/after/random control")
     p.add_argument("--top-k", type=int, default=20, help="top z-statistics per label in the audit (default 20)")
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
               "pooling": args.pooling, "warmup_share": args.warmup_share, "warmup_epochs": args.warmup_epochs,
               "m": args.m, "train_size": args.train_size, "k": args.k, "tau": args.tau, "target_n": args.target_n,
               "selection": args.selection, "C": args.C, "max_iter": args.max_iter, "max_rounds": args.max_rounds,
-              "seed": args.seed, "audit": not args.no_audit, "top_k": args.top_k}
+              "seed": args.seed, "audit": not args.no_audit, "top_k": args.top_k, "group_size": args.group_size,
+              "memory_budget": args.memory_budget_mb * 2**20 if args.memory_budget_mb else None}
     start = time.time()
     kept, removed, report = aflite_step(loaded.dataset, task, params)
     report["manifest"] = {"source": loaded.source, "load_counts": loaded.counts, "seconds": round(time.time() - start, 1),
