@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..data import labels_of
 from ..errors import ConfigError, EmptyResultError
 from ..tasks import TaskSpec, get_task
 from .format import SequenceFormat
@@ -233,7 +234,7 @@ def summarize(out_dir: "str | Path", task: "str | TaskSpec") -> dict:
     cfg = json.loads((Path(out_dir) / CONFIG_FILE).read_text())
     rows, rej = load_generated(str(out_dir)), load_generated(str(out_dir), "rejects")
     total = len(rows) + len(rej)
-    labels = np.bincount(np.asarray(rows["label"], dtype=np.int64), minlength=task.num_labels) if len(rows) else np.zeros(task.num_labels, int)
+    labels = np.bincount(labels_of(rows), minlength=task.num_labels) if len(rows) else np.zeros(task.num_labels, int)
     reasons: dict[str, int] = {}
     for r in rej["reason"]:
         reasons[r] = reasons.get(r, 0) + 1

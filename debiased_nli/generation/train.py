@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..data import labels_of
 from ..errors import ConfigError, EmptyResultError
 from ..tasks import TaskSpec, get_task
 from .format import SequenceFormat
@@ -70,7 +71,7 @@ def encode_dataset(ds, task: TaskSpec, tokenizer, *, mode: str = "generator", ma
         raise ConfigError(f"mode must be one of {MODES}, not {mode!r}")
     task = get_task(task)
     fmt = SequenceFormat.for_tokenizer(tokenizer, task.labels)
-    labels = np.asarray(ds["label"], dtype=np.int64)
+    labels = labels_of(ds)
     if mode == "generator":
         ds = ds.add_column("_perturbed", perturbed_labels(labels, task.num_labels, seed).tolist())
     elif BIASED_COLUMN not in ds.column_names or REJECTED_COLUMN not in ds.column_names:
