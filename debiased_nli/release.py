@@ -29,10 +29,10 @@ import numpy as np
 from . import __version__
 from .data import PROVENANCE_COLUMNS, labels_of
 from .errors import ConfigError
-from .features import build_feature_matrices
+from .features import build_feature_matrix
 from .tasks import TaskSpec, get_task
 from .zfilter import REJECTED_BY, ZFilterResult, z_filter
-from .zstats import compute_zstats
+from .zstats import ZStats, compute_zstats
 
 CONFIG_DESCRIPTIONS = {
     "original": "the input D0, unchanged (for comparison)",
@@ -102,30 +102,32 @@ def _write_parquet(ds, folder: Path, split: str) -> list[dict]:
     return files
 
 
-def zstats_summary(ds, task: TaskSpec, reference_ds=None, top_k: int = 10) -> dict:
-    """Top features per label of ``ds`` (and of the reference with their z in ``ds``), for cards."""
-    mats = build_feature_matrices([ds] + ([reference_ds] if reference_ds is not None else []))
-    labels = labels_of(ds)
-    zs = compute_zstats(mats[0], labels, task.labels)
-    summary = {"n_rows": len(labels), "max_abs_z": round(zs.max_abs_z(exclude=("<null>",)), 3),
-               "top": zs.top_records(top_k), "_zstats": zs}
-    if reference_ds is not None:
-        zr = compute_zstats(mats[1], labels_of(reference_ds), task.labels)
+def zstats_summary(ds, task: TaskSpec, reference: ZStats | None = None, top_k: int = 10) -> tuple[dict, ZStats]:
+    """Top features per label of ``ds`` (and the reference's top features with their z in ``ds``),
+    for cards. Returns the summary and the z-statistics of ``ds``."""
+    zs = compute_zstats(build_feature_matrix(ds), labels_of(ds), task.labels)
+    summary = {"n_rows": zs.n_rows, "max_abs_z": round(zs.max_abs_z(exclude=("<null>",)), 3),
+               "top": zs.top_records(top_k)}
+    if reference is not None:
         rows = []
         for l, name in enumerate(task.labels):
-            for i in zr.top_k(top_k)[l]:
-                if i >= 0:
-                    rows.append({"label": name, "feature": str(zr.vocab[i]), "z_before": round(float(zr.z[i, l]), 2),
-                                 "n_before": int(zr.n[i]), "z_after": round(float(zs.z[i, l]), 2) if zs.n[i] else None,
-                                 "n_after": int(zs.n[i])})
+            for i in reference.top_k(top_k)[l]:
+                if i < 0:
+                    continue
+                feature = str(reference.vocab[i])
+                j = int(np.searchsorted(zs.vocab, feature))  # both vocabularies are in string order
+                present = j < len(zs.vocab) and zs.vocab[j] == feature and zs.n[j] > 0
+                rows.append({"label": name, "feature": feature, "z_before": round(float(reference.z[i, l]), 2),
+                             "n_before": int(reference.n[i]),
+                             "z_after": round(float(zs.z[j, l]), 2) if present else None,
+                             "n_after": int(zs.n[j]) if present else 0})
         summary["before_after"] = rows
-    return summary
+    return summary, zs
 
 
 def _dataset_card_yaml(task: TaskSpec, configs: Sequence[ConfigData], written: Mapping[str, Mapping[str, list]],
                        default: str, meta: Mapping[str, Any]) -> str:
     """The README YAML: ``configs`` (data_files, default) and ``dataset_info`` (features, sizes)."""
-    import datasets
     from datasets.info import DatasetInfo, DatasetInfosDict
     from datasets.splits import SplitDict, SplitInfo
     from datasets.utils.metadata import MetadataConfigs
@@ -190,12 +192,16 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         (tmp / "images").mkdir()
         from .audit import plot_zstats
         from .zstats import bonferroni_threshold
-        if original is not None:
-            s = zstats_summary(original, task, top_k=top_k_card)
-            thr = bonferroni_threshold(int((s["_zstats"].n > 0).sum()) * task.num_labels)
-            plot_zstats(s["_zstats"], thr, tmp / "images" / "zstats_original.png",
-                        title=f"original ({len(original):,} rows)")
-            summaries["original"] = {k: v for k, v in s.items() if k != "_zstats"}
+
+        def summarise(name: str, ds, reference: ZStats | None) -> ZStats:
+            summary, zs = zstats_summary(ds, task, reference=reference, top_k=top_k_card)
+            thr = bonferroni_threshold(int((zs.n > 0).sum()) * task.num_labels)
+            plot_zstats(zs, thr, tmp / "images" / f"zstats_{name}.png", title=f"{name} ({len(ds):,} rows)")
+            summaries[name] = summary
+            return zs
+
+        # the original's statistics are computed once and are the "before" of every config
+        original_zs = summarise("original", original, None) if original is not None else None
         for c in configs:
             written[c.name] = {}
             for split, ds in c.splits.items():
@@ -211,11 +217,7 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
                 _write_parquet(canonical_only(c.rejected, extra), tmp / "rejected" / c.name, "train")
             train = c.splits.get("train")
             if train is not None and any(col.startswith("feat_") for col in train.column_names):
-                s = zstats_summary(train, task, reference_ds=original, top_k=top_k_card)
-                thr = bonferroni_threshold(int((s["_zstats"].n > 0).sum()) * task.num_labels)
-                plot_zstats(s["_zstats"], thr, tmp / "images" / f"zstats_{c.name}.png",
-                            title=f"{c.name} ({len(train):,} rows)")
-                summaries[c.name] = {k: v for k, v in s.items() if k != "_zstats"}
+                summarise(c.name, train, original_zs)
         if set_aside is not None and len(set_aside):
             (tmp / "rejected").mkdir(exist_ok=True)
             set_aside.to_parquet(str(tmp / "rejected" / "set_aside_on_load.parquet"))
