@@ -18,7 +18,6 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
-import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from .challenge import ChallengeSet, load_challenge_set, load_metric
 from .data import labels_of
+from .provenance import git_hash, library_versions
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -204,33 +204,6 @@ def _mean_breakdowns(runs: Sequence[dict]) -> dict:
                                 "accuracy_std": float(accs.std(ddof=1)) if len(accs) > 1 else 0.0,
                                 "n": runs[0]["breakdowns"][name][group]["n"]}
     return out
-
-
-def library_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {}
-    for pkg in ("debiased-nli", "torch", "transformers", "datasets", "evaluate", "accelerate", "huggingface_hub", "numpy"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
-def git_hash() -> str | None:
-    import debiased_nli
-
-    root = Path(debiased_nli.__file__).resolve().parents[1]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 # ------------------------------------------------------------------------------------ reports

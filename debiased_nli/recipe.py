@@ -19,16 +19,14 @@ import dataclasses
 import importlib
 import inspect
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import yaml
 
-from . import __version__
 from .errors import ConfigError, EmptyResultError
+from .provenance import library_versions
 from .tasks import did_you_mean, get_task
 
 DEFAULTS: dict[str, Any] = {
@@ -171,17 +169,6 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
             if c not in known:
                 raise ConfigError(f"{where}: unknown config {c!r}.{did_you_mean(c, known)} Known configs: {known}")
     return recipe
-
-
-def library_versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "debiased-nli": __version__}
-    for mod in ("numpy", "scipy", "pyarrow", "datasets", "huggingface_hub", "sklearn", "transformers", "torch"):
-        m = sys.modules.get(mod)
-        if m is None and mod in ("numpy", "scipy", "pyarrow", "datasets", "huggingface_hub", "sklearn"):
-            m = importlib.import_module(mod)
-        if m is not None:
-            out[mod] = getattr(m, "__version__", "?")
-    return out
 
 
 @dataclasses.dataclass

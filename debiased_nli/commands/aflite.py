@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 from ._common import add_task_arguments, task_from_args
@@ -66,11 +65,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import datasets
 
-    from .. import __version__
     from ..aflite import aflite_step, write_aflite_outputs
     from ..data import load_task
+    from ..provenance import library_versions
 
     task = task_from_args(args)
     loaded = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
@@ -84,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.time()
     kept, removed, report = aflite_step(loaded.dataset, task, params)
     report["manifest"] = {"source": loaded.source, "load_counts": loaded.counts, "seconds": round(time.time() - start, 1),
-                          "versions": {"debiased_nli": __version__, "datasets": datasets.__version__,
-                                       "python": platform.python_version()},
+                          "versions": library_versions(),
                           "input_fingerprint": loaded.dataset._fingerprint}
     paths = write_aflite_outputs(kept, removed, report, args.out)
     if loaded.set_aside is not None and len(loaded.set_aside):
