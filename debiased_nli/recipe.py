@@ -90,7 +90,7 @@ def _step(kind: str, name: str) -> Callable:
 @register_source_step("files")
 def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     """New rows (e.g. generated elsewhere) from local files in the task's schema or the canonical one."""
-    from .data import load_task
+    from .data import content_uid, load_task
 
     files = params.get("data_files")
     if not files:
@@ -99,8 +99,11 @@ def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     method = params.get("method", f"files:{Path(str(files if isinstance(files, str) else files[0])).name}")
     loaded = load_task(task, "train", data_files={"train": files}, on_invalid=params.get("on_invalid", "error"))
     ds = loaded.dataset
-    # rows from files that already carry provenance keep it; others are marked as new rows
-    uids = [f"{method}:{i}" for i in range(len(ds))]
+    # new rows are named by their content, as new_rows() names them (see the card's column table)
+    names = task.labels
+    cols = ds.select_columns(["premise", "hypothesis", "label"]).to_dict()
+    uids = [content_uid(p, h, names[lab], prefix=f"{method}:")
+            for p, h, lab in zip(cols["premise"], cols["hypothesis"], cols["label"])]
     ds = ds.remove_columns(["uid", "origin", "method"]).add_column("uid", uids) \
         .add_column("origin", [origin] * len(ds)).add_column("method", [method] * len(ds))
     ctx["sources"].append(loaded.source)
