@@ -1,7 +1,7 @@
 """The challenge suite: one small YAML spec per challenge set, named suites, and loading.
 
 Specs live in ``evaluation/sets/*.yaml`` and suites in ``evaluation/suites/*.yaml`` at the repository
-root (``$DEBIASED_NLI_EVALUATION`` overrides the folder). A spec says where the set is on the Hub (for
+root, shipped inside the wheel (``$DEBIASED_NLI_EVALUATION`` overrides the folder). A spec says where the set is on the Hub (for
 users) and where it is under the local data root (``local:``, relative to ``--data-root`` /
 ``$DEBIASED_NLI_DATA_ROOT``, default ``../shared/data`` next to the repository), its columns, its own
 gold labels (``labels`` + ``label_values``), the task whose label names the model must have
@@ -32,13 +32,11 @@ METRIC_NAME = "challenge_accuracy"
 
 
 def evaluation_dir() -> Path:
-    """``evaluation/`` at the repository root, or ``$DEBIASED_NLI_EVALUATION``."""
-    env = os.environ.get("DEBIASED_NLI_EVALUATION")
-    if env:
-        return Path(env)
-    import debiased_nli
+    """``evaluation/`` (``$DEBIASED_NLI_EVALUATION``, the copy inside an installed wheel, or the
+    repository root of a checkout: :func:`debiased_nli.resources.data_folder`)."""
+    from .resources import data_folder
 
-    return Path(debiased_nli.__file__).resolve().parents[1] / "evaluation"
+    return data_folder("evaluation")
 
 
 def default_data_root() -> Path:

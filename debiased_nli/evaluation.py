@@ -249,7 +249,9 @@ def write_report(results: dict, out_dir: "str | Path", *, title: str = "Evaluati
                       "cells": [_fmt((r["sets"].get(s, {}).get("breakdowns") or {}).get(bname, {}).get(g),
                                      r["num_models"]) for r in all_results]} for g, v in groups.items()]
             breakdowns.append({"set": s, "name": bname, "rows": brows})
-    template = Path(__file__).resolve().parents[1] / "model_cards" / "evaluation_report.md.j2"
+    from .release import templates_dir
+
+    template = templates_dir() / "evaluation_report.md.j2"
     if not template.exists():
         raise ConfigError(f"report template {template} is missing")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template.parent)), autoescape=False,

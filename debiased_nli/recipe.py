@@ -87,6 +87,13 @@ def _step(kind: str, name: str) -> Callable:
     return table[name]
 
 
+def known_steps() -> dict[str, list[str]]:
+    """The registered step names by kind (``source``: new rows, ``filter``: extra configs), lazy ones
+    included, e.g. for ``--help``."""
+    return {kind: sorted(set(table) | {n for n, v in _LAZY_STEPS.items() if v[0] == kind})
+            for kind, table in (("source", _SOURCE_STEPS), ("filter", _FILTER_STEPS))}
+
+
 @register_source_step("files")
 def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     """New rows (e.g. generated elsewhere) from local files in the task's schema or the canonical one."""
