@@ -164,7 +164,7 @@ def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
     else:
         loss = (f"L = MLE + lambda · L_LC, lambda = {report.get('lambda')}: maximum likelihood of `premise, label, "
                 f"hypothesis` plus the token-level unlikelihood of the hypothesis under a wrong label "
-                f"(Wu et al. 2022, Section 2)")
+                f"(Wu et al. 2022, Section 2.2)")
     zinfo = report.get("z_filter")
     where = f"`{base_id}`" if base_id else f"a local checkpoint (`{Path(base).name}`; not a Hub id)"
     lines = [
@@ -206,7 +206,7 @@ def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
         "## How to sample",
         "",
         "```bash",
-        f"debiased-nli generate --generator <this folder or repo> --task {task.name} --num-samples 1000 "
+        f"debiased-nli generate {task.name} --generator <this folder or repo> --num-samples 1000 "
         f"--out samples/ --top-p 0.9",
         "```",
         "",
@@ -216,7 +216,7 @@ def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
         "",
         "```python",
         "from debiased_nli.generation.models import load_generator",
-        "model, tokenizer = load_generator("<this folder or repo>")"
+        'model, tokenizer = load_generator("<this folder or repo>")'
         + ("   # loads the base model and this adapter" if adapter else ""),
         "```",
         "",
