@@ -33,12 +33,15 @@ def _description() -> str:
     before it exists)."""
     from .recipe import known_steps
 
+    import textwrap
+
     steps = known_steps()
-    return ("Build debiased versions of NLI and other sentence-pair datasets, publish them as Hugging Face "
-            "Hub dataset repos, and score models on challenge sets.\n\n"
-            "Every build computes z-statistics (Gardner et al. 2021) and z-filters (Wu et al. 2022), composing "
-            "Z-Aug / Par-Z / Seq-Z when new rows are given. Recipe steps in this installation: "
-            f"new rows: {', '.join(steps['source'])}; extra configs: {', '.join(steps['filter']) or 'none'}.")
+    paragraphs = ("Build debiased versions of NLI and other sentence-pair datasets, publish them as Hugging Face "
+                  "Hub dataset repos, and score models on challenge sets.",
+                  "Every build computes z-statistics (Gardner et al. 2021) and z-filters (Wu et al. 2022), composing "
+                  "Z-Aug / Par-Z / Seq-Z when new rows are given. Recipe steps in this installation: "
+                  f"new rows: {', '.join(steps['source'])}; extra configs: {', '.join(steps['filter']) or 'none'}.")
+    return "\n\n".join(textwrap.fill(p, 100) for p in paragraphs)
 
 
 def add_global_options(p: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> None:

@@ -4,12 +4,17 @@
     <release>/data/<config>/<split>-00000-of-0000N.parquet
     <release>/rejected/<config>/train-*.parquet  the rows a stage dropped, with the reason
     <release>/images/zstats_<config>.png         the z-statistics picture of each config
-    <release>/manifest.json                      recipe, seeds, versions, input fingerprints, counts
+    <release>/manifest.json                      recipe, seeds, versions, input and output sha256, counts,
+                                                 label distribution, version history (machine-readable)
 
 ``load_dataset(<release>, "seq_z")`` works offline and, after a push, ``load_dataset("org/name",
 "seq_z")`` works from the Hub. The folder is written under a temporary name beside the target and
 renamed when complete, so an interrupted build never leaves a half release. Nothing in it depends
 on the clock, so the same inputs and seed give the same folder byte for byte.
+
+The card is rendered from ``model_cards/dataset_card.md.j2`` (its citations and this project's
+measured figures from ``citations.yaml`` and ``measurements.yaml`` beside it); its YAML goes through
+``huggingface_hub.DatasetCardData``. Paths in the manifest are reduced to file names (:func:`public_paths`).
 
 Compositions for a base set D0 and new rows D_G:
     z_filtered = Z(D0)        z_aug = Z(D_G | D0) (= D0 + the kept new rows)
