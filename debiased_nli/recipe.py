@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import importlib
 import inspect
+import logging
 import os
 import sys
 from pathlib import Path
@@ -50,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "profiles": {},
 }
 Z_CONFIGS = ("z_filtered", "z_aug", "par_z", "seq_z")
+log = logging.getLogger(__name__)
 
 SourceStep = Callable[..., Any]
 FilterStep = Callable[..., Any]
@@ -85,6 +87,13 @@ def _step(kind: str, name: str) -> Callable:
         known = sorted(set(table) | {n for n, v in _LAZY_STEPS.items() if v[0] == kind})
         raise ConfigError(f"unknown {kind} step {name!r}.{did_you_mean(name, known)} Known {kind} steps: {known}")
     return table[name]
+
+
+def known_steps() -> dict[str, list[str]]:
+    """The registered step names by kind (``source``: new rows, ``filter``: extra configs), lazy ones
+    included, e.g. for ``--help``."""
+    return {kind: sorted(set(table) | {n for n, v in _LAZY_STEPS.items() if v[0] == kind})
+            for kind, table in (("source", _SOURCE_STEPS), ("filter", _FILTER_STEPS))}
 
 
 @register_source_step("files")
@@ -187,7 +196,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     """Run a recipe end to end and write the release folder."""
     import datasets
 
-    from .data import load_task
+    from .data import load_task, parse_data_files
     from .features import describe_extractors
     from .featurize import add_features
     from .release import ConfigData, compose, write_release
@@ -215,8 +224,15 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     if len(d0) == 0:
         raise EmptyResultError(f"no usable rows in {task.name!r} split {d['split']!r} after loading "
                                f"({loaded.counts}); nothing was written")
+    # every split of the data files is released: the recipe's eval_splits, and any other given split
+    # (copied unchanged like them, with a warning that the recipe does not name it)
+    given = list(parse_data_files(files) or {})
+    ignored = [s for s in given if s != d["split"] and s not in d["eval_splits"]]
+    for split in ignored:
+        log.warning("split %r of the data files is not among the recipe's eval_splits %s: it is copied unchanged "
+                    "into every config", split, list(d["eval_splits"]))
     eval_splits = {}
-    for split in d["eval_splits"]:
+    for split in list(d["eval_splits"]) + ignored:
         ev = load_task(task, split, data_files=files, on_invalid=d["on_invalid"], revision=d["revision"])
         ctx["sources"].append(ev.source)
         eval_splits[split] = ev.dataset

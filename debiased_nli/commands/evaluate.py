@@ -35,7 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", help="folder holding the challenge-set files (the specs' local: paths)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.add_argument("--notes", help="a paragraph appended to report.md (e.g. how the models were trained)")
-    p.add_argument("--push-to", metavar="MODEL_REPO", help="write the results into this Hub model card's model-index")
+    p.add_argument("--push-to", metavar="MODEL_REPO",
+                   help="write the results into this Hub model card's model-index: sets read from a Hub dataset only, "
+                        "under its id; a --max-examples sample is recorded as such (rows scored, seed), several "
+                        "--model seeds as mean and std")
     p.add_argument("--token", help="Hub token for --push-to (default: the logged-in token)")
     p.add_argument("--list", action="store_true", help="list the suites and challenge sets, then exit")
     p.set_defaults(func=run)
@@ -82,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{s:28s} n={e['n']:>6}  accuracy {100 * e['accuracy']:.1f}{std}")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     if args.push_to:
-        info = push_results(args.push_to, results, token=args.token)
+        info, left_out = push_results(args.push_to, results, token=args.token)
         print(f"pushed the model-index to {args.push_to}: {getattr(info, 'commit_url', info)}")
+        if left_out:
+            print(f"not in the model-index (no Hub dataset with these rows): {', '.join(left_out)}")
     return 0
