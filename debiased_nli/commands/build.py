@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._common import NON_NEGATIVE_INT, POSITIVE_INT
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -23,8 +25,8 @@ def register(sub) -> None:
                         "z_aug, par_z and seq_z")
     p.add_argument("--profile", help="apply one of the recipe's profiles (e.g. `paper`: the generation steps of "
                                      "Wu et al. 2022; see the recipe's `profiles`)")
-    p.add_argument("--max-rows", type=int, help="use at most this many rows of D0 (quick looks)")
-    p.add_argument("--seed", type=int, help="override the recipe's seed")
+    p.add_argument("--max-rows", type=POSITIVE_INT, help="use at most this many rows of D0 (quick looks)")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, help="override the recipe's seed")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
