@@ -151,8 +151,8 @@ def write_audit(report: dict, out_dir: "str | Path", zs: ZStats | None = None, s
     unlock = lock_target(out)
     tmp = None
     try:
-        check_target(out, overwrite=True, must_be_new=False, is_ours=is_audit_folder, what="audit", inputs=inputs)
         clean_stale(out, is_audit_folder)
+        check_target(out, overwrite=True, must_be_new=False, is_ours=is_audit_folder, what="audit", inputs=inputs)
         tmp = temp_folder(out)
         names = {"json": "audit.json", "md": "audit.md"}
         (tmp / names["json"]).write_text(json.dumps({**report, WRITTEN_BY_KEY: TOOL}, indent=2) + "\n")

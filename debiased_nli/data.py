@@ -19,6 +19,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import logging
 import os
 from importlib import resources
 from pathlib import Path
@@ -123,6 +124,9 @@ def read_data_file(path: str, sha256: str, *, cache_dir: str | None = None):
     if os.path.getsize(path) == 0:
         raise InvalidInputError(f"{path}: the file is empty (0 bytes); expected {kind} rows", file=path)
     kwargs = {"delimiter": "\t"} if ext == ".tsv" else {}
+    readers_log = logging.getLogger(f"datasets.packaged_modules.{builder}")
+    level = readers_log.level
+    readers_log.setLevel(logging.CRITICAL)  # a reader's own log of the failure would repeat ours
     try:
         return datasets.load_dataset(builder, name=f"sha256-{sha256[:32]}", data_files=path, split="train",
                                      cache_dir=cache_dir, **kwargs)
@@ -134,6 +138,8 @@ def read_data_file(path: str, sha256: str, *, cache_dir: str | None = None):
         elif builder == "parquet":
             hint = " The file is truncated, corrupt or not Parquet."
         raise InvalidInputError(f"{path}: cannot read it as {kind}: {cause}.{hint}", file=path) from err
+    finally:
+        readers_log.setLevel(level)
 
 
 @dataclasses.dataclass

@@ -71,7 +71,8 @@ def check_target(out: "str | Path", *, overwrite: bool, is_ours: Callable[[Path]
             raise ConfigError(f"{target} already exists; pass --overwrite to replace it (the old folder is kept "
                               f"until the new one is complete)")
         if not is_ours(target):
-            raise ConfigError(f"{target} exists and is not a {what} written by {TOOL}; refusing to replace it "
+            raise ConfigError(f"{target} exists and is not {'an' if what[0] in 'aeiou' else 'a'} {what} written by "
+                              f"{TOOL}; refusing to replace it "
                               f"(remove it yourself or choose another --out)")
     return target
 

@@ -291,7 +291,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     tool) and locked for the whole build, so a second build into the same ``out_dir`` is refused.
     """
     from .data import parse_data_files
-    from .outputs import check_target, is_release_folder, lock_target
+    from .outputs import check_target, clean_stale, is_release_folder, lock_target
 
     if max_rows is not None and (not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1):
         raise ConfigError(f"max_rows must be a positive integer, got {max_rows!r}")
@@ -307,6 +307,8 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     target = check_target(out_dir, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
     unlock = lock_target(target)
     try:
+        clean_stale(target, is_release_folder)
+        check_target(target, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
         return _build(recipe, target, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile)
     finally:
@@ -405,8 +407,10 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         stages.append({"stage": "par_z = Z(D0) ∪ Z(D_G)", "counts": {"Z(D0)": len(z0.kept), "Z(D_G)": len(r.kept),
                                                                      "output": len(train)}})
     if "seq_z" in results:
-        r = results["seq_z"]
-        configs.append(ConfigData("seq_z", {"train": r.kept, **eval_splits}, r.rejected))
+        r, z0 = results["seq_z"], results["z_filtered"]
+        # its dropped rows: the original rows Z(D0) rejected, then the new rows rejected given Z(D0)
+        rejected = datasets.concatenate_datasets([z0.rejected, r.rejected])
+        configs.append(ConfigData("seq_z", {"train": r.kept, **eval_splits}, rejected))
         stages.append({"stage": "seq_z = Z(D_G | Z(D0))", "counts": r.counts})
     for step in recipe["filters"]:
         name = step.get("config", step["step"])

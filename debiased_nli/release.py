@@ -184,9 +184,10 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
     check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
     unlock = lock_target(out)  # one writer per target; held until the end (see outputs.py)
     try:
-        # checked again under the lock: another run may have written the target meanwhile
-        check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
+        # under the lock: first what interrupted runs left, then the target again (another run may
+        # have written it meanwhile, or an interrupted replacement been put back)
         clean_stale(out, is_release_folder)
+        check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
         tmp = temp_folder(out)
     except BaseException as err:
         unlock()

@@ -38,6 +38,11 @@ def run(args) -> int:
     result = build(args.recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
                    overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
                    profile=args.profile)
+    from .cache import prune_cache
+    pruned, size = prune_cache()  # keep the feature cache of earlier builds bounded
+    if pruned:
+        print(f"pruned {pruned} old cache entries ({size / 2**20:,.1f} MB); see `debiased-nli cache info`",
+              file=sys.stderr)
     print(f"wrote {result.out_dir}", file=sys.stderr)
     for name, n in result.configs.items():
         print(f"  {name}: {n:,} train rows", file=sys.stderr)
