@@ -106,8 +106,10 @@ class World:
 
 
 def snapshot(root: Path) -> dict:
+    """Every file and folder under ``root`` with its size and mtime (libraries' caches under $HOME/.cache
+    aside: the Hugging Face libraries keep their own there)."""
     return {str(p.relative_to(root)): (p.is_dir(), None if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns))
-            for p in root.rglob("*")}
+            for p in root.rglob("*") if not str(p.relative_to(root)).startswith("home/.cache")}
 
 
 # ------------------------------------------------------------------------------------------ the table
@@ -703,3 +705,136 @@ def test_a_pipe_in_a_history_note_survives_the_push():
     assert _history_rows(merged) == [("1.0.0", "fixed a | b split"), ("v1.1", "kept rows | dropped rows")]
     assert "| 1.0.0 | fixed a \\| b split |" in merged
     assert _history_rows(merge_history(merged, merged, None)) == _history_rows(merged)  # stable on re-merge
+
+
+# ------------------------------------------------------------------------------------------ models
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A tiny BERT encoder without a head, and one with a LABEL_0..2 head (every weight saved)."""
+    from test_training import make_tiny_bert
+
+    texts = [" ".join(WORDS), "a man plays outside .", "nobody sleeps inside the park ."]
+    root = tmp_path_factory.mktemp("models")
+    return {"encoder": make_tiny_bert(root / "encoder", texts),
+            "generic": make_tiny_bert(root / "generic", texts, head=True,
+                                      id2label={0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"})}
+
+
+def test_evaluate_refuses_a_head_that_was_never_trained(tiny_models, world, capsys):
+    before = snapshot(world.root)
+    rc = main(["evaluate", "--model", str(tiny_models["encoder"]), "--sets", "snli_test_hard", "--max-examples", "8",
+               "--out", str(world.path("eval"))])
+    line = _one_error_line(capsys.readouterr().err)
+    _record("evaluate a model whose head was never trained", line)
+    assert rc == 2 and "never trained" in line and "classifier.weight" in line
+    assert snapshot(world.root) == before
+
+
+def test_evaluate_warns_on_label_i_heads_and_takes_label_order(tiny_models, caplog):
+    from debiased_nli.evaluation import load_classifier
+
+    with caplog.at_level("WARNING"):
+        clf = load_classifier(str(tiny_models["generic"]), "cpu")
+    assert clf.id2label == {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"}
+    assert "LABEL_0, LABEL_1, LABEL_2" in caplog.text and "--label-order" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        clf = load_classifier(str(tiny_models["generic"]), "cpu", label_order=["contradiction", "entailment", "neutral"])
+    assert clf.id2label == {0: "contradiction", 1: "entailment", 2: "neutral"} and "LABEL_0" not in caplog.text
+    from debiased_nli.challenge import get_set
+    from debiased_nli.evaluation import set_predictions
+    import numpy as np
+    # output 0 now means contradiction: a row the model gives to output 0 is predicted contradiction
+    pred, label_map = set_predictions(get_set("snli_test_hard"), np.array([[0.9, 0.05, 0.05]]), clf.id2label)
+    assert label_map["model_output_to_task_label"][0] == "contradiction"
+    from debiased_nli.errors import ConfigError
+    with pytest.raises(ConfigError, match="names 2 labels"):
+        load_classifier(str(tiny_models["generic"]), "cpu", label_order=["a", "b"])
+
+
+def test_train_refuses_to_resume_another_runs_checkpoint(tiny_models, world, capsys):
+    w = world
+    data = w.parquet("train.parquet", n=48)
+    common = ["train", "snli", "--data-files", str(data), "--model", str(tiny_models["encoder"]), "--out",
+              str(w.path("run")), "--batch-size", "16", "--epochs", "1", "--max-length", "32", "--cpu"]
+    assert main(common) == 0
+    assert list(w.path("run").glob("checkpoint-*")) and (w.path("run") / "debiased_nli_run.json").exists()
+    capsys.readouterr()
+    before = snapshot(w.root)
+    assert main(common[:-1] + ["--lr", "3e-5", "--cpu"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    _record("train into a folder holding another run's checkpoint", line)
+    assert "holds checkpoints of another run" in line and "learning_rate" in line
+    assert snapshot(w.root) == before
+    # a checkpoint this tool did not record is not resumed either
+    (w.path("run") / "debiased_nli_run.json").unlink()
+    assert main(common) == 2
+    assert "did not record" in _one_error_line(capsys.readouterr().err)
+    assert main(common + ["--no-resume"]) == 0  # starting over there is the user's explicit choice
+
+
+def test_a_failed_generate_does_not_poison_its_folder(world):
+    from debiased_nli.errors import ConfigError
+    from debiased_nli.generation.sample import CONFIG_FILE, generate_samples
+
+    w = world
+    broken = w.model_folder("broken", config='{"model_type": "gpt2"}')  # no weights, no tokenizer
+    with pytest.raises(ConfigError, match="cannot load it"):
+        generate_samples(str(broken), str(w.path("gen")), "snli", 4, cpu=True, progress=False)
+    assert (w.path("gen") / CONFIG_FILE).exists() and not list(w.path("gen").glob("shard-*"))
+    # another run into the same folder is not told it "holds shards of another run": it has none
+    other = w.model_folder("other", config='{"model_type": "gpt2"}')
+    with pytest.raises(ConfigError, match="cannot load it"):
+        generate_samples(str(other), str(w.path("gen")), "snli", 8, seed=3, cpu=True, progress=False)
+    assert json.loads((w.path("gen") / CONFIG_FILE).read_text())["generator"] == str(other)
+
+
+# ------------------------------------------------------------------------------------------ audit, cache
+
+def test_audit_replaces_its_folder_whole(world, capsys):
+    w = world
+    rows = _rows(120)
+    rows["label"][3] = -1
+    pq.write_table(pa.table(rows), w.path("train.parquet"))
+    common = ["audit", "snli", "--data-files", str(w.path("train.parquet")), "--out", str(w.path("audit")),
+              "--hypothesis-only", "none"]
+    assert main(common + ["--on-invalid", "set_aside"]) == 0
+    assert (w.path("audit") / "set_aside.parquet").exists()
+    assert main(common) == 2  # the bad row is now an error: the earlier audit stays as it was
+    capsys.readouterr()
+    assert (w.path("audit") / "set_aside.parquet").exists()
+    rows["label"][3] = 0
+    pq.write_table(pa.table(rows), w.path("train.parquet"))
+    assert main(common) == 0
+    # the new audit has no set-aside rows, and no file of the earlier run is left beside it
+    assert sorted(p.name for p in w.path("audit").iterdir()) == ["audit.json", "audit.md", "zstats.png"]
+    assert json.loads((w.path("audit") / "audit.json").read_text())["n_rows"] == 120
+    assert sorted(p.name for p in w.root.iterdir()) == ["audit", "home", "train.parquet"]
+
+
+def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch, capsys):
+    from debiased_nli.commands.cache import prune_cache
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
+    (cache / "models" / "all-minilm-l6-v2").mkdir(parents=True)
+    (cache / "models" / "all-minilm-l6-v2" / "model.safetensors").write_bytes(b"w" * 100)
+    (cache / "embeddings" / "warmup-abc").mkdir(parents=True)
+    (cache / "embeddings" / "warmup-abc" / "model.safetensors").write_bytes(b"x" * 300)
+    (cache / "embeddings" / "emb-1.npy").write_bytes(b"e" * 200)
+    (cache / "notes.txt").write_text("mine")
+    old = time.time() - 10 * 86400
+    for i, name in enumerate(["features-a.arrow", "features-b.arrow", "hypo-only-a.npz"]):
+        (cache / name).write_bytes(b"f" * 1000)
+        os.utime(cache / name, (old + i, old + i))
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "features" in out and "2 entries" in out and "total" in out and "5 entries" in out
+    assert main(["cache", "clear", "--older-than", "5"]) == 0  # the three old files only
+    assert sorted(p.name for p in cache.iterdir()) == ["embeddings", "models", "notes.txt"]
+    assert prune_cache(max_bytes=250) == (1, 300)  # the oldest own entry first, until under the cap
+    assert main(["cache", "clear"]) == 0
+    left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+    assert left == ["embeddings", "models", "models/all-minilm-l6-v2", "models/all-minilm-l6-v2/model.safetensors",
+                    "notes.txt"]
