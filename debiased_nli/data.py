@@ -180,6 +180,8 @@ def load_task(task: "str | TaskSpec", split: str = "train", *, data_files=None, 
     task = get_task(task)
     if on_invalid not in ON_INVALID:
         raise ConfigError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+    if max_rows is not None and (not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1):
+        raise ConfigError(f"max_rows must be a positive integer, got {max_rows!r}")
     files = parse_data_files(data_files) or (_default_files(task) if hub_path is None else None)
     parts, sources = [], []
     if files is not None:

@@ -133,6 +133,10 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
         raw = datasets.load_dataset(release, config, split=split)
     except ValueError as err:  # unknown config / split: datasets lists the available ones
         raise ConfigError(f"cannot load split {split!r} of config {config!r} from {release}: {err}") from err
+    except Exception as err:  # a missing, unreachable or corrupt release: one line, naming it
+        from .data import root_cause
+        raise ConfigError(f"cannot load split {split!r} of config {config!r} from {release}: "
+                          f"{root_cause(err)}") from err
     if all(c in raw.column_names for c in ("uid", "origin", "method")) and isinstance(
             raw.features.get("label"), datasets.ClassLabel) and list(raw.features["label"].names) == list(task.labels):
         return raw
@@ -288,7 +292,9 @@ class TrainResult:
 
 
 RUN_FILE = "debiased_nli_run.json"
-_NOT_THE_RUN = ("output_dir", "resume", "use_cpu", "num_threads", "progress")  # may change between resumes
+# may change between resumes of one run (a rerun with more epochs extends it)
+_NOT_THE_RUN = ("output_dir", "resume", "use_cpu", "num_threads", "progress", "epochs", "eval_batch_size",
+                "save_total_limit", "early_stopping_patience")
 
 
 def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> None:
@@ -337,10 +343,10 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     train_ds = subsample(train_ds, cfg.max_train_rows, cfg.data_seed)
     if dev_ds is not None:
         dev_ds = subsample(dev_ds, cfg.max_dev_rows, cfg.data_seed)
-    check_run(cfg, task, train_ds, dev_ds)
     set_seed(cfg.seed)
     tok, model = load_model_for_task(cfg.model, task)
     order = model_label_order(model, task, cfg.model)
+    check_run(cfg, task, train_ds, dev_ds)
 
     bias, bias_info = None, None
     if cfg.poe:

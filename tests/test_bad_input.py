@@ -98,6 +98,20 @@ class World:
         self.write(f"{name}/README.md", "# my notes")
         return self.write(f"{name}/manifest.json", '{"mine": true}').parent
 
+    def broken_model(self, name="broken") -> Path:
+        from transformers import BertConfig
+        p = self.model_folder(name, config=BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                       intermediate_size=64).to_json_string())
+        (p / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+        return p
+
+    def broken_release(self, name="rel") -> Path:
+        p = self.fake_release(name)
+        (p / "README.md").write_text("---\nconfigs:\n- config_name: z_filtered\n  data_files:\n  - split: train\n"
+                                     "    path: data/z_filtered/train-*\n---\n")
+        self.write(f"{name}/data/z_filtered/train-00000-of-00001.parquet", b"PAR1 broken PAR1")
+        return p
+
     def user_folder(self, name="mine") -> Path:
         p = self.path(name)
         p.mkdir()
@@ -256,6 +270,12 @@ CASES = [
     C("train --model <uncached Hub id, offline>", lambda w: ["train", "snli", "--data-files", w.parquet(), "--model",
                                                               "nobody/no-such-model", "--out", w.path("run")],
       "--model", "offline"),
+    C("train --model <corrupt weights>", lambda w: ["train", "snli", "--data-files", w.parquet(), "--model",
+                                                     w.broken_model(), "--out", w.path("run")],
+      "--model", "cannot load"),
+    C("train --release <corrupt parquet inside>", lambda w: ["train", "snli", "--release", w.broken_release(),
+                                                             "--config", "z_filtered", "--model", w.model_folder(),
+                                                             "--out", w.path("run")], "cannot load", "z_filtered"),
     C("train --poe --bias-model <missing>", lambda w: _train(w, "--poe", "--bias-model", "./bias/none"),
       "--bias-model", "no such folder"),
     C("train --release <missing>", lambda w: ["train", "snli", "--release", "./out/none", "--config", "z_filtered",
