@@ -54,7 +54,11 @@ def load_classifier(path: str, device: str | None = None, label_order: Sequence[
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from transformers.utils import logging as transformers_logging
+
     folder = Path(path)
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its load report is checked below, and said in one line
     try:
         tok = AutoTokenizer.from_pretrained(path)
         model, info = AutoModelForSequenceClassification.from_pretrained(path, output_loading_info=True)
@@ -67,6 +71,8 @@ def load_classifier(path: str, device: str | None = None, label_order: Sequence[
     except Exception as err:  # a corrupt weights file, an unknown architecture
         from .data import root_cause
         raise ConfigError(f"model {path}: cannot load it ({root_cause(err)})") from err
+    finally:
+        transformers_logging.set_verbosity(verbosity)
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")

@@ -347,9 +347,11 @@ def _library_logs_to_this_tests_stderr():
     # `datasets` binds its log handler to the sys.stderr of the moment it was set up (an earlier
     # test's captured stream); point it at this test's, as a fresh process would have it
     from datasets.utils import logging as datasets_logging
-    handler = getattr(datasets_logging, "_default_handler", None)
-    if handler is not None:
-        handler.setStream(sys.stderr)
+    from transformers.utils import logging as transformers_logging
+    for library in (datasets_logging, transformers_logging):
+        handler = getattr(library, "_default_handler", None)
+        if handler is not None:
+            handler.setStream(sys.stderr)
 
 
 @pytest.fixture
