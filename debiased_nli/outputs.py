@@ -52,13 +52,14 @@ def check_target(out: "str | Path", *, overwrite: bool, is_ours: Callable[[Path]
     """
     raw = Path(out).expanduser()
     target = raw.resolve()
+    a_what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if target == Path(target.anchor):
-        raise ConfigError(f"--out {raw}: refusing to write a {what} over the root folder")
+        raise ConfigError(f"--out {raw}: refusing to write {a_what} over the root folder")
     if target == home:
-        raise ConfigError(f"--out {raw}: refusing to write a {what} over your home folder {home}")
+        raise ConfigError(f"--out {raw}: refusing to write {a_what} over your home folder {home}")
     if _same_or_parent(target, cwd):
-        raise ConfigError(f"--out {raw}: refusing to write a {what} over the current folder or one of its parents "
+        raise ConfigError(f"--out {raw}: refusing to write {a_what} over the current folder or one of its parents "
                           f"({target}); choose a new folder, e.g. --out out/{what}")
     for path in inputs:
         p = Path(path).expanduser().resolve()
@@ -71,8 +72,7 @@ def check_target(out: "str | Path", *, overwrite: bool, is_ours: Callable[[Path]
             raise ConfigError(f"{target} already exists; pass --overwrite to replace it (the old folder is kept "
                               f"until the new one is complete)")
         if not is_ours(target):
-            raise ConfigError(f"{target} exists and is not {'an' if what[0] in 'aeiou' else 'a'} {what} written by "
-                              f"{TOOL}; refusing to replace it "
+            raise ConfigError(f"{target} exists and is not {a_what} written by {TOOL}; refusing to replace it "
                               f"(remove it yourself or choose another --out)")
     return target
 

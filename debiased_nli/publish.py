@@ -154,7 +154,7 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
                  token: str | None = None, commit_message: str | None = None, endpoint: str | None = None,
                  api: Any = None) -> dict[str, Any]:
     """Upload a release folder to ``repo_id`` (a dataset repo) in one commit, then tag it ``revision``."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import HfApi
 
     folder = Path(folder)
     readme = folder / "README.md"
