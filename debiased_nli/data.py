@@ -119,6 +119,8 @@ def read_data_file(path: str, sha256: str, *, cache_dir: str | None = None):
     import datasets
 
     ext = Path(path).suffix.lower()
+    if ext not in _BUILDERS:
+        raise ConfigError(f"{path}: unsupported file type {ext!r}; use parquet, jsonl/json or csv/tsv")
     builder = _BUILDERS[ext]
     kind = "TSV" if ext == ".tsv" else _READER_NAMES[builder]
     if os.path.getsize(path) == 0:

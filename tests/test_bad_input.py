@@ -305,6 +305,11 @@ CASES = [
     C("generate --generator <folder without config>", lambda w: ["generate", "snli", "--generator",
                                                                  w.model_folder(config=None), "--out", w.path("g"),
                                                                  "--num-samples", "4"], "--generator", "config.json"),
+    C("generate --premises-from <corrupt>", lambda w: _generate(w, "--condition", "premise", "--premises-from",
+                                                                w.write("prem.parquet", b"PAR1 nope")),
+      "prem.parquet", "Parquet"),
+    C("generate --condition premise without --premises-from", lambda w: _generate(w, "--condition", "premise"),
+      "--premises-from"),
     # ---- aflite
     C("aflite --m 0", lambda w: _aflite(w, "--m", "0"), "--m"),
     C("aflite --tau 1.5", lambda w: _aflite(w, "--tau", "1.5"), "--tau"),
