@@ -59,8 +59,16 @@ def add_global_options(p: argparse.ArgumentParser, *, suppress_defaults: bool = 
                    help="log more (level info) and show tracebacks")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error (``error: debiased-nli build: argument --max-rows: ...``), exit 2.
+    Sub-command parsers are made with the same class (argparse uses the parent's type)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="debiased-nli", description=_description(), formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run `debiased-nli <command> --help` for the options of a command. The logging options may be "
                "given before or after the command.")
@@ -141,9 +149,30 @@ def quiet_libraries(level: int, progress: bool) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def describe_error(err: BaseException) -> tuple[int, str]:
+    """(exit code, one-line message) for an error that ends a command.
+
+    The project's errors and the operating system's (no space, read-only, permission) are the user's
+    to fix: exit 2. Anything else is unexpected: exit 1, with its type, and the traceback behind -v."""
+    if isinstance(err, DebiasedNLIError):
+        code, text = 2, str(err)
+    elif isinstance(err, OSError):
+        from .outputs import os_reason
+        code, text = 2, (f"{err.filename}: " if err.filename else "") + os_reason(err)
+    elif isinstance(err, MemoryError):
+        code, text = 2, "out of memory; try --max-rows, a smaller --batch-size, or a machine with more memory"
+    else:
+        code, text = 1, (f"unexpected {type(err).__name__}: {err} (rerun with -v for the traceback, and "
+                         f"please report it)")
+    return code, " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a bad argument (one line, exit 2)
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     level = log_level(args)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("debiased_nli").setLevel(level)
@@ -153,11 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with quiet_libraries(level, progress=not args.quiet):
             return int(args.func(args) or 0)
-    except DebiasedNLIError as err:
-        if args.verbose or os.environ.get("DEBIASED_NLI_TRACEBACK"):
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if getattr(args, "verbose", False) or os.environ.get("DEBIASED_NLI_TRACEBACK"):
             raise
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        code, message = describe_error(err)
+        print(f"error: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

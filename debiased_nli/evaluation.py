@@ -44,25 +44,57 @@ class LoadedClassifier:
     train_record: dict | None
 
 
-def load_classifier(path: str, device: str | None = None) -> LoadedClassifier:
+def load_classifier(path: str, device: str | None = None, label_order: Sequence[str] | None = None) -> LoadedClassifier:
+    """A sequence classifier ready to score, refused when its classification head was never trained.
+
+    ``from_pretrained`` initialises missing weights at random (an encoder without a head, or a folder
+    saved without them) and only logs it: such a model scores at chance and must not be reported.
+    A head whose outputs are named ``LABEL_0..K`` is taken in the task's order, with a warning, unless
+    ``label_order`` names the outputs."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from transformers.utils import logging as transformers_logging
+
     folder = Path(path)
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its load report is checked below, and said in one line
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path)
+        model, info = AutoModelForSequenceClassification.from_pretrained(path, output_loading_info=True)
     except OSError as err:
         if folder.exists():
             raise ConfigError(f"{path} is not a model folder ({err}); give a folder written by "
                               f"`debiased-nli train`") from err
         raise ConfigError(f"model {path!r}: no such folder, and not a Hub model id that can be reached "
                           f"({type(err).__name__}). Give a folder written by `debiased-nli train` or a Hub id.") from err
+    except Exception as err:  # a corrupt weights file, an unknown architecture
+        from .data import root_cause
+        raise ConfigError(f"model {path}: cannot load it ({root_cause(err)})") from err
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ConfigError(f"model {path}: weights missing from the folder ({shown}), so they would be random and "
+                          f"the scores meaningless; its classification head was never trained. Evaluate a model "
+                          f"fine-tuned with `debiased-nli train`.")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     record_path = folder / "debiased_nli_train.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    try:
+        record = json.loads(record_path.read_text()) if record_path.exists() else None
+    except ValueError as err:
+        raise ConfigError(f"{record_path} is not valid JSON ({err})") from err
     id2label = {int(i): str(l) for i, l in (model.config.id2label or {}).items()}
+    if label_order is not None:
+        if len(label_order) != len(id2label):
+            raise ConfigError(f"--label-order names {len(label_order)} labels but {path} has {len(id2label)} outputs")
+        id2label = dict(enumerate(label_order))
+    elif id2label and all(l.upper().startswith("LABEL_") for l in id2label.values()):
+        logger.warning("%s names its outputs %s; taking them to be the task's labels in the task's order. If "
+                       "they are not, pass --label-order NAME,NAME,... (the label of each output, in order).",
+                       path, ", ".join(id2label[i] for i in sorted(id2label)))
     return LoadedClassifier(path, model, tok, id2label, record)
 
 
@@ -145,6 +177,7 @@ class EvalConfig:
     data_root: str | None = None
     device: str | None = None
     progress: bool = True
+    label_order: list[str] | None = None  # names of the model outputs in order, for LABEL_i heads
 
 
 def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cfg: EvalConfig | None = None) -> dict:
@@ -160,7 +193,7 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
         ds = load_challenge_set(spec, cfg.data_root)
         datasets_cache[spec.name] = (ds, sample_rows(ds, cfg.max_examples, cfg.sample_seed))
     for path in model_paths:
-        clf = load_classifier(path, cfg.device)
+        clf = load_classifier(path, cfg.device, label_order=cfg.label_order)
         seed = (clf.train_record or {}).get("config", {}).get("seed")
         info = {"path": str(path), "seed": seed, "id2label": {str(k): v for k, v in clf.id2label.items()},
                 "train": (clf.train_record or {}).get("result"), "train_config": (clf.train_record or {}).get("config"),
@@ -218,9 +251,14 @@ def load_results(path: "str | Path") -> dict:
         p = p / "results.json"
     if not p.exists():
         raise ConfigError(f"results file {p} does not exist (give a results.json written by `debiased-nli evaluate`)")
-    data = json.loads(p.read_text())
-    if data.get("schema") != SCHEMA:
-        raise ConfigError(f"{p} is not a debiased-nli results file (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"{p} is not a JSON results file ({err}); give a results.json written by "
+                          f"`debiased-nli evaluate`") from err
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"{p} is not a debiased-nli results file (schema {found!r}, expected {SCHEMA!r})")
     return data
 
 

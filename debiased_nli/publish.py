@@ -14,20 +14,30 @@ history on the Hub (its ``manifest.json``; for a repo pushed before the history 
 table of its card, parsed once) comes first, then the local rows, then the new version. The load
 snippet of the card is rewritten to the repo being pushed to. The token comes from the argument,
 ``HF_TOKEN`` or the user's ``huggingface-cli login``; it is never printed, logged or written into a file.
+
+A Hub that accepts the connection and never answers must not hang the push: every request has a
+timeout (``DEBIASED_NLI_HUB_TIMEOUT`` seconds, default 60; ``huggingface_hub`` retries timed-out
+requests with back-off), and the push as a whole has a deadline (``DEBIASED_NLI_HUB_DEADLINE``,
+default 3600 s) after which no new request is started. Timeouts, unreachable hosts, offline mode and
+refusals by the Hub end the push with a one-line :class:`ConfigError`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from .errors import ConfigError
 from .release import HISTORY_END, HISTORY_START, RELEASE_FILE_PATTERNS, render_history_table
 
 log = logging.getLogger(__name__)
 HISTORY_HEADING = "## Version history"
+TIMEOUT_ENV, DEADLINE_ENV = "DEBIASED_NLI_HUB_TIMEOUT", "DEBIASED_NLI_HUB_DEADLINE"
 _VERSION_RE = re.compile(r"^v?\d+(\.\d+){0,2}([.-][0-9A-Za-z.]+)?$")
 _RELEASE_FILE_RE = re.compile("|".join(f"(?:{p})" for p in RELEASE_FILE_PATTERNS))
 
@@ -43,7 +53,8 @@ def legacy_history(card: str) -> list[dict[str, str]]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
         if len(cells) >= 2 and line.strip().startswith("|") and cells[0] not in ("version", "") \
                 and not set(cells[0]) <= set("-: "):
-            rows.append({"version": cells[0], "notes": cells[1].replace("\\|", "|")})
+            # a note is everything after the version cell: a `|` in it (escaped or not) stays in the note
+            rows.append({"version": cells[0].replace("\\|", "|"), "notes": " | ".join(cells[1:]).replace("\\|", "|")})
     return rows
 
 
@@ -84,7 +95,8 @@ def _download(api, repo_id: str, filename: str) -> str | None:
                                         RevisionNotFoundError)
 
     try:
-        path = hf_hub_download(repo_id, filename, repo_type="dataset", endpoint=api.endpoint, token=api.token)
+        path = hf_hub_download(repo_id, filename, repo_type="dataset", endpoint=api.endpoint, token=api.token,
+                               etag_timeout=_seconds(TIMEOUT_ENV, 60))
     except LocalEntryNotFoundError as err:  # raised when the Hub could not be reached at all
         raise ConfigError(f"could not read {filename} of {repo_id} from {api.endpoint}: {err}") from err
     except (EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError):
@@ -125,12 +137,80 @@ def stale_files(remote: Sequence[str], local: Sequence[str]) -> tuple[list[str],
             [p for p in gone if not _RELEASE_FILE_RE.fullmatch(p) and p.split("/")[0] in ("data", "rejected", "images")])
 
 
+def _seconds(env: str, default: float) -> float:
+    value = os.environ.get(env)
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        raise ConfigError(f"{env}={value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise ConfigError(f"{env}={value!r} must be a positive number of seconds")
+    return seconds
+
+
+class HubDeadlineExceeded(ConfigError):
+    """The push ran past its total deadline (checked before each request)."""
+
+
+@contextlib.contextmanager
+def hub_timeouts(timeout: float, deadline: float) -> Iterator[None]:
+    """Every ``huggingface_hub`` request in the block times out after ``timeout`` seconds, and none
+    starts after ``deadline`` seconds: a Hub that never answers ends the push in bounded time."""
+    try:
+        from huggingface_hub.utils import _http
+        set_factory = _http.set_client_factory
+    except (ImportError, AttributeError):  # an older huggingface_hub (requests): its own default timeouts
+        yield
+        return
+    previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", _http.default_client_factory)
+    end = time.monotonic() + deadline
+
+    def check_deadline(request) -> None:
+        if time.monotonic() > end:
+            raise HubDeadlineExceeded(f"the push to {request.url.host} ran past its deadline of {deadline:g} s "
+                                      f"(set {DEADLINE_ENV} for a longer one)")
+
+    def factory():
+        client = previous()
+        client.timeout = _http.httpx2.Timeout(timeout)
+        client.event_hooks["request"] = [check_deadline, *client.event_hooks["request"]]
+        return client
+
+    set_factory(factory)
+    try:
+        yield
+    finally:
+        set_factory(previous)
+
+
+def _hub_error(err: Exception, endpoint: str, timeout: float) -> ConfigError | None:
+    """A one-line error for a failed Hub call (None: not a network/Hub error)."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    if isinstance(err, OfflineModeIsEnabled):
+        return ConfigError("cannot push: offline mode is on (HF_HUB_OFFLINE is set); unset it to reach the Hub")
+    try:
+        from huggingface_hub.utils._http import httpx2 as httpx
+    except ImportError:
+        httpx = None
+    if httpx is not None and isinstance(err, httpx.TimeoutException):
+        return ConfigError(f"the Hub at {endpoint} did not answer within {timeout:g} s (after retries); check the "
+                           f"network or the endpoint, or set {TIMEOUT_ENV} for a longer timeout")
+    if httpx is not None and isinstance(err, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError)):
+        return ConfigError(f"cannot reach the Hub at {endpoint}: {type(err).__name__}: {err}")
+    if isinstance(err, HfHubHTTPError):
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return ConfigError(f"the Hub at {endpoint} refused the push (HTTP {status}): {first}")
+    return None
+
+
 def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = None, private: bool = False,
                  token: str | None = None, commit_message: str | None = None, endpoint: str | None = None,
                  api: Any = None, note: str | None = None) -> dict[str, Any]:
     """Upload a release folder to ``repo_id`` (a dataset repo) in one commit that also deletes the files of
     an earlier release that this one lacks, then tag it ``revision``."""
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub import HfApi
 
     folder = Path(folder)
     readme, manifest_path = folder / "README.md", folder / "manifest.json"
@@ -146,6 +226,23 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
     if HISTORY_START not in card:
         with_history(card, [])  # the error that says to rebuild
     api = api or HfApi(token=token, endpoint=endpoint)
+    timeout, deadline = _seconds(TIMEOUT_ENV, 60), _seconds(DEADLINE_ENV, 3600)
+    try:
+        with hub_timeouts(timeout, deadline):
+            return _push(api, folder, card, manifest, repo_id, revision, private, commit_message, note)
+    except ConfigError:
+        raise
+    except Exception as err:
+        mapped = _hub_error(err, api.endpoint, timeout)
+        if mapped is None:
+            raise
+        raise mapped from err
+
+
+def _push(api, folder: Path, card: str, manifest: dict, repo_id: str, revision: str | None, private: bool,
+          commit_message: str | None, note: str | None) -> dict[str, Any]:
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
     if revision is not None:
         refs = api.list_repo_refs(repo_id, repo_type="dataset")

@@ -34,6 +34,8 @@ import numpy as np
 from . import __version__
 from .data import PROVENANCE_COLUMNS, labels_of
 from .errors import ConfigError
+from .outputs import (TOOL, WRITTEN_BY_KEY, check_target, clean_stale, is_release_folder, lock_target,
+                      replace_folder, temp_folder, write_error)
 from .features import build_feature_matrix
 from .tasks import TaskSpec, get_task
 from .zfilter import REJECTED_BY, ZFilterResult, z_filter
@@ -272,13 +274,19 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         raise ConfigError(f"default config {default!r} is not among the configs {names}")
     if len(set(names)) != len(names):
         raise ConfigError(f"config names must be unique: {names}")
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} already exists; pass --overwrite to replace it (the old folder is kept "
-                          f"until the new one is complete)")
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
+    unlock = lock_target(out)  # one writer per target; held until the end (see outputs.py)
+    try:
+        # under the lock: first what interrupted runs left, then the target again (another run may
+        # have written it meanwhile, or an interrupted replacement been put back)
+        clean_stale(out, is_release_folder)
+        check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
+        tmp = temp_folder(out)
+    except BaseException as err:
+        unlock()
+        if isinstance(err, OSError):
+            raise write_error(err, out) from err
+        raise
     try:
         written: dict[str, dict[str, list]] = {}
         summaries = {}
@@ -330,6 +338,7 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
                 set_aside = set_aside.map(lambda b: {"file": [public_paths(f) for f in b["file"]]}, batched=True)
             set_aside.to_parquet(str(tmp / "rejected" / "set_aside_on_load.parquet"))
         manifest = public_paths(dict(manifest))
+        manifest[WRITTEN_BY_KEY] = TOOL  # the mark that lets --overwrite replace it
         manifest["repo_id"] = meta.get("repo_id")
         manifest["history"] = [dict(h) for h in meta.get("history") or []]
         manifest["label_distribution"] = labels
@@ -341,17 +350,14 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         body = render_card(task, configs, written, summaries, manifest, meta, default,
                            generated=dict(new_rows, methods=sorted(new_rows["methods"])) if new_rows["rows"] else None)
         (tmp / "README.md").write_text(f"---\n{yaml_header}---\n\n{body}")
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp.rename(out)
-    except BaseException:
+        replace_folder(tmp, out)
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):  # no space, read-only: one line, and no half release left
+            raise write_error(err, out) from err
         raise
+    finally:
+        unlock()
     return out
 
 

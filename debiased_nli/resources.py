@@ -63,5 +63,5 @@ def find_recipe(name_or_path: "str | os.PathLike") -> Path:
     stem = path.stem if path.suffix in RECIPE_SUFFIXES and path.parent.name in ("", "builders") else str(path)
     if stem in recipes and (path.suffix in RECIPE_SUFFIXES or len(path.parts) == 1):
         return recipes[stem]
-    raise ConfigError(f"recipe {str(name_or_path)!r} is neither a file nor a packaged recipe."
+    raise ConfigError(f"recipe {str(name_or_path)!r} does not exist (neither a file nor a packaged recipe)."
                       f"{did_you_mean(stem, list(recipes))} Packaged recipes: {', '.join(recipes) or 'none'}")

@@ -295,4 +295,4 @@ def test_push_replaces_the_same_sets_and_keeps_the_rest_of_an_existing_card(fake
 def test_a_missing_model_folder_is_named(tmp_path, capsys):
     assert main(["evaluate", "--model", str(tmp_path / "runs" / "nothing"), "--sets", "paws_qqp",
                  "--out", str(tmp_path / "o")]) == 2
-    assert f"model '{tmp_path / 'runs' / 'nothing'}': no such folder" in capsys.readouterr().err
+    assert f"--model {tmp_path / 'runs' / 'nothing'}: no such folder" in capsys.readouterr().err

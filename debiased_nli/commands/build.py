@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._common import NON_NEGATIVE_INT, POSITIVE_INT
+
 
 def register(sub) -> None:
     from ..resources import packaged_recipes
@@ -27,8 +29,8 @@ def register(sub) -> None:
                         "z_aug, par_z and seq_z")
     p.add_argument("--profile", help="apply one of the recipe's profiles (e.g. `paper`: the generation steps of "
                                      "Wu et al. 2022; see the recipe's `profiles`)")
-    p.add_argument("--max-rows", type=int, help="use at most this many rows of D0 (quick looks)")
-    p.add_argument("--seed", type=int, help="override the recipe's seed")
+    p.add_argument("--max-rows", type=POSITIVE_INT, help="use at most this many rows of D0 (quick looks)")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, help="override the recipe's seed")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
     p.set_defaults(func=run)
 
@@ -43,6 +45,11 @@ def run(args) -> int:
     result = build(recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
                    overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
                    profile=args.profile)
+    from .cache import prune_cache
+    pruned, size = prune_cache()  # keep the feature cache of earlier builds bounded
+    if pruned:
+        print(f"pruned {pruned} old cache entries ({size / 2**20:,.1f} MB); see `debiased-nli cache info`",
+              file=sys.stderr)
     print(f"wrote {result.out_dir}", file=sys.stderr)
     for name, n in result.configs.items():
         print(f"  {name}: {n:,} train rows", file=sys.stderr)
