@@ -137,6 +137,62 @@ def test_a_head_in_another_label_order_trains_with_remapped_labels(tmp_path, snl
     assert enc["labels"] == [order[l] for l in snli_small[0]["label"][:6]]
 
 
+def _rotated_copy(task_ordered: Path, folder: Path, id2label: dict[int, str]) -> Path:
+    """The same network as ``task_ordered`` with its head rows moved to the outputs ``id2label`` names."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(task_ordered)
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    new_index = {name: i for i, name in id2label.items()}
+    perm = [new_index[n] for n in names]  # old output i -> new output perm[i]
+    with torch.no_grad():
+        w, b = model.classifier.weight.clone(), model.classifier.bias.clone()
+        model.classifier.weight[perm] = w
+        model.classifier.bias[perm] = b
+    model.config.id2label = dict(id2label)
+    model.config.label2id = {v: k for k, v in id2label.items()}
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(task_ordered).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("id2label", [{0: "contradiction", 1: "entailment", 2: "neutral"},   # a rotation
+                                      {0: "neutral", 1: "contradiction", 2: "entailment"},   # the other one
+                                      {0: "entailment", 1: "contradiction", 2: "neutral"}])  # a swap
+def test_poe_loss_with_a_reordered_head_equals_the_loss_with_the_task_ordered_head(tmp_path, snli_small, id2label):
+    # the same model with its head rows permuted must see the same PoE loss: labels and the bias
+    # model's probabilities both follow the head's order (bias column t -> head output order[t])
+    from debiased_nli.training import model_label_order
+
+    train = snli_small[0].select(range(12))
+    texts = list(train["premise"]) + list(train["hypothesis"])
+    base = make_tiny_bert(tmp_path / "task", texts, head=True,
+                          id2label={0: "entailment", 1: "neutral", 2: "contradiction"})
+    rotated = _rotated_copy(base, tmp_path / "rotated", id2label)
+    rng = np.random.default_rng(0)
+    bias = np.log(rng.dirichlet(np.ones(3) * 0.5, size=len(train))).astype(np.float32)  # task order
+    losses = []
+    for folder in (base, rotated):
+        tok, model = load_model_for_task(str(folder), get_task("snli"))
+        model.eval()
+        order = model_label_order(model, get_task("snli"), str(folder))
+        enc = tokenize_pairs(train, tok, 48, label_order=order, bias=bias)
+        batch = PairCollator(tok)([dict(enc[i]) for i in range(len(enc))])
+        logb, labels = batch.pop(BIAS_COLUMN), batch.pop("labels")
+        with torch.no_grad():
+            losses.append(poe_loss(model(**batch).logits, logb, labels, beta=2.0, gamma=0.4).item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+def test_bias_columns_go_to_the_heads_outputs_by_name():
+    from debiased_nli.training import to_head_order
+
+    # head {0: contradiction, 1: entailment, 2: neutral}: task label t (e, n, c) is output order[t]
+    order = [1, 2, 0]
+    task_cols = np.array([[0.7, 0.2, 0.1]])          # p(entailment), p(neutral), p(contradiction)
+    np.testing.assert_array_equal(to_head_order(task_cols, order), [[0.1, 0.7, 0.2]])  # c, e, n
+
+
 def test_one_epoch_trains_saves_label_names_and_resumes(tiny_encoder, snli_small, tmp_path):
     train, dev = snli_small
     cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "run"), learning_rate=1e-3,
