@@ -479,7 +479,11 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
     rank = np.empty(len(order), np.int32)
     rank[order] = np.arange(len(order), dtype=np.int32)
     vocab = np.array(dictionary.take(pa.array(order)).to_pylist(), dtype=object)
-    chunk_codes = [rank[c.indices.to_numpy()] for c in encoded.chunks]
+    # dictionary_encode drops empty chunks (a column with no value in some chunk, e.g. overlap_v2 where
+    # no row passes a threshold): split the codes by the pieces' own lengths, not by encoded.chunks
+    codes = rank[np.concatenate([c.indices.to_numpy() for c in encoded.chunks])] if encoded.num_chunks \
+        else np.zeros(0, np.int32)
+    chunk_codes = np.split(codes, np.cumsum([len(p) for p in pieces])[:-1]) if pieces else []
     out, k = [], 0
     for cols_layout, n in layout:
         # CSR without sorting: each column's entries are in row order, so an entry's slot is its

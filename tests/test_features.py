@@ -150,3 +150,15 @@ def test_overlap_v2_counts_nest_and_overlap_v1_is_unchanged(shared_data):
     assert [("lex-overlap>0.8" in a) for a in v1] == [("lex-overlap>0.8" in b) for b in v2]
     assert [("full-lex-overlap" in a) for a in v1] == [("full-lex-overlap" in b) for b in v2]
     assert {x for row in v1 for x in row} <= set(OVERLAP_NAMES) | {"full-lex-overlap"}
+
+
+def test_feature_matrices_of_chunked_columns_with_empty_chunks():
+    # a feature column whose values are empty in a whole chunk (no row passes any overlap_v2 threshold)
+    cols = {"premise": ["A dog runs.", "x y", "one two", "A cat sits."],
+            "hypothesis": ["A dog runs.", "p q", "three four", "A cat sits."]}
+    ds = add_feature_columns(datasets.Dataset.from_dict(cols), ["overlap_v2", "null_v1"],
+                             ["entailment", "neutral", "contradiction"], batch_size=1)  # one Arrow chunk per row
+    fm = build_feature_matrix(ds)
+    rows = [sorted(fm.row(i)) for i in range(4)]
+    assert rows[1] == rows[2] == ["<null>"]
+    assert "full-lex-overlap" in rows[0] and "full-lex-overlap" in rows[3]
