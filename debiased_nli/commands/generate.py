@@ -84,6 +84,6 @@ def run(args) -> int:
                               shard_size=args.shard_size, seed=args.seed, batch_size=args.batch_size, top_p=args.top_p,
                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               condition=args.condition, premises=premises, cpu=args.cpu, dtype=args.dtype)
-    if report and PartialState().is_main_process:  # one report, not one per process
+    if report and PartialState(cpu=args.cpu).is_main_process:  # one report, not one per process
         print(json.dumps(report, indent=2))
     return 0

@@ -96,7 +96,7 @@ def run(args) -> int:
                                             "checkpoint_every", "seed", "mixed_precision", "cpu", "log_every")}
     params["lora"] = args.lora
     _, _, report = train_generator_step(ds, task, params, show_values=True)
-    if PartialState().is_main_process:  # one report, not one per process
+    if PartialState(cpu=args.cpu).is_main_process:  # one report, not one per process
         print(json.dumps({k: v for k, v in report.items() if k not in ("history", "value_sources")}, indent=2,
                          default=str))
     return 0

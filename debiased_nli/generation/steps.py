@@ -20,9 +20,9 @@ def _p(params: dict, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _is_main_process() -> bool:
+def _is_main_process(cpu: bool = False) -> bool:
     from accelerate import PartialState
-    return PartialState().is_main_process
+    return PartialState(cpu=bool(cpu)).is_main_process  # the first state decides: keep --cpu
 
 
 def generator_training_values(params: dict) -> tuple[dict, dict]:
@@ -49,7 +49,7 @@ def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
     task = get_task(task)
     mode = _p(params, "mode", "generator")
     v, sources = generator_training_values(params)
-    if show_values and _is_main_process():
+    if show_values and _is_main_process(_p(params, "cpu", False)):
         print_values(f"train-generator ({mode}) values", v, sources)
     lora = None
     if _p(params, "lora", False):
@@ -87,7 +87,7 @@ def generate_step(ds, task, params: dict, *, show_values: bool = False):
 
     task = get_task(task)
     v, sources = sampling_values(params, task)
-    if show_values and _is_main_process():
+    if show_values and _is_main_process(_p(params, "cpu", False)):
         print_values("generate values", v, sources)
     condition = _p(params, "condition", "none")
     premises = list(ds["premise"]) if condition != "none" and ds is not None else None
