@@ -345,3 +345,15 @@ def test_poe_training_with_the_joint_bias_head_saves_the_main_model_alone(tiny_e
     assert "classifier.weight" in keys and not any("bias_head" in k for k in keys)
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "joint")
     assert model.config.id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+
+
+def test_a_rotated_hypothesis_only_bias_model_gives_the_same_task_ordered_probabilities(tmp_path, snli_small):
+    # hypothesis_only.transformer_predictions gathers the head's outputs into the task's order by name
+    train = snli_small[0].select(range(30))
+    base = make_tiny_bert(tmp_path / "hyp", list(train["hypothesis"]), head=True,
+                          id2label={0: "entailment", 1: "neutral", 2: "contradiction"})
+    rotated = _rotated_copy(base, tmp_path / "hyp_rot", {0: "contradiction", 1: "entailment", 2: "neutral"})
+    a, _ = bias_log_probabilities(train, "snli", str(base), progress=False)
+    b, _ = bias_log_probabilities(train, "snli", str(rotated), progress=False)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    assert not np.allclose(a[:, [1, 2, 0]], a, atol=1e-3)  # the rotation would show if it were mishandled

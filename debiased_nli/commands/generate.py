@@ -17,7 +17,7 @@ Parquet file, written under a temporary name and renamed when complete; rerunnin
 skips complete shards (a killed run resumes). Unparseable samples go to rejects-*.parquet with their
 text and reason; generate_report.json has the parse rate, label counts and distinct-2.
 
-By default it samples plainly (top-p 1.0, temperature 1.0): Wu et al. (2022, Sec. 3) "randomly sample
+By default it samples plainly (top-p 1.0, temperature 1.0): Wu et al. (2022, Sec. 2.1) "randomly sample
 from the trained generator" and give no nucleus mass; --top-p 0.9 gives nucleus sampling. Up to
 --max-new-tokens 128 new tokens, so a row as long as the training sequences (Table 7: "max sequence
 length 128") is not cut and rejected. The values used and their sources are printed first.

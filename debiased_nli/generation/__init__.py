@@ -28,12 +28,12 @@ WU = "Wu et al. 2022"
 PROJECT = "project's choice"
 
 PAPER_DEFAULTS = {
-    "generator": "gpt2-large",          # Sec. 5: "We choose GPT-2 large and Roberta-large as the pretrained
+    "generator": "gpt2-large",          # Sec. 5.1: "We choose GPT-2 large and Roberta-large as the pretrained
                                         # language models for G* and M"; Table 7 "pretrained model GPT-2 large"
     "generator_llama": "huggyllama/llama-7b",  # not Wu et al.: IBADR's (Wang et al. 2023) LLaMA-7b, with LoRA
     "lambda": 0.5,                       # Table 7: "λ 0.5" (label-consistency unlikelihood weight)
     "alpha": 1.0,                        # Table 7: "α 1.0" (weight of L_UL on Z-(D0))
-    "top_p": 1.0,                        # Sec. 3: "We can randomly sample from the trained generator": plain
+    "top_p": 1.0,                        # Sec. 2.1: "We can randomly sample from the trained generator": plain
                                          # sampling (top-p 1.0); no nucleus mass is given in the paper
     "num_samples": {"snli": 5_000_000, "mnli": 4_000_000},  # Table 8: "number of samples from G*SNLI
                                                             # 5,000,000", "... G*MNLI 4,000,000"
@@ -68,9 +68,9 @@ GENERATOR_TRAINING: dict[str, tuple[Any, str]] = {
 }
 
 SAMPLING: dict[str, tuple[Any, str]] = {
-    "top_p": (1.0, f'{WU}, Sec. 3: "We can randomly sample from the trained generator" (plain sampling; '
+    "top_p": (1.0, f'{WU}, Sec. 2.1: "We can randomly sample from the trained generator" (plain sampling; '
                    f"no top-p, top-k or temperature is given)"),
-    "temperature": (1.0, f'{WU}, Sec. 3: "randomly sample" (temperature 1)'),
+    "temperature": (1.0, f'{WU}, Sec. 2.1: "randomly sample" (temperature 1)'),
     "max_new_tokens": (128, f"{PROJECT}: covers the training length (Table 7: \"max sequence length 128\"), so "
                             f"no row the generator learned is cut and rejected"),
     "num_samples": (None, f'{WU}, Table 8: "number of samples from G*SNLI 5,000,000", "G*MNLI 4,000,000"'),

@@ -15,7 +15,7 @@ folder is refused rather than mixing two runs.
 Generation is batched with left padding, up to ``max_new_tokens`` (default 128: a sequence as long as
 the longest the generator was trained on, Table 7's "max sequence length 128", is never cut and
 rejected). By default it is plain ancestral sampling (``top_p=1.0``, ``temperature=1.0``): Wu et al.
-(2022, Sec. 3) "randomly sample from the trained generator" and give no nucleus mass; ``top_p < 1``
+(2022, Sec. 2.1) "randomly sample from the trained generator" and give no nucleus mass; ``top_p < 1``
 gives nucleus sampling. Prompts are the format's start (unconditional, as Wu et al. 2022 sample whole
 examples), or with ``condition="premise"`` / ``"premise+label"`` a premise from a given set (and a
 label, cycling through the task's labels). Every sample is parsed back (see ``format.py``); the
