@@ -23,7 +23,7 @@ _EPILOG = """examples:
 Hyper-parameters (the values used and their sources are printed before training):
   defaults         the project's choice for small data: lr 1e-5, batch 32, max length 128 and early
                    stopping patience 3 as in Wu et al. (2022, Table 9), but 3 epochs, a linear schedule
-                   warming up over 10%% of the steps, AdamW eps 1e-8 and weight decay 0.01
+                   warming up over 10% of the steps, AdamW eps 1e-8 and weight decay 0.01
   --preset paper   Wu et al. (2022), Table 9 "Hyperparameters for training the NLI models": lr 1e-5,
                    batch 32, 5 epochs, Adam eps 1e-6, betas (0.9, 0.999), "constant with warmup" over
                    2,000 steps, max length 128, early stop patience 3 epochs (the paper's model is
