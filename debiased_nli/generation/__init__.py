@@ -89,7 +89,9 @@ def resolve(table: Mapping[str, tuple[Any, str]], given: Mapping[str, Any]) -> t
     values, sources = {}, {}
     for name, (default, source) in table.items():
         value = given.get(name)
-        if value is None or (isinstance(default, tuple) and tuple(value) == default) or value == default:
+        if isinstance(default, tuple) and value is not None:
+            value = tuple(value)  # YAML and JSON give lists
+        if value is None or value == default:
             values[name] = default if value is None else value
             sources[name] = source
         else:
