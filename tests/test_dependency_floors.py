@@ -35,11 +35,11 @@ def _floor(req: Requirement) -> Version:
 
 
 # the versions that first provide what the code calls; checked by installing exactly these versions
-# (transformers 5.2.0, datasets 4.1.0, accelerate 1.3.0, peft 0.18.0, huggingface_hub 1.8.0,
+# (transformers 5.2.0, datasets 4.2.0, accelerate 1.3.0, peft 0.18.0, huggingface_hub 1.8.0,
 # evaluate 0.4.0) in a fresh venv and running the training, generator, release, publish and evaluation tests
 NEEDED = {
     "transformers": "5.2.0",      # TrainingArguments(train_sampling_strategy=...), warmup_steps as a ratio
-    "datasets": "4.1.0",          # datasets.List; 4.0's Column refuses numpy integer keys (evaluation.py)
+    "datasets": "4.2.0",          # datasets.List; numpy integer keys (4.0); an empty to_parquet (4.1 divides by 0)
     "pyarrow": "15.0.0",          # datasets 4.x's own floor
     "accelerate": "1.3.0",        # transformers 5.2's Trainer calls unwrap_model(keep_torch_compile=...), new in 1.3
     "huggingface-hub": "1.8.0",   # before 1.8, create_commit to a non-default endpoint cannot parse its commit URL
