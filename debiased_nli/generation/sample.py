@@ -12,8 +12,11 @@ file is renamed before it, so a present shard file means the shard is done, and 
 parameters are stored in ``generate_config.json``; a rerun with other parameters into the same
 folder is refused rather than mixing two runs.
 
-Generation is batched with left padding, nucleus sampling (``top_p``) at ``temperature``, up to
-``max_new_tokens``. Prompts are the format's start (unconditional, as Wu et al. 2022 sample whole
+Generation is batched with left padding, up to ``max_new_tokens`` (default 128: a sequence as long as
+the longest the generator was trained on, Table 7's "max sequence length 128", is never cut and
+rejected). By default it is plain ancestral sampling (``top_p=1.0``, ``temperature=1.0``): Wu et al.
+(2022, Sec. 2.1) "randomly sample from the trained generator" and give no nucleus mass; ``top_p < 1``
+gives nucleus sampling. Prompts are the format's start (unconditional, as Wu et al. 2022 sample whole
 examples), or with ``condition="premise"`` / ``"premise+label"`` a premise from a given set (and a
 label, cycling through the task's labels). Every sample is parsed back (see ``format.py``); the
 unparseable ones are kept with their text and reason in ``rejects-*.parquet``. Parsed samples are
@@ -112,7 +115,7 @@ def prompts_for(fmt: SequenceFormat, indices: Sequence[int], condition: str, pre
 
 def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_samples: int, *,
                      num_shards: int | None = None, shard_size: int = 1000, seed: int = 0, batch_size: int = 16,
-                     top_p: float = 0.9, temperature: float = 1.0, max_new_tokens: int = 96,
+                     top_p: float = 1.0, temperature: float = 1.0, max_new_tokens: int = 128,
                      condition: str = "none", premises: Sequence[str] | None = None, cpu: bool = False,
                      dtype: str | None = None, progress: bool = True, stop_after_shards: int | None = None) -> dict:
     """Sample ``num_samples`` rows from ``generator`` into ``out_dir`` (shards + rejects + report).
