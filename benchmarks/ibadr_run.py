@@ -241,8 +241,170 @@ def main() -> None:
      "report": write_report}[args.stage]()
 
 
+def _iterations() -> list[dict]:
+    out = []
+    for it in sorted((RUN / "ibadr").glob("iter-*"), key=lambda p: int(p.name.split("-")[1])):
+        if (it / ".complete").exists():
+            out.append(json.loads((it / "report.json").read_text()))
+    return out
+
+
+def _examples(n_each: int = 10) -> list[dict]:
+    import datasets
+    labels = ("entailment", "neutral", "contradiction")
+    rows = []
+    for it in sorted((RUN / "ibadr").glob("iter-*/.complete")):
+        folder = it.parent
+        for name in ("kept", "rejected"):
+            ds = datasets.Dataset.from_parquet(str(folder / f"{name}.parquet"))
+            for r in ds.select(range(min(n_each // 2, len(ds)))):
+                rows.append({"iteration": folder.name, "filter": name, "indicator": f"b{r['indicator']}",
+                             "label": labels[r["label"]], "premise": r["premise"], "hypothesis": r["hypothesis"],
+                             "p_M": None if r["confidence"] is None else round(r["confidence"], 3),
+                             "beta": round(r["beta"], 3) if r.get("beta") is not None else None})
+    return rows
+
+
 def write_report() -> None:
-    raise NotImplementedError  # replaced below once the run has produced its files
+    import platform
+    summary: dict = {"run_dir": str(RUN), "ibadr_args": IBADR_ARGS, "epsilon": EPSILON,
+                     "machine": f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), no GPU"}
+    m = RUN / "M" / "debiased_nli_train.json"
+    summary["M"] = json.loads(m.read_text())["result"] if m.exists() else None
+    summary["stage_seconds"] = json.loads((RUN / "stage_seconds.json").read_text()) if (RUN / "stage_seconds.json").exists() else {}
+    summary["iterations"] = _iterations()
+    summary["complete"] = ibadr_done()
+    summary["check"] = json.loads((RUN / "check.json").read_text()) if (RUN / "check.json").exists() else None
+    summary["release"] = json.loads((RUN / "release.json").read_text()) if (RUN / "release.json").exists() else None
+    summary["audit"] = audit_pool() if ibadr_done() else None
+    summary["examples"] = _examples() if summary["iterations"] else []
+    HERE.mkdir(exist_ok=True)
+    (HERE / "ibadr_snli.json").write_text(json.dumps(summary, indent=2, default=str))
+    (HERE / "ibadr_snli.md").write_text(markdown(summary))
+    print((HERE / "ibadr_snli.md").read_text())
+
+
+def _fmt_counts(d: dict | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (d or {}).items())
+
+
+def markdown(s: dict) -> str:
+    lines = ["# IBADR on CPU (issue 11): the 20k SNLI sample, MiniLM shallow model, SmolLM2-135M + LoRA", ""]
+    lines += ["Commands (every stage resumable; outputs under `~/runs/ibadr_run`, the release at "
+              f"`{RELEASE}`):", "", "```", "python benchmarks/ibadr_run.py all     # each unit under "
+              "flock /tmp/debiased-heavy.lock", "python benchmarks/ibadr_run.py report  # this file", "```", "",
+              "`all` runs `train_m` (`debiased-nli train`), then `debiased-nli ibadr snli --data-files "
+              "../shared/data/snli/train_sample.parquet --out ~/runs/ibadr_run/ibadr "
+              + " ".join(IBADR_ARGS).replace(str(MODELS), "$MODELS").replace(str(RUN), "~/runs/ibadr_run")
+              + " --time-budget 720 --gen-chunk-steps 10` until it exits 0 (exit 3: paused at the time budget, "
+              "rerun to continue), then `check`, `release` and `report`.", "",
+              f"Machine: {s['machine']} shared with other jobs. No GPU was lent to this task, so the larger GPU run "
+              "of the issue was not made.", ""]
+    if s["M"]:
+        m = s["M"]
+        lines += [f"* **M** (confidence filter): all-MiniLM-L6-v2 fine-tuned with `debiased-nli train` on {m['train_rows']:,} "
+                  f"rows of the sample, 1 epoch, lr 5e-5, max length 64: SNLI dev accuracy {m['dev_accuracy']:.3f} "
+                  f"({m['dev_rows']} dev rows), {m['train_seconds']:.0f} s. **epsilon = {s['epsilon']}**: this M is never "
+                  "0.95-confident on real dev rows (`generator_run.md`), so Wu et al.'s 0.95 would keep nothing."]
+    lines += ["* **theta_s**: all-MiniLM-L6-v2 + a new head, 2,000 random pool rows, 3 epochs, lr 5e-5 (the paper's, "
+              "section 3.1), max length 64; re-trained from the pretrained encoder on a fresh 2,000-row sample of the "
+              "pool in iteration 2 (USM).",
+              "* **theta_g**: SmolLM2-135M-Instruct + LoRA (r 8, alpha 16, all linear layers), trained on 200 "
+              "indicator-stratified rows of the pool per iteration (3 epochs in iteration 1, 1 epoch in iteration 2, "
+              "continuing the adapter), batch 8, lr 3e-4, max 64 tokens. **Deviation** (CPU budget): the paper trains "
+              "on the whole pool with lr 5e-5 (full fine-tuning of GPT-2 large).",
+              "* **Sampling**: b-bar uniform in {b1, b2} (N_bi 5), y-bar uniform, top-p 0.9, at most 64 new tokens, "
+              "240 samples per iteration (the paper: 200K), 2 iterations (the paper: 5).", ""]
+    its = s["iterations"]
+    if its:
+        lines += ["## Iterations", "",
+                  "| | " + " | ".join(f"iteration {r['iteration']}" for r in its) + " |", "|---|" + "---|" * len(its)]
+
+        def row(name, fn):
+            vals = []
+            for r in its:
+                try:
+                    vals.append(str(fn(r)))
+                except (KeyError, TypeError, IndexError):
+                    vals.append("")
+            lines.append(f"| {name} | " + " | ".join(vals) + " |")
+        row("pool before -> after", lambda r: f"{r['pool_before']:,} -> {r['pool_after']:,}")
+        row("theta_s", lambda r: f"{r['shallow']['train_rows']:,} rows, {r['shallow']['train_seconds']:.0f} s")
+        row("beta of the pool: mean (q10 / q50 / q90)", lambda r: f"{r['scores']['beta_mean']} ({r['scores']['beta_quantiles']['0.1']} / "
+            f"{r['scores']['beta_quantiles']['0.5']} / {r['scores']['beta_quantiles']['0.9']})")
+        row("mean beta per group b1..b5", lambda r: " / ".join(str(g["beta_mean"]) for g in r["scores"]["groups"].values()))
+        row("theta_g", lambda r: f"{r['generator']['rows']} rows x {r['generator']['epochs']} epoch(s) = "
+            f"{r['generator']['steps']} steps, {r['generator']['seconds_per_step']} s/step, loss "
+            f"{r['generator']['loss_first']} -> {r['generator']['loss_last']}")
+        row("b-bar drawn", lambda r: _fmt_counts(r["indicators_drawn"]))
+        row("samples, parse rate", lambda r: f"{r['samples']['samples']}, {r['samples']['parse_rate']}")
+        row("unparseable by reason", lambda r: _fmt_counts(r["samples"]["unparseable_reasons"]))
+        row("labels of the parsed samples", lambda r: _fmt_counts(r["samples"]["labels"]))
+        row("distinct-2 (hypotheses)", lambda r: r["samples"]["distinct_2_hypothesis"])
+        row("repeats dropped", lambda r: r["filter"]["repeats_within_iteration"])
+        row(f"acceptance at epsilon {s['epsilon']}", lambda r: f"{r['filter']['kept']}/{r['filter']['rows']} = "
+            f"{r['filter']['acceptance_rate']}")
+        row("acceptance per label", lambda r: ", ".join(f"{k} {v['acceptance']}" for k, v in r["filter"]["per_label"].items()))
+        row("labels of the kept rows", lambda r: ", ".join(f"{k} {v['kept']}" for k, v in r["filter"]["per_label"].items()))
+        row("M's confidence q10/q50/q90", lambda r: " / ".join(str(r["filter"]["confidence_quantiles"][q]) for q in ("0.1", "0.5", "0.9")))
+        row("mean beta of the kept rows", lambda r: r["filter"]["beta_mean_kept"])
+        row("kept rows that copy a pool row", lambda r: r["filter"]["copies_of_pool_rows_kept"])
+        row("seconds: theta_s / scores / theta_g / sampling / filter",
+            lambda r: " / ".join(str(round(r["seconds"].get(k, 0))) for k in ("shallow", "scores", "generator", "samples", "filter")))
+        lines.append("")
+    if not s["complete"]:
+        lines += ["**The run is not complete**: the iterations above are the finished ones. Resume with "
+                  "`python benchmarks/ibadr_run.py all` (it continues inside the cut iteration).", ""]
+    c = s["check"]
+    if c:
+        lines += ["## The paper-level check: samples generated with b1 against samples generated with b5", "",
+                  f"{c['samples_per_indicator']} samples each from the last iteration's generator, the same label sequence; "
+                  "beta under the last theta_s; hypothesis-only accuracy of a TF-IDF + logistic regression model fitted on "
+                  "D0's hypotheses (does a row carry D0's hypothesis-only cues?) and out-of-fold within the set; max |z| "
+                  "of the set's own z-statistics (`audit`).", "", "| | b1 | b5 |", "|---|---|---|"]
+        for key, name in (("parse_rate", "parse rate"), ("labels", "labels"), ("beta_mean", "mean beta"),
+                          ("beta_median", "median beta"),
+                          ("hypothesis_only_accuracy_d0_model", "hypothesis-only accuracy (model fitted on D0)"),
+                          ("hypothesis_only_accuracy_oof", "hypothesis-only accuracy (out-of-fold)"),
+                          ("max_abs_z", "max |z|"), ("acceptance_at_epsilon", f"acceptance at epsilon {s['epsilon']}"),
+                          ("distinct_2", "distinct-2")):
+            v1, v5 = c["b1"][key], c["b5"][key]
+            lines.append(f"| {name} | {_fmt_counts(v1) if isinstance(v1, dict) else v1} | "
+                         f"{_fmt_counts(v5) if isinstance(v5, dict) else v5} |")
+        g = c["d0_groups_iter1"]
+        lines += ["", f"For scale, D0's own groups under iteration 1's theta_s: b1 mean beta {g['b1']['beta_mean']}, "
+                  f"b5 {g['b5']['beta_mean']}; in-sample hypothesis-only accuracy b1 "
+                  f"{g['b1']['hypothesis_only_accuracy_d0_model_in_sample']}, b5 "
+                  f"{g['b5']['hypothesis_only_accuracy_d0_model_in_sample']}.", ""]
+        verdict = [("mean beta", c["b1"]["beta_mean"] < c["b5"]["beta_mean"]),
+                   ("hypothesis-only accuracy (D0 model)", c["b1"]["hypothesis_only_accuracy_d0_model"]
+                    < c["b5"]["hypothesis_only_accuracy_d0_model"]),
+                   ("max |z|", c["b1"]["max_abs_z"] < c["b5"]["max_abs_z"])]
+        lines += ["Lower for b1 than for b5: " + ", ".join(f"{n}: {'yes' if ok else 'no'}" for n, ok in verdict), ""]
+    a = s["audit"]
+    if a:
+        lines += ["## The pool before and after (`audit`)", "", "| | D0 | S after IBADR |", "|---|---|---|"]
+        for key, name in (("n_rows", "rows"), ("labels", "labels"), ("hypothesis_only_accuracy", "hypothesis-only accuracy (out-of-fold)"),
+                          ("max_abs_z", "largest |z|"), ("features_above_threshold", "features above the Bonferroni threshold")):
+            b, f = a["before"][key], a["after"][key]
+            lines.append(f"| {name} | {_fmt_counts(b) if isinstance(b, dict) else b} | {_fmt_counts(f) if isinstance(f, dict) else f} |")
+        lines.append("")
+    if s["release"]:
+        r = s["release"]
+        lines += ["## Release", "", f"`{r['out']}` (outside the repo), built in {r['seconds']} s with configs "
+                  + ", ".join(f"`{k}` {v:,} rows" for k, v in r["configs"].items())
+                  + ": `load_dataset('" + r["out"] + "', 'ibadr')`.", ""]
+    if s["examples"]:
+        lines += ["## Twenty examples (per iteration, five kept and five rejected by the confidence filter)", "",
+                  "| iteration | filter | b-bar | label | premise | hypothesis | p_M(label) | beta |", "|---|---|---|---|---|---|---|---|"]
+        for e in s["examples"][:20]:
+            lines.append(f"| {e['iteration']} | {e['filter']} | {e['indicator']} | {e['label']} | {e['premise']} | "
+                         f"{e['hypothesis']} | {e['p_M']} | {e['beta']} |")
+        lines.append("")
+    if s["stage_seconds"]:
+        lines += ["Wall seconds per stage of this script (summed over sessions, lock waits excluded): "
+                  + _fmt_counts(s["stage_seconds"]) + ".", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -247,8 +248,8 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
             info = _shallow(k, it, out, pool, task, cfg, progress)
             if main:
                 _write_json(it / "shallow.json", info)
+                timer.add("shallow", time.perf_counter() - t0)
             state.wait_for_everyone()
-            timer.add("shallow", time.perf_counter() - t0) if main else None
             if stop("shallow"):
                 return
         shallow = json.loads((it / "shallow.json").read_text())
@@ -310,7 +311,8 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
                                    temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                    condition="prompts", prompts=prompts, parse=fmt.parse, cpu=cfg.cpu, dtype=cfg.dtype,
                                    progress=progress, stop_after_shards=1 if deadline is not None else None)
-            timer.add("samples", time.perf_counter() - t0) if main else None
+            if main:
+                timer.add("samples", time.perf_counter() - t0)
             if "stopped_after_shards" not in res:
                 break
         if stop("samples"):
@@ -376,7 +378,7 @@ def _train_generator(k, gen_dir: Path, out: Path, pool, indicators, task, cfg: I
                      progress, timer, main) -> None:
     from ..generation.conditional import CONTROL_PREFIX
     from ..generation.models import LoraOptions
-    from ..generation.train import train_generator
+    from ..generation.train import _checkpoints, train_generator
 
     train = pool.select_columns(["premise", "hypothesis", "label"])
     if indicators is not None:
@@ -388,15 +390,19 @@ def _train_generator(k, gen_dir: Path, out: Path, pool, indicators, task, cfg: I
     lora = LoraOptions(**cfg.lora) if (cfg.lora is not None and k == 1) else None
     epochs = cfg.gen_epochs_first if k == 1 else cfg.gen_epochs_later
     chunk = gen_chunk_steps if deadline is not None else None
+    # train_generator's stop_after stops like a kill (no final save), so the last chunk runs without it
+    total = max(math.ceil(len(train) / cfg.gen_batch_size) // cfg.gen_grad_accum, 1) * epochs
     while True:
         _check_deadline(deadline)
+        done = [int(p.name.split("-")[1]) for p in _checkpoints(gen_dir)]
+        stop_after = chunk if chunk and total - max(done, default=0) > chunk else None
         t0 = time.perf_counter()
         res = train_generator(train, task, start, str(gen_dir), mode="conditional", lora=lora, epochs=epochs,
                               batch_size=cfg.gen_batch_size, grad_accum=cfg.gen_grad_accum, lr=cfg.gen_lr,
                               max_length=cfg.gen_max_length,
                               checkpoint_every=chunk or cfg.gen_checkpoint_every, seed=cfg.seed + k,
                               mixed_precision=cfg.mixed_precision, cpu=cfg.cpu, log_every=1 if chunk else 10,
-                              progress=progress, stop_after=chunk)
+                              progress=progress, stop_after=stop_after)
         if main:
             timer.add("generator", time.perf_counter() - t0)
         if "stopped_at" not in res:
