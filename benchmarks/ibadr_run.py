@@ -249,15 +249,18 @@ def _iterations() -> list[dict]:
     return out
 
 
-def _examples(n_each: int = 10) -> list[dict]:
+def _examples(total: int = 20) -> list[dict]:
+    """Twenty examples: per complete iteration, as many kept as rejected rows (the first ones)."""
     import datasets
     labels = ("entailment", "neutral", "contradiction")
     rows = []
-    for it in sorted((RUN / "ibadr").glob("iter-*/.complete")):
+    done = sorted((RUN / "ibadr").glob("iter-*/.complete"))
+    each = total // (2 * max(len(done), 1))
+    for it in done:
         folder = it.parent
         for name in ("kept", "rejected"):
             ds = datasets.Dataset.from_parquet(str(folder / f"{name}.parquet"))
-            for r in ds.select(range(min(n_each // 2, len(ds)))):
+            for r in ds.select(range(min(each, len(ds)))):
                 rows.append({"iteration": folder.name, "filter": name, "indicator": f"b{r['indicator']}",
                              "label": labels[r["label"]], "premise": r["premise"], "hypothesis": r["hypothesis"],
                              "p_M": None if r["confidence"] is None else round(r["confidence"], 3),
@@ -298,7 +301,7 @@ def markdown(s: dict) -> str:
               + " ".join(IBADR_ARGS).replace(str(MODELS), "$MODELS").replace(str(RUN), "~/runs/ibadr_run")
               + " --time-budget 720 --gen-chunk-steps 10` until it exits 0 (exit 3: paused at the time budget, "
               "rerun to continue), then `check`, `release` and `report`.", "",
-              f"Machine: {s['machine']} shared with other jobs. No GPU was lent to this task, so the larger GPU run "
+              f"Machine: {s['machine']}, shared with other jobs. No GPU was lent to this task, so the larger GPU run "
               "of the issue was not made.", ""]
     if s["M"]:
         m = s["M"]
@@ -395,7 +398,7 @@ def markdown(s: dict) -> str:
                   + ", ".join(f"`{k}` {v:,} rows" for k, v in r["configs"].items())
                   + ": `load_dataset('" + r["out"] + "', 'ibadr')`.", ""]
     if s["examples"]:
-        lines += ["## Twenty examples (per iteration, five kept and five rejected by the confidence filter)", "",
+        lines += ["## Twenty examples (per iteration, as many kept as rejected by the confidence filter)", "",
                   "| iteration | filter | b-bar | label | premise | hypothesis | p_M(label) | beta |", "|---|---|---|---|---|---|---|---|"]
         for e in s["examples"][:20]:
             lines.append(f"| {e['iteration']} | {e['filter']} | {e['indicator']} | {e['label']} | {e['premise']} | "
