@@ -6,8 +6,9 @@ fine-tuned with `debiased-nli train`, epsilon 0.5.
 
 Stages (each resumable; a finished stage is skipped; `all` runs them in order, each unit under the heavy
 lock `flock /tmp/debiased-heavy.lock`, at most ~20 minutes per acquisition):
-  train_m   M: `debiased-nli train` on the 20k sample (about 10 minutes)
-  ibadr     `debiased-nli ibadr snli ... --time-budget 720`, repeated until its last iteration is complete
+  train_m   M: `debiased-nli train` on 4,000 rows of the 20k sample (sessions of at most 19 minutes)
+  ibadr     `debiased-nli ibadr snli ... --time-budget 600` (killed after 19 minutes at the latest),
+            repeated until its last iteration is complete
   check     the paper-level check: samples with b1 and with b5 from the last generator, compared on beta,
             hypothesis-only accuracy (a TF-IDF model fitted on D0) and max |z|
   release   the `ibadr` release of the 20k sample (plus z_filtered / z_aug / par_z / seq_z with the IBADR rows
@@ -39,7 +40,8 @@ HERE = Path(__file__).resolve().parent / "results"
 LOCK = "/tmp/debiased-heavy.lock"
 THREADS = "2"  # the heavy lock is held: both cores
 
-M_ROWS = 6000
+M_ROWS = 4000
+UNIT_TIMEOUT = "1140"  # seconds: a unit holding the heavy lock is killed after 19 minutes and resumes on the next
 EPSILON = 0.5  # M (MiniLM) is never 0.95-confident on real SNLI dev rows (generator_run.md)
 CHECK_SAMPLES = 150
 
@@ -73,13 +75,14 @@ def _timed(name: str, fn) -> None:
 
 
 def train_m() -> None:
+    """One session of training M (checkpoints every 50 steps; a rerun resumes from the last one)."""
     if (RUN / "M" / "debiased_nli_train.json").exists():
         return
     _timed("train_m", lambda: sh([
-        "debiased-nli", "train", "snli", "--data-files", str(SNLI), "--dev-files", str(SNLI_DEV),
+        "timeout", UNIT_TIMEOUT, "debiased-nli", "train", "snli", "--data-files", str(SNLI), "--dev-files", str(SNLI_DEV),
         "--model", str(MODELS / "all-minilm-l6-v2"), "--out", str(RUN / "M"), "--lr", "5e-5", "--batch-size", "16",
-        "--max-length", "64", "--epochs", "1", "--max-train-rows", str(M_ROWS), "--max-dev-rows", "1000",
-        "--cpu", "--threads", THREADS]))
+        "--max-length", "64", "--epochs", "1", "--max-train-rows", str(M_ROWS), "--max-dev-rows", "500",
+        "--eval-steps", "50", "--cpu", "--threads", THREADS], check=False))
 
 
 def ibadr_done() -> bool:
@@ -91,10 +94,10 @@ def ibadr_unit() -> None:
     if ibadr_done():
         return
     rc = []
-    _timed("ibadr", lambda: rc.append(sh(["debiased-nli", "ibadr", "snli", "--data-files", str(SNLI), "--out",
-                                          str(RUN / "ibadr"), *IBADR_ARGS, "--time-budget", "720",
+    _timed("ibadr", lambda: rc.append(sh(["timeout", UNIT_TIMEOUT, "debiased-nli", "ibadr", "snli", "--data-files",
+                                          str(SNLI), "--out", str(RUN / "ibadr"), *IBADR_ARGS, "--time-budget", "600",
                                           "--gen-chunk-steps", "10"], check=False)))
-    if rc[0] not in (0, 3):  # 3: paused at the time budget, to be continued
+    if rc[0] not in (0, 3, 124):  # 3: paused at the time budget; 124: killed by the timeout; both resume
         raise SystemExit(rc[0])
 
 
@@ -216,7 +219,7 @@ def audit_pool() -> dict:
 def all_() -> None:
     """Every stage, each unit under the heavy lock."""
     me = [sys.executable, str(Path(__file__).resolve())]
-    if not (RUN / "M" / "debiased_nli_train.json").exists():
+    while not (RUN / "M" / "debiased_nli_train.json").exists():
         sh(["flock", LOCK, *me, "train_m"])
     failures = 0
     while not ibadr_done():
@@ -299,8 +302,8 @@ def markdown(s: dict) -> str:
               "`all` runs `train_m` (`debiased-nli train`), then `debiased-nli ibadr snli --data-files "
               "../shared/data/snli/train_sample.parquet --out ~/runs/ibadr_run/ibadr "
               + " ".join(IBADR_ARGS).replace(str(MODELS), "$MODELS").replace(str(RUN), "~/runs/ibadr_run")
-              + " --time-budget 720 --gen-chunk-steps 10` until it exits 0 (exit 3: paused at the time budget, "
-              "rerun to continue), then `check`, `release` and `report`.", "",
+              + " --time-budget 600 --gen-chunk-steps 10` (under `timeout 1140`) until it exits 0 (exit 3: paused at the time budget, "
+              "or 124: killed by the timeout; rerun to continue), then `check`, `release` and `report`.", "",
               f"Machine: {s['machine']}, shared with other jobs. No GPU was lent to this task, so the larger GPU run "
               "of the issue was not made.", ""]
     if s["M"]:

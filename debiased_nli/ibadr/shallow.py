@@ -19,11 +19,13 @@ from ..tasks import TaskSpec, get_task
 
 
 def train_shallow(pool, task: "str | TaskSpec", model: str, out_dir: "str | Path", *, rows: int, epochs: float,
-                  lr: float, seed: int, batch_size: int = 16, max_length: int = 128, progress: bool = True) -> dict:
+                  lr: float, seed: int, batch_size: int = 16, max_length: int = 128, save_steps: int = 50,
+                  progress: bool = True) -> dict:
     """Fine-tune theta_s on ``rows`` random rows of ``pool`` (seed ``seed``) into ``out_dir``.
 
-    No dev set: the paper trains a fixed number of epochs. Resumes from ``out_dir``'s checkpoints;
-    a folder with a finished model (``debiased_nli_train.json``) is reused as it is.
+    No dev set: the paper trains a fixed number of epochs. A checkpoint every ``save_steps`` steps;
+    a rerun resumes from the last one, and a folder with a finished model (``debiased_nli_train.json``)
+    is reused as it is.
     """
     from ..training import TRAIN_CONFIG_FILE, TrainConfig, train_classifier
 
@@ -33,7 +35,7 @@ def train_shallow(pool, task: "str | TaskSpec", model: str, out_dir: "str | Path
         return json.loads(done.read_text())["result"]
     cfg = TrainConfig(model=model, output_dir=str(out), learning_rate=lr, batch_size=batch_size,
                       max_length=max_length, epochs=float(epochs), seed=seed, data_seed=seed, max_train_rows=rows,
-                      save_total_limit=1, progress=progress)
+                      save_total_limit=1, eval_steps=save_steps, progress=progress)
     return train_classifier(cfg, task, pool).to_dict()
 
 
