@@ -198,7 +198,7 @@ def release() -> None:
 def ibadr_params() -> dict:
     """The run's settings as recipe parameters (they must equal the run's config.json to reuse it)."""
     cfg = json.loads((RUN / "ibadr" / "config.json").read_text())
-    drop = {"task", "d0_rows", "d0_fingerprint"}
+    drop = {"task", "d0_rows", "d0_sha256"}
     return {"out": str(RUN / "ibadr"), **{k: v for k, v in cfg.items() if k not in drop}}
 
 

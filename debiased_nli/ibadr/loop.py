@@ -176,13 +176,16 @@ def run_ibadr(d0, task: "str | TaskSpec", cfg: IbadrConfig, out_dir: "str | Path
         raise ConfigError("a deadline would let the processes disagree on when to stop; run without one "
                           "under accelerate launch (every unit is resumable anyway)")
     out = Path(out_dir)
-    record = {"task": task.name, "d0_rows": len(d0), "d0_fingerprint": d0._fingerprint, **cfg.to_dict()}
+    import hashlib
+    # D0's identity: its uids and labels (the same rows loaded again, or with other columns, match)
+    digest = hashlib.sha256("\n".join(f"{u}\t{l}" for u, l in zip(d0["uid"], labels_of(d0).tolist())).encode())
+    record = {"task": task.name, "d0_rows": len(d0), "d0_sha256": digest.hexdigest(), **cfg.to_dict()}
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         path = out / CONFIG_FILE
         if path.exists():
             old = json.loads(path.read_text())
-            diff = {k: (old.get(k), v) for k, v in record.items() if old.get(k) != v and k != "d0_fingerprint"}
+            diff = {k: (old.get(k), v) for k, v in record.items() if old.get(k) != v}
             if diff:
                 raise ConfigError(f"{out} holds an IBADR run with other settings (old -> new: {diff}); use another "
                                   f"output folder or the same settings to resume")
