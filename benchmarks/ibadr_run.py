@@ -359,8 +359,10 @@ def markdown(s: dict) -> str:
             lambda r: " / ".join(str(round(r["seconds"].get(k, 0))) for k in ("shallow", "scores", "generator", "samples", "filter")))
         lines.append("")
     if not s["complete"]:
-        lines += ["**The run is not complete**: the iterations above are the finished ones. Resume with "
-                  "`python benchmarks/ibadr_run.py all` (it continues inside the cut iteration).", ""]
+        state = (f"{len(its)} of 2 iterations finished" if s["M"] else
+                 "M is not trained yet, no iteration has started (the run waited for the shared heavy lock)")
+        lines += [f"**The run is not complete** ({state}). Resume with `python benchmarks/ibadr_run.py all` "
+                  "(every unit continues where it stopped), then `python benchmarks/ibadr_run.py report`.", ""]
     c = s["check"]
     if c:
         lines += ["## The paper-level check: samples generated with b1 against samples generated with b5", "",
