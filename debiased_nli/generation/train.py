@@ -40,7 +40,7 @@ from .models import LoraOptions, count_parameters, load_generator, save_generato
 
 log = logging.getLogger(__name__)
 
-MODES = ("generator", "debias")
+MODES = ("generator", "debias", "conditional")  # conditional: MLE of x given a prefix (conditional.py)
 BIASED_COLUMN = "rejected_by"      # z_filter's list of the biased features that rejected a row
 REJECTED_COLUMN = "in_rejected"    # 1 for Z-(D0) rows in a debiasing fine-tune set
 
@@ -79,6 +79,9 @@ def encode_dataset(ds, task: TaskSpec, tokenizer, *, mode: str = "generator", ma
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, not {mode!r}")
     task = get_task(task)
+    if mode == "conditional":
+        from .conditional import encode_conditional
+        return encode_conditional(ds, task, tokenizer, max_length=max_length, progress=progress)
     fmt = SequenceFormat.for_tokenizer(tokenizer, task.labels)
     labels = labels_of(ds)
     if mode == "generator":
@@ -128,6 +131,8 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int):
         out["p_hypothesis"] = pad("p_hypothesis")
         out["p_mask"] = torch.tensor([[1] * len(r["p_input_ids"]) + [0] * (out["p_input_ids"].shape[1] - len(r["p_input_ids"]))
                                       for r in rows], dtype=torch.long)
+    if "loss_mask" in rows[0]:
+        out["loss_mask"] = pad("loss_mask")
     if REJECTED_COLUMN in rows[0]:
         out[REJECTED_COLUMN] = torch.tensor([r[REJECTED_COLUMN] for r in rows], dtype=torch.long)
     return out
@@ -137,6 +142,10 @@ def batch_loss(model, batch, *, mode: str, lam: float, alpha: float):
     """The objective of ``mode`` on one collated batch -> (loss, parts)."""
     from .losses import debias_loss, generator_loss
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["mask"]).logits
+    if mode == "conditional":
+        from .losses import mle_loss
+        mle = mle_loss(logits, batch["input_ids"], batch["mask"] * batch["loss_mask"])
+        return mle, {"mle": float(mle.detach())}
     if mode == "generator":
         p_logits = model(input_ids=batch["p_input_ids"], attention_mask=batch["p_mask"]).logits
         return generator_loss(logits, batch["input_ids"], batch["mask"], p_logits, batch["p_input_ids"],
