@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .format import (EMPTY_HYPOTHESIS, EMPTY_PREMISE, FALLBACK_END, HYPOTHESIS_MARKER, NO_END,
+from .format import (label_name, EMPTY_HYPOTHESIS, EMPTY_PREMISE, FALLBACK_END, HYPOTHESIS_MARKER, NO_END,
                      NO_HYPOTHESIS_MARKER, NO_PREMISE_MARKER, PREMISE_MARKER, UNKNOWN_LABEL, _clean, _overlaps)
 
 LABEL_LINE = "label: "
@@ -49,11 +49,7 @@ class ConditionalFormat:
                    end=tokenizer.eos_token or FALLBACK_END)
 
     def _label(self, label: Any) -> str:
-        if isinstance(label, (int, np.integer)):
-            return self.labels[int(label)]
-        if label not in self.labels:
-            raise ConfigError(f"label {label!r} is not one of {list(self.labels)}")
-        return str(label)
+        return label_name(self.labels, label)
 
     def prefix(self, label: Any, controls: Mapping[str, Any] | None = None) -> str:
         """``{start}name: value\\n...label: l\\n``: what x is conditioned on."""

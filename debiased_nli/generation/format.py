@@ -57,6 +57,15 @@ def _clean(text: str) -> str:
     return " ".join(str(text).replace("\r", " ").replace("\n", " ").split(" ")).strip()
 
 
+
+def label_name(labels: Sequence[str], label: Any) -> str:
+    """A label given by index or by name, as its name (an unknown name is an error)."""
+    if isinstance(label, (int, np.integer)):
+        return labels[int(label)]
+    if label not in labels:
+        raise ConfigError(f"label {label!r} is not one of {list(labels)}")
+    return str(label)
+
 @dataclasses.dataclass(frozen=True)
 class SequenceFormat:
     """``premise, label, hypothesis`` sequences for one tokenizer and one label set."""
@@ -85,11 +94,7 @@ class SequenceFormat:
         return text[:-1] if text.endswith(" ") else text
 
     def _label(self, label: Any) -> str:
-        if isinstance(label, (int, np.integer)):
-            return self.labels[int(label)]
-        if label not in self.labels:
-            raise ConfigError(f"label {label!r} is not one of {list(self.labels)}")
-        return str(label)
+        return label_name(self.labels, label)
 
     def spans(self, premise: str, label: Any, hypothesis: str) -> tuple[str, dict[str, tuple[int, int]]]:
         """The sequence text and the character span of each field (premise, label, hypothesis, end)."""
