@@ -183,8 +183,9 @@ class BuildResult:
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
-          max_rows: int | None = None, profile: str | None = None) -> BuildResult:
-    """Run a recipe end to end and write the release folder."""
+          max_rows: int | None = None, profile: str | None = None, efficacy=None) -> BuildResult:
+    """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
+    (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs."""
     import datasets
 
     from .data import load_task
@@ -315,6 +316,10 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
             "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,
             "history": recipe["history"] or [{"version": recipe["release_version"], "notes": "first release"}],
             "extra_citations": recipe["extra_citations"]}
+    if efficacy is not None:
+        from .efficacy import card_markdown
+
+        meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name)
     out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0_f,
                         overwrite=overwrite, set_aside=loaded.set_aside)
     return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest)

@@ -1,0 +1,163 @@
+"""The efficacy harness (benchmarks/efficacy.py): units, resumability, pending rows, the report.
+
+A tiny BERT from a config is trained on a few dozen SNLI rows and scored on a few rows of two sets, so
+the harness's bookkeeping is tested end to end without the real model.
+"""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from benchmarks import efficacy
+from debiased_nli.cli import build_parser
+from test_training import make_tiny_bert
+
+N_TRAIN = 48
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, shared_data):
+    tmp = tmp_path_factory.mktemp("efficacy")
+    train = pd.read_parquet(shared_data / "snli" / "train_sample.parquet").head(N_TRAIN)
+    train.to_parquet(tmp / "train.parquet")
+    dev = pd.read_parquet(shared_data / "snli" / "dev.parquet").head(40)
+    dev.to_parquet(tmp / "dev.parquet")
+    texts = list(train.premise) + list(train.hypothesis) + list(dev.premise) + list(dev.hypothesis)
+    texts += list(pd.read_parquet(shared_data / "anli" / "test.parquet").head(300).premise)
+    model = make_tiny_bert(tmp / "encoder", texts)
+    recipe = yaml.safe_load((efficacy.ROOT / "builders" / "snli.yaml").read_text())
+    recipe["z_filter"]["batch_size"] = 8  # with the recipe's 1,000 the first batch (all 48 rows) is kept whole
+    (tmp / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    plan = {
+        "task": "snli", "model": str(model), "seeds": [0, 1], "runs_dir": str(tmp / "runs"),
+        "results_dir": str(tmp / "results" / "efficacy"), "reference": "original",
+        "train": {"learning_rate": 1e-3, "batch_size": 16, "max_length": 48, "epochs": 1, "warmup_ratio": 0.1,
+                  "dev_files": [str(tmp / "dev.parquet")], "max_dev_rows": 20, "threads": 1},
+        "evaluate": {"sets": ["snli_test_hard", "anli"], "max_length": 48, "batch_size": 16, "max_tokens": 256,
+                     "max_examples": 24, "threads": 1},
+        "releases": {"small": {"recipe": str(tmp / "recipe.yaml"), "data_files": [f"train={tmp / 'train.parquet'}"]},
+                     "generated": {"recipe": str(tmp / "recipe.yaml"), "data_files": [f"train={tmp / 'train.parquet'}"],
+                                   "new_rows": [str(tmp / "no-such-generator-run" / "kept.parquet")]}},
+        "rows": [
+            {"name": "original", "data": {"files": [str(tmp / "train.parquet")]}},
+            {"name": "z_filtered", "data": {"release": "small", "config": "z_filtered"}},
+            {"name": "random_control", "data": {"random_subset_of": "original", "size_of": "z_filtered", "seed": 0}},
+            {"name": "held", "data": {"files": [str(tmp / "train.parquet")]}, "poe": {"beta": 1.0, "gamma": 1.0},
+             "hold": "waiting for a fix"},
+            {"name": "aflite", "data": {"release_dir": str(tmp / "releases" / "aflite-snli"), "config": "aflite"}},
+            {"name": "seq_z", "data": {"release": "generated", "config": "seq_z"}},
+        ],
+    }
+    path = tmp / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    p = efficacy.load_plan(path)
+    states = efficacy.run(p, progress=False)
+    return p, states
+
+
+def test_every_unit_is_trained_scored_and_written_once(setup):
+    plan, states = setup
+    by = {(s["row"], s["seed"]): s for s in states}
+    for row in ("original", "z_filtered", "random_control"):
+        for seed in (0, 1):
+            assert by[(row, seed)]["state"] == "done"
+            unit = json.loads(plan.unit_file(row, seed).read_text())
+            assert unit["row"] == row and unit["seed"] == seed
+            assert set(unit["sets"]) == {"snli_test_hard", "anli"}
+            assert all(0.0 <= v["accuracy"] <= 1.0 and v["n"] == 24 for v in unit["sets"].values())
+            assert unit["train"]["rows"] == unit["data"]["rows"] > 0
+            assert unit["train"]["seconds"] > 0 and unit["evaluation"]["examples_per_second"] > 0
+            assert unit["train"]["git"] and unit["evaluation"]["git"]  # the commit each stage ran at
+            assert unit["data"]["command"]
+    assert not list(plan.results_dir.glob(".*tmp*"))  # written atomically: no partial files left
+
+
+def test_pending_rows_are_reported_with_their_reason_not_dropped(setup):
+    plan, states = setup
+    reasons = {s["row"]: s["reason"] for s in states if s["state"] == "pending"}
+    assert set(reasons) == {"held", "aflite", "seq_z"}
+    assert "waiting for a fix" in reasons["held"]
+    assert "aflite-snli does not exist yet" in reasons["aflite"]
+    assert "no-such-generator-run" in reasons["seq_z"] and "not on disk" in reasons["seq_z"]
+    table = efficacy.report(plan)
+    assert set(table["rows"]) == {r["name"] for r in plan.rows}
+    md = plan.results_dir.with_suffix(".md").read_text()
+    for row in ("held", "aflite", "seq_z"):
+        assert f"| `{row}` | pending |" in md
+    assert "waiting for a fix" in md and plan.results_dir.with_suffix(".png").exists()
+
+
+def test_a_second_run_skips_finished_units(setup, monkeypatch):
+    plan, _ = setup
+    before = {p: p.stat().st_mtime_ns for p in plan.results_dir.glob("*.json")}
+
+    def fail(*a, **k):
+        raise AssertionError("a finished unit was run again")
+
+    monkeypatch.setattr("debiased_nli.training.train_classifier", fail)
+    monkeypatch.setattr("debiased_nli.evaluation.evaluate_models", fail)
+    efficacy.run(plan, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in plan.results_dir.glob("*.json")} == before
+
+
+def test_an_interrupted_unit_continues_from_its_trained_model(setup, monkeypatch):
+    plan, _ = setup
+    unit = plan.unit_file("original", 1)
+    old = json.loads(unit.read_text())
+    unit.unlink()  # as if the run stopped after training, before the evaluation was written
+    monkeypatch.setattr("debiased_nli.training.train_classifier",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
+    efficacy.run(plan, rows=["original"], progress=False)
+    new = json.loads(unit.read_text())
+    assert new["train"] == old["train"]
+    assert new["sets"]["anli"]["accuracy"] == old["sets"]["anli"]["accuracy"]  # the same model, the same rows
+
+
+def test_the_random_control_has_z_filtereds_size_and_the_recorded_command_trains_on_it(setup):
+    plan, _ = setup
+    zf = json.loads(plan.unit_file("z_filtered", 0).read_text())
+    rc = json.loads(plan.unit_file("random_control", 0).read_text())
+    assert rc["train"]["rows"] == zf["train"]["rows"] < N_TRAIN
+    args = build_parser().parse_args(__import__("shlex").split(rc["train"]["command"])[1:])
+    assert args.max_train_rows == zf["train"]["rows"] and args.data_seed == 0
+    assert args.lr == plan.train["learning_rate"] and args.epochs == plan.train["epochs"] and args.seed == 0
+    args = build_parser().parse_args(__import__("shlex").split(zf["train"]["command"])[1:])
+    assert args.config == "z_filtered" and args.release.endswith("releases/small")
+
+
+def test_the_table_is_mean_and_std_over_seeds(setup):
+    plan, _ = setup
+    table = efficacy.summarise(plan)
+    runs = [json.loads(plan.unit_file("original", s).read_text())["sets"]["anli"]["accuracy"] for s in (0, 1)]
+    cell = table["rows"]["original"]["sets"]["anli"]
+    assert cell["mean"] == pytest.approx(sum(runs) / 2)
+    assert cell["std"] == pytest.approx(abs(runs[0] - runs[1]) / 2 ** 0.5)
+    assert set(table["verdict"]) == {"z_filtered", "random_control"}
+
+
+def test_compare_calls_a_difference_only_beyond_two_standard_errors():
+    ref = {"mean": 0.50, "std": 0.01, "n_seeds": 3}
+    assert efficacy.compare({"mean": 0.60, "std": 0.01, "n_seeds": 3}, ref)[2] == "helps"
+    assert efficacy.compare({"mean": 0.40, "std": 0.01, "n_seeds": 3}, ref)[2] == "hurts"
+    assert efficacy.compare({"mean": 0.505, "std": 0.01, "n_seeds": 3}, ref)[2] == "no clear change"
+    assert efficacy.compare({"mean": 0.60, "std": None, "n_seeds": 1}, ref)[2] == "one seed"
+
+
+def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
+    from debiased_nli.recipe import build
+
+    plan, _ = setup
+    efficacy.report(plan)
+    table_json = plan.results_dir.with_suffix(".json")
+    build(plan.path.parent / "recipe.yaml", tmp_path / "release", data_files=[f"train={plan.path.parent / 'train.parquet'}"],
+          progress=False, efficacy=table_json)
+    card = (tmp_path / "release" / "README.md").read_text()
+    section = card.split("## Does training on it help? (measured)", 1)[1].split("\n## ", 1)[0]
+    table = json.loads(table_json.read_text())
+    zf, ref = table["rows"]["z_filtered"]["sets"]["anli"], table["rows"]["original"]["sets"]["anli"]
+    assert "| `original` |" in section and "| `z_filtered` |" in section
+    assert f"{100 * zf['mean']:.1f} ± {100 * zf['std']:.1f} ({100 * (zf['mean'] - ref['mean']):+.1f})" in section
+    assert "| `aflite` |" not in section  # the release has no aflite config
