@@ -161,3 +161,36 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
     assert "| `original` |" in section and "| `z_filtered` |" in section
     assert f"{100 * zf['mean']:.1f} ± {100 * zf['std']:.1f} ({100 * (zf['mean'] - ref['mean']):+.1f})" in section
     assert "| `aflite` |" not in section  # the release has no aflite config
+
+
+# ------------------------------------------------------------------ evaluation batching (evaluation.py)
+
+def test_length_batches_cover_every_row_once_within_the_row_and_token_budgets():
+    import numpy as np
+
+    from debiased_nli.evaluation import length_batches
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 120, size=1000)
+    batches = length_batches(lengths, batch_size=64, max_tokens=1024)
+    order = np.concatenate(batches)
+    assert sorted(order.tolist()) == list(range(1000))
+    assert all(np.diff(lengths[order]) >= 0)  # sorted by length: each batch pads to similar rows
+    for b in batches:
+        assert len(b) <= 64 and (len(b) == 1 or len(b) * lengths[b].max() <= 1024)
+    assert len(length_batches(lengths, 64)) == 16  # no token budget: rows only
+
+
+def test_predictions_do_not_depend_on_the_batching(setup, shared_data):
+    import numpy as np
+
+    from debiased_nli.evaluation import load_classifier, predict_probabilities
+
+    plan, _ = setup
+    clf = load_classifier(str(plan.model_dir("original", 0)), "cpu")
+    df = pd.read_parquet(shared_data / "anli" / "test.parquet").head(40)
+    prem, hyp = list(df.premise), list(df.hypothesis)
+    one = predict_probabilities(clf, prem, hyp, batch_size=1, max_length=48, progress=False)
+    many = predict_probabilities(clf, prem, hyp, batch_size=32, max_length=48, max_tokens=600, progress=False)
+    np.testing.assert_allclose(many, one, atol=1e-5)  # dynamic padding is masked out
+    assert np.allclose(one.sum(axis=1), 1.0)
