@@ -71,6 +71,18 @@ def _path(value: str | os.PathLike, base: Path = ROOT) -> Path:
     return p if p.is_absolute() else (base / p).resolve()
 
 
+def show(p: str | os.PathLike) -> str:
+    """A path as the commands in this project write it: relative to the repository, or ``../shared/...``."""
+    p = Path(p)
+    shared = (ROOT.parent / "shared").resolve()
+    for base, prefix in ((ROOT, ""), (shared, "../shared/")):
+        try:
+            return prefix + str(p.relative_to(base))
+        except ValueError:
+            continue
+    return str(p)
+
+
 def _split_file(item: str) -> tuple[str, str]:
     split, sep, path = item.partition("=")
     return (split, path) if sep else ("train", item)
@@ -199,10 +211,11 @@ def _release_inputs(plan: Plan, name: str) -> tuple[list[str], list[str]]:
 
 def build_command(plan: Plan, name: str) -> list[str]:
     files, new_rows = _release_inputs(plan, name)
-    cmd = ["debiased-nli", "build", str(_path(plan.releases[name]["recipe"])), "--data-files", *files]
+    files = [f"{s}={show(p)}" for s, p in map(_split_file, files)]
+    cmd = ["debiased-nli", "build", show(_path(plan.releases[name]["recipe"])), "--data-files", *files]
     if new_rows:
-        cmd += ["--new-rows", *new_rows]
-    return cmd + ["--out", str(release_dir(plan, name))]
+        cmd += ["--new-rows", *map(show, new_rows)]
+    return cmd + ["--out", show(release_dir(plan, name))]
 
 
 def build_release(plan: Plan, name: str, lock: str | None, progress: bool = True) -> Path:
@@ -252,8 +265,8 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         if missing:
             raise Pending(f"training file(s) not on disk: {missing}")
         ds = load_training_split(get_task(plan.task), data_files={"train": [str(p) for p in paths]})
-        info = {"kind": "files", "files": [str(p) for p in paths], "command": "the file(s) as they are: "
-                + " ".join(str(p) for p in paths)}
+        info = {"kind": "files", "files": [show(p) for p in paths], "command": "the file(s) as they are: "
+                + " ".join(show(p) for p in paths)}
     elif "release" in d:
         name = d["release"]
         folder = release_dir(plan, name)
@@ -266,7 +279,7 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         if d["config"] not in rec["configs"]:
             raise Pending(f"release {name!r} has no config {d['config']!r} (it has {sorted(rec['configs'])})")
         ds = _load_release(plan, folder, d["config"])
-        info = {"kind": "release", "release": str(folder), "config": d["config"], "command": rec["command"],
+        info = {"kind": "release", "release": show(folder), "config": d["config"], "command": rec["command"],
                 "built_at_commit": rec["git"]}
     elif "release_dir" in d:
         folder = _path(d["release_dir"])
@@ -280,8 +293,8 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         if (folder / "manifest.json").exists():
             manifest = json.loads((folder / "manifest.json").read_text())
         ds = _load_release(plan, folder, d["config"])
-        info = {"kind": "release_dir", "release": str(folder), "config": d["config"],
-                "command": manifest.get("command") or f"the release folder {folder} (see its manifest.json)",
+        info = {"kind": "release_dir", "release": show(folder), "config": d["config"],
+                "command": manifest.get("command") or f"the release folder {show(folder)} (see its manifest.json)",
                 "release_git": manifest.get("git") or manifest.get("versions", {}).get("git"),
                 "release_versions": manifest.get("versions")}
     elif "random_subset_of" in d:
@@ -346,7 +359,8 @@ def train_cli(cfg, data: RowData, dev_files: list[str], task: str) -> str:
     else:
         src = (["--release", info["release"], "--config", info["config"]] if "config" in info
                else ["--data-files", *[f"train={f}" for f in info["files"]]])
-    cmd = ["debiased-nli", "train", task, *src, "--dev-files", *dev_files, "--model", cfg.model, "--out", cfg.output_dir,
+    cmd = ["debiased-nli", "train", task, *src, "--dev-files", *dev_files, "--model", show(cfg.model),
+           "--out", show(cfg.output_dir),
            "--lr", str(cfg.learning_rate), "--batch-size", str(cfg.batch_size), "--max-length", str(cfg.max_length),
            "--epochs", str(cfg.epochs), "--warmup-ratio", str(cfg.warmup_ratio), "--seed", str(cfg.seed),
            *([] if info["kind"] == "random_subset" else ["--data-seed", str(cfg.data_seed)])]
@@ -370,6 +384,7 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
         return json.loads(rec_path.read_text())
     cfg = train_config(plan, row, seed, progress)
     dev_files = [str(_path(p)) for p in plan.train["dev_files"]]
+    shown = [show(p) for p in dev_files]
     with heavy_lock(lock, f"train {row['name']} seed {seed}"):
         dev = load_training_split(get_task(plan.task), data_files={"validation": dev_files}, split="validation")
         commit = _git()
@@ -377,7 +392,7 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
         t0, c0 = time.perf_counter(), time.process_time()
         res = train_classifier(cfg, plan.task, data.dataset, dev)
         record = {"row": row["name"], "seed": seed, "git": commit, "config": cfg.to_dict(),
-                  "command": train_cli(cfg, data, dev_files, plan.task), "data": data.info,
+                  "command": train_cli(cfg, data, shown, plan.task), "data": data.info,
                   "result": res.to_dict(), "seconds": round(time.perf_counter() - t0, 1),
                   "cpu_seconds": round(time.process_time() - c0, 1),
                   "epoch_dev_accuracy": _epoch_history(out, res.best_checkpoint),
@@ -446,7 +461,7 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
         "evaluation": {"git": commit, "config": dataclasses.asdict(cfg), "seconds": round(seconds, 1),
                        "cpu_seconds": round(cpu, 1), "rows": n_rows,
                        "examples_per_second": round(n_rows / max(seconds, 1e-9), 1),
-                       "command": shlex.join(["debiased-nli", "evaluate", "--model", model, "--sets", *plan.evaluate["sets"],
+                       "command": shlex.join(["debiased-nli", "evaluate", "--model", show(model), "--sets", *plan.evaluate["sets"],
                                               "--max-length", str(cfg.max_length), "--batch-size", str(cfg.batch_size)]
                                              + (["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else [])
                                              + (["--max-examples", str(cfg.max_examples)] if cfg.max_examples else [])
@@ -552,7 +567,8 @@ def summarise(plan: Plan) -> dict:
         entry: dict[str, Any] = {"description": row.get("description", ""), "seeds_done": [u["seed"] for u in us],
                                  "seeds_planned": plan.seeds, "data": row["data"], "poe": row.get("poe"),
                                  "states": {s["seed"]: s["state"] for s in st},
-                                 "pending_reason": next((s["reason"] for s in st if s["reason"]), None)}
+                                 "pending_reason": next((s["reason"] for s in st if s["state"] == "pending"), None),
+                                 "todo_note": next((s["reason"] for s in st if s["state"] == "todo" and s["reason"]), None)}
         if us:
             entry["train_rows"] = us[0]["train"]["rows"]
             entry["data_command"] = us[0]["data"]["command"]
@@ -651,11 +667,13 @@ def verdict_paragraph(table: dict) -> str:
         if same:
             parts.append(f"no clear change on {fmt(same)}")
         lines.append(f"- **{name}** vs {ref}: " + "; ".join(parts) + ".")
-    pending = [f"`{n}`" for n, e in table["rows"].items() if not e.get("sets")]
+    pending = [f"`{n}`" for n, e in table["rows"].items() if not e.get("sets") and e["pending_reason"]]
+    todo = [f"`{n}`" for n, e in table["rows"].items() if not e.get("sets") and not e["pending_reason"]]
     head = (f"Finished rows: {', '.join(f'`{n}`' for n in finished) or 'none'}. A method *helps* (or *hurts*) on a "
             f"set when its mean differs from `{ref}`'s by more than twice the standard error of the difference "
             f"and at least one point; differences in points.")
-    tail = f"Pending (no finished unit yet): {', '.join(pending)}." if pending else ""
+    tail = " ".join(([f"Not run yet: {', '.join(todo)}."] if todo else [])
+                    + ([f"Pending (their data does not exist yet; reasons below): {', '.join(pending)}."] if pending else []))
     return "\n".join([head, ""] + lines + ([""] + [tail] if tail else []))
 
 
@@ -686,7 +704,8 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         if e.get("sets"):
             L.append(f"| `{name}` | {e['train_rows']:,} | " + " | ".join(_cell(e["sets"].get(s)) for s in sets) + " |")
         else:
-            L.append(f"| `{name}` | pending | " + " | ".join("–" for _ in sets) + " |")
+            L.append(f"| `{name}` | {'pending' if e['pending_reason'] else 'not run yet'} | "
+                     + " | ".join("–" for _ in sets) + " |")
     if ref.get("sets"):
         L += ["", f"### Difference from `{table['reference']}` (points; * = more than 2 standard errors and 1 point)", "",
               "| row | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
@@ -712,7 +731,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
           "|---|---|---:|---:|---:|---:|---:|---|"]
     for name, e in table["rows"].items():
         done = len(e["seeds_done"])
-        status = f"{done}/{len(e['seeds_planned'])} seeds" + (f"; pending: {e['pending_reason']}" if e["pending_reason"] else "")
+        status = f"{done}/{len(e['seeds_planned'])} seeds" + ("; pending" if e["pending_reason"] else "")
         if e.get("sets"):
             L.append(f"| `{name}` | {status} | {e['train_rows']:,} | {e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
                      f"{e['eval_seconds']:.0f} | {e['eval_examples_per_second']:.0f} | {100 * e['dev_accuracy_selection']:.1f} | "
@@ -721,8 +740,13 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
             L.append(f"| `{name}` | {status} | – | – | – | – | – | – |")
     L += ["", "How each row's data was built:", ""]
     for name, e in table["rows"].items():
-        L.append(f"- `{name}` ({e['description']}): " + (f"`{e['data_command']}`" if e.get("data_command")
-                                                        else f"pending: {e['pending_reason'] or 'not run yet'}"))
+        if e.get("data_command"):
+            how = f"`{e['data_command']}`"
+        elif e["pending_reason"]:
+            how = f"**pending**: {e['pending_reason']}"
+        else:
+            how = "not run yet" + (f" ({e['todo_note']})" if e.get("todo_note") else "")
+        L.append(f"- `{name}` ({e['description']}): {how}")
     L += ["", "Times are wall-clock on a 2-core machine shared with other work (CPU seconds beside them); the exact "
           "`debiased-nli train` / `evaluate` commands of each unit are in its result file.", ""]
     path.write_text("\n".join(L))
