@@ -289,13 +289,19 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         configs = sorted(p.name for p in (folder / "data").iterdir() if p.is_dir()) if (folder / "data").is_dir() else []
         if d["config"] not in configs:
             raise Pending(f"release {folder} has no config {d['config']!r} (it has {configs}){owner}")
-        manifest = {}
+        manifest, digest = {}, None
         if (folder / "manifest.json").exists():
-            manifest = json.loads((folder / "manifest.json").read_text())
+            import hashlib
+
+            text = (folder / "manifest.json").read_bytes()
+            manifest, digest = json.loads(text), hashlib.sha256(text).hexdigest()
         ds = _load_release(plan, folder, d["config"])
         info = {"kind": "release_dir", "release": show(folder), "config": d["config"],
-                "command": manifest.get("command") or f"the release folder {show(folder)} (see its manifest.json)",
-                "release_git": manifest.get("git") or manifest.get("versions", {}).get("git"),
+                "command": d.get("command") or manifest.get("command")
+                or f"the release folder {show(folder)} (its manifest.json records the recipe and every stage)",
+                "release_manifest_sha256": digest, "release_git": manifest.get("git"),
+                "release_stages": [{"stage": st.get("stage"), "counts": st.get("counts")}
+                                   for st in manifest.get("stages", [])],
                 "release_versions": manifest.get("versions")}
     elif "random_subset_of" in d:
         base = resolve_row(plan, plan.row(d["random_subset_of"]), build=build, lock=lock, _cache=cache)
@@ -317,20 +323,21 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
 # ------------------------------------------------------------------------------------------ training
 
 def poe_settings(row: dict) -> dict | None:
-    """``{beta, gamma}`` of a PoE row: explicit values, or a named preset of ``debiased_nli.training``."""
+    """``{beta, gamma, bias_model}`` of a PoE row: explicit values, or a preset of Wu et al.'s Table 10
+    (``debiased_nli.training.poe_preset``, with the table's words as its source)."""
     poe = row.get("poe")
     if not poe:
         return None
+    out = {"bias_model": str(poe.get("bias_model", "tfidf"))}
     if "preset" in poe:
         import debiased_nli.training as training
 
-        presets = getattr(training, "POE_PRESETS", None)
-        if not presets or poe["preset"] not in presets:
-            raise SystemExit(f"row {row['name']!r}: PoE preset {poe['preset']!r} is not in "
-                             f"debiased_nli.training.POE_PRESETS ({sorted(presets or [])}); give beta and gamma")
-        values = dict(presets[poe["preset"]])
-        return {"beta": float(values["beta"]), "gamma": float(values["gamma"]), "preset": poe["preset"]}
-    return {"beta": float(poe["beta"]), "gamma": float(poe["gamma"])}
+        if not hasattr(training, "poe_preset"):
+            raise SystemExit(f"row {row['name']!r}: PoE preset {poe['preset']!r} needs "
+                             f"debiased_nli.training.poe_preset (not in this checkout); give beta and gamma")
+        beta, gamma, source = training.poe_preset(poe["preset"])
+        return out | {"beta": float(beta), "gamma": float(gamma), "preset": poe["preset"], "source": source}
+    return out | {"beta": float(poe["beta"]), "gamma": float(poe["gamma"])}
 
 
 def train_config(plan: Plan, row: dict, seed: int, progress: bool = True):
@@ -345,6 +352,7 @@ def train_config(plan: Plan, row: dict, seed: int, progress: bool = True):
                        data_seed=int(t.get("data_seed", 0)), max_dev_rows=t.get("max_dev_rows"),
                        early_stopping_patience=int(t.get("patience", 3)), poe=poe is not None,
                        poe_beta=poe["beta"] if poe else 1.0, poe_gamma=poe["gamma"] if poe else 1.0,
+                       bias_model=poe["bias_model"] if poe else "tfidf",
                        num_threads=t.get("threads"), progress=progress)
 
 
@@ -367,7 +375,7 @@ def train_cli(cfg, data: RowData, dev_files: list[str], task: str) -> str:
     if cfg.max_dev_rows:
         cmd += ["--max-dev-rows", str(cfg.max_dev_rows)]
     if cfg.poe:
-        cmd += ["--poe", "--poe-beta", str(cfg.poe_beta), "--poe-gamma", str(cfg.poe_gamma)]
+        cmd += ["--poe", "--poe-beta", str(cfg.poe_beta), "--poe-gamma", str(cfg.poe_gamma), "--bias-model", cfg.bias_model]
     if cfg.num_threads:
         cmd += ["--threads", str(cfg.num_threads)]
     return shlex.join(cmd)
