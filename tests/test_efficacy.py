@@ -194,3 +194,14 @@ def test_predictions_do_not_depend_on_the_batching(setup, shared_data):
     many = predict_probabilities(clf, prem, hyp, batch_size=32, max_length=48, max_tokens=600, progress=False)
     np.testing.assert_allclose(many, one, atol=1e-5)  # dynamic padding is masked out
     assert np.allclose(one.sum(axis=1), 1.0)
+
+
+def test_a_release_of_another_branch_is_read_when_it_appears(setup):
+    plan, _ = setup
+    folder = efficacy.release_dir(plan, "small")  # stands in for e.g. /work/releases/aflite-snli
+    row = {"name": "other", "data": {"release_dir": str(folder), "config": "z_filtered"}}
+    data = efficacy.resolve_row(plan, row)
+    zf = json.loads(plan.unit_file("z_filtered", 0).read_text())
+    assert data.info["rows"] == zf["train"]["rows"] and len(data.info["release_manifest_sha256"]) == 64
+    with pytest.raises(efficacy.Pending, match=r"has no config 'aflite' \(it has \['z_filtered'\]\)"):
+        efficacy.resolve_row(plan, {"name": "x", "data": {"release_dir": str(folder), "config": "aflite"}})
