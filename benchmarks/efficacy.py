@@ -151,21 +151,84 @@ def load_plan(path: str | os.PathLike = DEFAULT_PLAN, *, runs_dir: str | None = 
 
 @contextlib.contextmanager
 def heavy_lock(path: str | None, what: str):
-    """Hold ``flock(path)`` for one stage (the project's heavy lock), so other work interleaves."""
-    if not path:
+    """Hold ``flock(path)`` for one short stage (the project's heavy lock)."""
+    with LockTurns(path, None, what) as turns:
+        turns.step()
         yield
-        return
-    import fcntl
 
-    with open(path, "a") as fh:
-        log(f"{what}: waiting for {path}")
-        t0 = time.time()
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        log(f"{what}: lock acquired after {time.time() - t0:.0f}s")
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+
+class LockTurns:
+    """The heavy lock held across the steps of one stage, given up between steps once it has been held
+    for ``budget_s`` (the project's rule: at most ~20 minutes at a time), so other work interleaves
+    on a shared machine; the stage then queues for it again. ``path=None``: no locking."""
+
+    pause_s = 10.0
+
+    def __init__(self, path: str | None, budget_s: float | None, what: str):
+        self.path, self.budget, self.what = path, budget_s, what
+        self.fh, self.since, self.turns = None, None, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def held_for(self) -> float:
+        return 0.0 if self.since is None else time.monotonic() - self.since
+
+    def remaining(self) -> float | None:
+        return None if self.budget is None else max(0.0, self.budget - self.held_for())
+
+    def step(self) -> None:
+        """Before a step: take the lock, or give it up and queue again if this turn is over."""
+        if not self.path:
+            return
+        if self.fh is not None and self.budget is not None and self.held_for() >= self.budget:
+            self.release()
+            time.sleep(self.pause_s)  # let a waiting process take it before we queue again
+        if self.fh is None:
+            import fcntl
+
+            self.fh = open(self.path, "a")
+            log(f"{self.what}: waiting for {self.path}")
+            t0 = time.time()
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+            self.since, self.turns = time.monotonic(), self.turns + 1
+            log(f"{self.what}: lock acquired after {time.time() - t0:.0f}s (turn {self.turns})")
+
+    def release(self) -> None:
+        if self.fh is not None:
+            import fcntl
+
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
+            self.fh.close()
+            self.fh, self.since = None, None
+            log(f"{self.what}: lock released")
+
+
+def _budget(plan: "Plan") -> float:
+    return 60.0 * float(plan.raw.get("lock_budget_minutes", 18))
+
+
+def _stop_at_deadline_callback(seconds: float | None):
+    """A ``TrainerCallback`` that checkpoints and stops training once ``seconds`` have passed; the next
+    ``train_classifier`` call resumes from that checkpoint (optimizer, schedule, RNG and data order)."""
+    from transformers import TrainerCallback
+
+    class StopAtDeadline(TrainerCallback):
+        def __init__(self):
+            self.deadline = None if seconds is None else time.monotonic() + seconds
+            self.stopped = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.deadline is not None and time.monotonic() >= self.deadline and state.global_step < state.max_steps:
+                control.should_save = True
+                control.should_training_stop = True
+                self.stopped = True
+            return control
+
+    return StopAtDeadline()
 
 
 def _git() -> str | None:
@@ -382,7 +445,10 @@ def train_cli(cfg, data: RowData, dev_files: list[str], task: str) -> str:
 
 
 def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None, progress: bool = True) -> dict:
-    """Train one (row, seed) unless its model folder already has the record; returns the record."""
+    """Train one (row, seed) unless its model folder already has the record; returns the record.
+
+    Training runs in turns of the heavy lock: when a turn is over the Trainer checkpoints and stops, the
+    lock is given up, and the next turn resumes from the checkpoint; wall and CPU time are summed."""
     from debiased_nli.tasks import get_task
     from debiased_nli.training import load_training_split, train_classifier
 
@@ -393,23 +459,37 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
     cfg = train_config(plan, row, seed, progress)
     dev_files = [str(_path(p)) for p in plan.train["dev_files"]]
     shown = [show(p) for p in dev_files]
-    with heavy_lock(lock, f"train {row['name']} seed {seed}"):
-        dev = load_training_split(get_task(plan.task), data_files={"validation": dev_files}, split="validation")
-        commit = _git()
-        log(f"train {row['name']} seed {seed}: {len(data.dataset):,} rows at {commit}")
-        t0, c0 = time.perf_counter(), time.process_time()
-        res = train_classifier(cfg, plan.task, data.dataset, dev)
+    dev = load_training_split(get_task(plan.task), data_files={"validation": dev_files}, split="validation")
+    sessions_path = out / "efficacy_train_sessions.json"
+    sessions = json.loads(sessions_path.read_text()) if sessions_path.exists() else []
+    what = f"train {row['name']} seed {seed}"
+    with LockTurns(lock, _budget(plan) if lock else None, what) as turns:
+        while True:
+            turns.step()
+            commit = _git()
+            log(f"{what}: {len(data.dataset):,} rows at {commit}, session {len(sessions) + 1}")
+            cb = _stop_at_deadline_callback(turns.remaining())
+            t0, c0 = time.perf_counter(), time.process_time()
+            res = train_classifier(cfg, plan.task, data.dataset, dev, callbacks=[cb])
+            sessions.append({"git": commit, "seconds": round(time.perf_counter() - t0, 1),
+                             "cpu_seconds": round(time.process_time() - c0, 1), "stopped_for_the_lock": cb.stopped,
+                             "resumed_from": res.resumed_from})
+            write_json_atomic(sessions_path, sessions)
+            if not cb.stopped:
+                break
+            log(f"{what}: checkpointed after {sessions[-1]['seconds']:.0f}s; resuming in the next turn")
         record = {"row": row["name"], "seed": seed, "git": commit, "config": cfg.to_dict(),
                   "command": train_cli(cfg, data, shown, plan.task), "data": data.info,
-                  "result": res.to_dict(), "seconds": round(time.perf_counter() - t0, 1),
-                  "cpu_seconds": round(time.process_time() - c0, 1),
+                  "result": res.to_dict(), "seconds": round(sum(x["seconds"] for x in sessions), 1),
+                  "cpu_seconds": round(sum(x["cpu_seconds"] for x in sessions), 1), "sessions": sessions,
+                  "commits": sorted({x["git"] or "?" for x in sessions}),
                   "epoch_dev_accuracy": _epoch_history(out, res.best_checkpoint),
                   "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         for ck in out.glob("checkpoint-*"):  # the best model is saved in `out`; checkpoints are only for resuming
             shutil.rmtree(ck, ignore_errors=True)
         write_json_atomic(rec_path, record)
-    log(f"trained {row['name']} seed {seed} in {record['seconds']:.0f}s: dev accuracy "
-        f"{res.dev_accuracy} ({res.dev_rows} rows)")
+    log(f"trained {row['name']} seed {seed} in {record['seconds']:.0f}s ({len(sessions)} session(s)): "
+        f"dev accuracy {res.dev_accuracy} ({res.dev_rows} rows)")
     return record
 
 
@@ -434,46 +514,94 @@ def eval_config(plan: Plan, progress: bool = True):
                       data_root=str(_path(e["data_root"])) if e.get("data_root") else None, progress=progress)
 
 
+EVAL_CHUNK_ROWS = 5000
+
+
 def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: str | None, progress: bool = True) -> dict:
+    """Score the unit's model on every set (full sets unless the plan says ``max_examples``).
+
+    The same steps as ``debiased-nli evaluate`` (:func:`debiased_nli.evaluation.evaluate_models`): the
+    model's probabilities (:func:`predict_probabilities`), mapped onto each set's labels
+    (:func:`set_predictions`) and scored with the ``challenge_accuracy`` metric (:func:`score_predictions`);
+    here the probabilities are computed in chunks of at most 5,000 rows, each cached in the model folder,
+    so the stage can give up the lock between chunks and an interrupted evaluation continues."""
+    import numpy as np
     import torch
 
-    from debiased_nli.challenge import resolve_sets
-    from debiased_nli.evaluation import evaluate_models
+    from debiased_nli.challenge import load_challenge_set, load_metric, resolve_sets
+    from debiased_nli.evaluation import (load_classifier, predict_probabilities, sample_rows, score_predictions,
+                                         set_predictions)
     from debiased_nli.provenance import library_versions
 
     path = plan.unit_file(row["name"], seed)
     model = str(plan.model_dir(row["name"], seed))
+    cache = plan.model_dir(row["name"], seed) / "eval_cache"
+    cache.mkdir(parents=True, exist_ok=True)
     cfg = eval_config(plan, progress)
     sets = resolve_sets(sets=plan.evaluate["sets"])
-    with heavy_lock(lock, f"evaluate {row['name']} seed {seed}"):
-        if plan.evaluate.get("threads"):
-            torch.set_num_threads(int(plan.evaluate["threads"]))
-        commit = _git()
-        t0, c0 = time.perf_counter(), time.process_time()
-        res = evaluate_models([model], sets, cfg)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    per_set = {}
-    for name, entry in res["sets"].items():
-        run = entry["runs"][0]
-        per_set[name] = {"accuracy": run["accuracy"], "n": entry["n"], "n_total": entry["n_total"],
-                         "subsampled": entry["subsampled"], "breakdowns": run.get("breakdowns") or {},
-                         "seconds": res["models"][0]["eval_seconds"][name]}
+    metric = load_metric()
+    per_set, commits = {}, set()
+    what = f"evaluate {row['name']} seed {seed}"
+    clf = None
+    with LockTurns(lock, _budget(plan) if lock else None, what) as turns:
+        for spec in sets:
+            full = load_challenge_set(spec, cfg.data_root)
+            ds = sample_rows(full, cfg.max_examples, cfg.sample_seed)
+            prem, hyp = ds["premise"], ds["hypothesis"]
+            parts, seconds, cpu = [], 0.0, 0.0
+            for k, start in enumerate(range(0, len(ds), EVAL_CHUNK_ROWS)):
+                f = cache / f"{spec.name}-{len(ds)}-{k:03d}.npz"
+                if not f.exists():
+                    turns.step()
+                    if clf is None:
+                        if plan.evaluate.get("threads"):
+                            torch.set_num_threads(int(plan.evaluate["threads"]))
+                        clf = load_classifier(model, cfg.device)
+                    stop = min(start + EVAL_CHUNK_ROWS, len(ds))
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    probs = predict_probabilities(clf, prem[start:stop], hyp[start:stop], batch_size=cfg.batch_size,
+                                                  max_length=cfg.max_length, max_tokens=cfg.max_tokens,
+                                                  desc=f"{row['name']}-s{seed} / {spec.name} [{k}]", progress=progress)
+                    tmp = f.with_name(f".{f.name}.tmp.npz")
+                    np.savez(tmp, probs=probs, seconds=time.perf_counter() - t0, cpu=time.process_time() - c0,
+                             git=str(_git()))
+                    os.replace(tmp, f)
+                with np.load(f) as z:
+                    parts.append(z["probs"])
+                    seconds += float(z["seconds"])
+                    cpu += float(z["cpu"])
+                    commits.add(str(z["git"]))
+            if clf is None:
+                from transformers import AutoConfig
+
+                id2label = {int(i): str(l) for i, l in (AutoConfig.from_pretrained(model).id2label or {}).items()}
+            else:
+                id2label = clf.id2label
+            probs = np.concatenate(parts) if parts else np.zeros((0, len(id2label)), np.float32)
+            pred, _ = set_predictions(spec, probs, id2label, model)
+            scores = score_predictions(spec, ds, pred, metric)
+            per_set[spec.name] = {"accuracy": scores["accuracy"], "n": len(ds), "n_total": len(full),
+                                  "subsampled": len(ds) < len(full), "breakdowns": scores.get("breakdowns") or {},
+                                  "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2)}
+            log(f"{what}: {spec.name} {100 * scores['accuracy']:.2f} ({len(ds):,} rows, {seconds:.0f}s)")
     n_rows = sum(v["n"] for v in per_set.values())
+    seconds = sum(v["seconds"] for v in per_set.values())
+    cpu = sum(v["cpu_seconds"] for v in per_set.values())
     unit = {
         "schema": SCHEMA, "row": row["name"], "seed": seed, "description": row.get("description", ""),
         "poe": poe_settings(row), "data": train_record["data"],
-        "train": {k: train_record[k] for k in ("git", "command", "seconds", "cpu_seconds", "epoch_dev_accuracy",
-                                               "config", "finished")}
+        "train": {k: train_record.get(k) for k in ("git", "commits", "command", "seconds", "cpu_seconds",
+                                                   "epoch_dev_accuracy", "config", "finished", "sessions")}
                  | {"rows": train_record["result"]["train_rows"], "dev_accuracy": train_record["result"]["dev_accuracy"],
                     "dev_rows": train_record["result"]["dev_rows"]},
-        "evaluation": {"git": commit, "config": dataclasses.asdict(cfg), "seconds": round(seconds, 1),
-                       "cpu_seconds": round(cpu, 1), "rows": n_rows,
+        "evaluation": {"git": sorted(commits), "config": dataclasses.asdict(cfg),
+                       "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "rows": n_rows,
                        "examples_per_second": round(n_rows / max(seconds, 1e-9), 1),
                        "command": shlex.join(["debiased-nli", "evaluate", "--model", show(model), "--sets", *plan.evaluate["sets"],
                                               "--max-length", str(cfg.max_length), "--batch-size", str(cfg.batch_size)]
                                              + (["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else [])
                                              + (["--max-examples", str(cfg.max_examples)] if cfg.max_examples else [])
-                                             + ["--out", f"<dir>"])},
+                                             + ["--out", "<dir>"])},
         "sets": per_set, "versions": library_versions(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -586,7 +714,8 @@ def summarise(plan: Plan) -> dict:
             entry["eval_seconds"] = _mean_std([u["evaluation"]["seconds"] for u in us])[0]
             entry["eval_examples_per_second"] = _mean_std([u["evaluation"]["examples_per_second"] for u in us])[0]
             entry["dev_accuracy_selection"] = _mean_std([u["train"]["dev_accuracy"] for u in us])[0]
-            entry["commits"] = sorted({u["train"]["git"] or "?" for u in us} | {u["evaluation"]["git"] or "?" for u in us})
+            entry["commits"] = sorted({c for u in us for c in (u["train"].get("commits") or [u["train"]["git"]])}
+                                      | {c for u in us for c in u["evaluation"]["git"]})
             entry["sets"] = {}
             for s in plan.evaluate["sets"]:
                 vals = [u["sets"][s]["accuracy"] for u in us if s in u["sets"]]

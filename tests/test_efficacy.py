@@ -205,3 +205,33 @@ def test_a_release_of_another_branch_is_read_when_it_appears(setup):
     assert data.info["rows"] == zf["train"]["rows"] and len(data.info["release_manifest_sha256"]) == 64
     with pytest.raises(efficacy.Pending, match=r"has no config 'aflite' \(it has \['z_filtered'\]\)"):
         efficacy.resolve_row(plan, {"name": "x", "data": {"release_dir": str(folder), "config": "aflite"}})
+
+
+def test_a_stage_gives_up_the_lock_between_turns_and_resumes(setup, tmp_path, monkeypatch):
+    import fcntl
+
+    plan, _ = setup
+    raw = dict(plan.raw, lock_budget_minutes=0, runs_dir=str(tmp_path / "runs"), results_dir=str(tmp_path / "res"),
+               seeds=[0])
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(raw))
+    p = efficacy.load_plan(tmp_path / "plan.yaml")
+    monkeypatch.setattr(efficacy.LockTurns, "pause_s", 0.0)
+    lock = tmp_path / "heavy.lock"
+    taken = []
+    real_flock = fcntl.flock
+    def flock(fh, op):  # count the heavy lock's calls (datasets' file locks use flock too)
+        if getattr(fh, "name", None) == str(lock):
+            taken.append(op)
+        return real_flock(fh, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    efficacy.run(p, rows=["original"], lock=str(lock), progress=False)
+    train = json.loads((p.model_dir("original", 0) / efficacy.TRAIN_RECORD).read_text())
+    # a budget of 0: every turn ends after one optimizer step; 48 rows in batches of 16 = 3 steps, 3 turns
+    assert [s["stopped_for_the_lock"] for s in train["sessions"]] == [True, True, False]
+    assert train["sessions"][1]["resumed_from"].endswith("checkpoint-1")
+    assert train["result"]["train_rows"] == N_TRAIN and not list(p.model_dir("original", 0).glob("checkpoint-*"))
+    # train: 3 turns; evaluate: one turn per chunk (2 sets of 24 rows); each turn takes and gives up the lock
+    assert taken.count(fcntl.LOCK_EX) == taken.count(fcntl.LOCK_UN) == 5
+    unit = json.loads(p.unit_file("original", 0).read_text())
+    assert set(unit["sets"]) == {"snli_test_hard", "anli"}
