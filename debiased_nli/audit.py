@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -136,16 +137,39 @@ def plot_zstats(zs: ZStats, threshold: float, path: "str | Path", title: str = "
 
 
 def write_audit(report: dict, out_dir: "str | Path", zs: ZStats | None = None, set_aside=None,
-                title: str | None = None) -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "audit.json", "md": out / "audit.md"}
-    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
-    paths["md"].write_text(render_audit_md(report, title))
-    if zs is not None:
-        paths["png"] = out / "zstats.png"
-        plot_zstats(zs, report["z_threshold"], paths["png"])
-    if set_aside is not None and len(set_aside):
-        paths["set_aside"] = out / "set_aside.parquet"
-        set_aside.to_parquet(str(paths["set_aside"]))
-    return paths
+                title: str | None = None, inputs: Sequence["str | Path"] = ()) -> dict[str, Path]:
+    """Write audit.json, audit.md, zstats.png (and set_aside.parquet) as one folder, atomically.
+
+    The folder is written under a temporary name and renamed into place (see :mod:`debiased_nli.outputs`),
+    so it never mixes the files of two runs; an existing ``out_dir`` is replaced only when it is empty
+    or an audit folder this tool wrote."""
+    from .outputs import (TOOL, WRITTEN_BY_KEY, check_target, clean_stale, is_audit_folder, lock_target,
+                          replace_folder, temp_folder, write_error)
+
+    out = check_target(out_dir, overwrite=True, must_be_new=False, is_ours=is_audit_folder, what="audit",
+                       inputs=inputs)
+    unlock = lock_target(out)
+    tmp = None
+    try:
+        clean_stale(out, is_audit_folder)
+        check_target(out, overwrite=True, must_be_new=False, is_ours=is_audit_folder, what="audit", inputs=inputs)
+        tmp = temp_folder(out)
+        names = {"json": "audit.json", "md": "audit.md"}
+        (tmp / names["json"]).write_text(json.dumps({**report, WRITTEN_BY_KEY: TOOL}, indent=2) + "\n")
+        (tmp / names["md"]).write_text(render_audit_md(report, title))
+        if zs is not None:
+            names["png"] = "zstats.png"
+            plot_zstats(zs, report["z_threshold"], tmp / names["png"])
+        if set_aside is not None and len(set_aside):
+            names["set_aside"] = "set_aside.parquet"
+            set_aside.to_parquet(str(tmp / names["set_aside"]))
+        replace_folder(tmp, out)
+    except BaseException as err:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise write_error(err, out) from err
+        raise
+    finally:
+        unlock()
+    return {kind: out / name for kind, name in names.items()}

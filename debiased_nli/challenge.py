@@ -1,13 +1,17 @@
 """The challenge suite: one small YAML spec per challenge set, named suites, and loading.
 
 Specs live in ``evaluation/sets/*.yaml`` and suites in ``evaluation/suites/*.yaml`` at the repository
-root (``$DEBIASED_NLI_EVALUATION`` overrides the folder). A spec says where the set is on the Hub (for
+root, shipped inside the wheel (``$DEBIASED_NLI_EVALUATION`` overrides the folder). A spec says where the set is on the Hub (for
 users) and where it is under the local data root (``local:``, relative to ``--data-root`` /
 ``$DEBIASED_NLI_DATA_ROOT``, default ``../shared/data`` next to the repository), its columns, its own
 gold labels (``labels`` + ``label_values``), the task whose label names the model must have
 (``task``), how the model's labels map onto the set's (``prediction_map``; a model label mapped to
 ``null`` is left out of the argmax, e.g. NOT ENOUGH INFO on the 2-way FEVER-Symmetric), a row filter,
 the breakdown columns, and the expected number of rows.
+
+``hub.local_copy: true`` says the local file holds exactly the rows of the Hub split, so that scores on
+it may be published under the Hub id (``evaluate --push-to``); a stand-in (the regenerated HANS, the
+quote-stripped MNLI dev-mismatched) has ``false``.
 
 HANS (McCoy et al. 2019) is 2-way: a 3-way prediction is mapped entailment -> entailment, neutral and
 contradiction -> non-entailment after the argmax, as the HANS authors do.
@@ -27,18 +31,18 @@ from .tasks import did_you_mean, get_task
 _SET_KEYS = {"name", "version", "description", "task", "labels", "label_values", "prediction_map", "columns",
              "local", "hub", "filter", "breakdowns", "expected_rows", "citation", "license", "how_to_get",
              "unlabeled_values"}
-_HUB_KEYS = {"path", "name", "split", "columns", "label_values"}
+# hub.local_copy: the local file holds exactly the rows of the Hub split (after dropping unlabeled rows);
+# only then may scores on the local file be published under the Hub id (model-index)
+_HUB_KEYS = {"path", "name", "split", "columns", "label_values", "local_copy"}
 METRIC_NAME = "challenge_accuracy"
 
 
 def evaluation_dir() -> Path:
-    """``evaluation/`` at the repository root, or ``$DEBIASED_NLI_EVALUATION``."""
-    env = os.environ.get("DEBIASED_NLI_EVALUATION")
-    if env:
-        return Path(env)
-    import debiased_nli
+    """``evaluation/`` (``$DEBIASED_NLI_EVALUATION``, the copy inside an installed wheel, or the
+    repository root of a checkout: :func:`debiased_nli.resources.data_folder`)."""
+    from .resources import data_folder
 
-    return Path(debiased_nli.__file__).resolve().parents[1] / "evaluation"
+    return data_folder("evaluation")
 
 
 def default_data_root() -> Path:
@@ -231,6 +235,23 @@ def load_metric():
     return evaluate.load(str(folder))
 
 
+def challenge_source(spec: "str | ChallengeSet", data_root: "str | Path | None" = None) -> dict[str, Any]:
+    """Where :func:`load_challenge_set` reads the set from: ``{"kind": "local", "path": ...}`` when the
+    local file exists, ``{"kind": "hub", "path", "name", "split"}`` when it loads from the Hub, else
+    ``{"kind": "missing"}``; plus ``hub_dataset``: the Hub split whose rows are scored (the Hub source,
+    or a local file marked ``local_copy``), None when the scored rows are not those of a Hub dataset."""
+    spec = get_set(spec)
+    path = spec.local_path(data_root)
+    hub = dict(spec.hub or {})
+    hub_id = ({"path": hub["path"], "name": hub.get("name"), "split": hub.get("split", "test")}
+              if hub.get("path") else None)
+    if path is not None and path.exists():
+        return {"kind": "local", "path": str(path), "hub_dataset": hub_id if hub.get("local_copy") else None}
+    if hub_id and not os.environ.get("HF_DATASETS_OFFLINE") and not os.environ.get("HF_HUB_OFFLINE"):
+        return {"kind": "hub", **hub_id, "hub_dataset": hub_id}
+    return {"kind": "missing", "hub_dataset": None}
+
+
 def load_challenge_set(spec: "str | ChallengeSet", data_root: "str | Path | None" = None):
     """The set's rows as a ``datasets.Dataset`` with ``premise, hypothesis, label`` (the set's label
     ids), the breakdown columns, and ``row`` (position in the source file, before the filter).
@@ -244,12 +265,13 @@ def load_challenge_set(spec: "str | ChallengeSet", data_root: "str | Path | None
     spec = get_set(spec)
     path = spec.local_path(data_root)
     columns, label_values = dict(spec.columns), dict(spec.label_values)
-    if path is not None and path.exists():
+    source = challenge_source(spec, data_root)
+    if source["kind"] == "local":
         import pyarrow.parquet as pq
 
         raw = datasets.Dataset(pq.read_table(path))  # small files: read directly, no cache copy
         where = str(path)
-    elif spec.hub and not os.environ.get("HF_DATASETS_OFFLINE") and not os.environ.get("HF_HUB_OFFLINE"):
+    elif source["kind"] == "hub":
         hub = spec.hub
         raw = datasets.load_dataset(hub["path"], hub.get("name"), split=hub.get("split", "test"))
         columns.update(hub.get("columns") or {})

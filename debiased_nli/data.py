@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import glob
 import hashlib
+import json
+import logging
 import os
 from importlib import resources
 from pathlib import Path
@@ -36,6 +38,7 @@ ON_INVALID = ("error", "set_aside")
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv"}
 
 REASON_MISSING_TEXT = "empty or null text"
+REASON_NOT_TEXT = "text is not a string"
 REASON_NO_GOLD = "no gold label"
 REASON_BAD_LABEL = "label out of range"
 REASON_DUPLICATE_ID = "duplicate id"
@@ -81,10 +84,64 @@ def parse_data_files(spec: "str | Sequence[str] | Mapping[str, Any] | None") -> 
 
 def file_fingerprint(path: str) -> dict[str, Any]:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return {"path": str(path), "bytes": os.path.getsize(path), "sha256": h.hexdigest()}
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        size = os.path.getsize(path)
+    except OSError as err:
+        raise InvalidInputError(f"{path}: cannot read it ({err.strerror or err})", file=str(path)) from err
+    return {"path": str(path), "bytes": size, "sha256": h.hexdigest()}
+
+
+def root_cause(err: BaseException) -> str:
+    """``Type: message`` of the innermost cause of an error (``datasets`` wraps the reader's own), one line."""
+    seen = set()
+    while (err.__cause__ or err.__context__) is not None and id(err) not in seen:
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    text = " ".join(str(err).split()) or "(no message)"
+    if len(text) > 300:
+        text = text[:300] + "..."
+    return f"{type(err).__name__}: {text}"
+
+
+_READER_NAMES = {"parquet": "Parquet", "json": "JSON lines", "csv": "CSV"}
+
+
+def read_data_file(path: str, sha256: str, *, cache_dir: str | None = None):
+    """One local parquet/jsonl/csv/tsv file through ``datasets.load_dataset`` (the Hub's code path).
+
+    The file's content hash is part of the cache key (as the config name), so a file rewritten in place
+    with its old modification time (``cp -p``, ``rsync -a``) is read again, not served from the cache.
+    A file that cannot be read is an :class:`InvalidInputError` naming it and the reader's reason.
+    """
+    import datasets
+
+    ext = Path(path).suffix.lower()
+    if ext not in _BUILDERS:
+        raise ConfigError(f"{path}: unsupported file type {ext!r}; use parquet, jsonl/json or csv/tsv")
+    builder = _BUILDERS[ext]
+    kind = "TSV" if ext == ".tsv" else _READER_NAMES[builder]
+    if os.path.getsize(path) == 0:
+        raise InvalidInputError(f"{path}: the file is empty (0 bytes); expected {kind} rows", file=path)
+    kwargs = {"delimiter": "\t"} if ext == ".tsv" else {}
+    readers_log = logging.getLogger(f"datasets.packaged_modules.{builder}")
+    level = readers_log.level
+    readers_log.setLevel(logging.CRITICAL)  # a reader's own log of the failure would repeat ours
+    try:
+        return datasets.load_dataset(builder, name=f"sha256-{sha256[:32]}", data_files=path, split="train",
+                                     cache_dir=cache_dir, **kwargs)
+    except Exception as err:
+        cause = root_cause(err).rstrip(".")
+        hint = ""
+        if "UnicodeDecodeError" in cause or "UTF8" in cause or "utf-8" in cause:
+            hint = " The file is not UTF-8 text: re-encode it (e.g. `iconv -f latin1 -t utf-8`)."
+        elif builder == "parquet":
+            hint = " The file is truncated, corrupt or not Parquet."
+        raise InvalidInputError(f"{path}: cannot read it as {kind}: {cause}.{hint}", file=path) from err
+    finally:
+        readers_log.setLevel(level)
 
 
 @dataclasses.dataclass
@@ -125,6 +182,8 @@ def load_task(task: "str | TaskSpec", split: str = "train", *, data_files=None, 
     task = get_task(task)
     if on_invalid not in ON_INVALID:
         raise ConfigError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+    if max_rows is not None and (not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1):
+        raise ConfigError(f"max_rows must be a positive integer, got {max_rows!r}")
     files = parse_data_files(data_files) or (_default_files(task) if hub_path is None else None)
     parts, sources = [], []
     if files is not None:
@@ -135,17 +194,22 @@ def load_task(task: "str | TaskSpec", split: str = "train", *, data_files=None, 
             ext = "".join(Path(path).suffixes[-1:]).lower()
             if ext not in _BUILDERS:
                 raise ConfigError(f"{path}: unsupported file type {ext!r}; use parquet, jsonl/json or csv/tsv")
-            kwargs = {"delimiter": "\t"} if ext == ".tsv" else {}
-            raw = datasets.load_dataset(_BUILDERS[ext], data_files=path, split="train", cache_dir=cache_dir, **kwargs)
+            fingerprint = file_fingerprint(path)
+            raw = read_data_file(path, fingerprint["sha256"], cache_dir=cache_dir)
             parts.append((path, raw, task.columns, None))
-            sources.append({"type": "file", **file_fingerprint(path)})
+            sources.append({"type": "file", **fingerprint})
     else:
         if task.hub is None and hub_path is None:
             raise ConfigError(f"task {task.name!r} has no Hub source; pass --data-files")
         path = hub_path or task.hub.path  # type: ignore[union-attr]
         name = None if hub_path else task.hub.name  # type: ignore[union-attr]
         hub_split = (task.hub.splits.get(split, split) if task.hub and not hub_path else split)
-        raw = datasets.load_dataset(path, name, split=hub_split, revision=revision, cache_dir=cache_dir)
+        try:
+            raw = datasets.load_dataset(path, name, split=hub_split, revision=revision, cache_dir=cache_dir)
+        except Exception as err:  # offline, unknown repo or split, a broken download: one line, not a traceback
+            raise ConfigError(f"cannot load {path}{'/' + name if name else ''} [{hub_split}] from the Hub"
+                              f"{' at revision ' + revision if revision else ''}: {root_cause(err)}. "
+                              f"Offline? Pass local files with --data-files.") from err
         columns = (task.hub.columns if task.hub and task.hub.columns and not hub_path else None) or task.columns
         label_values = task.hub.label_values if task.hub and not hub_path else None
         parts.append((f"{path}{'/' + name if name else ''}[{hub_split}]", raw, columns, label_values))
@@ -184,11 +248,26 @@ def _label_codes(values: pa.Array, lookup: Mapping[Any, int]) -> np.ndarray:
     return mapped[pos.to_numpy(zero_copy_only=False).astype(np.int64)]
 
 
-def _text_column(table: pa.Table, col: str) -> pa.Array:
+def _text_column(table: pa.Table, col: str) -> tuple[pa.Array, np.ndarray]:
+    """The column as strings, and where it holds something else (a number, a list, a mapping).
+
+    Such values become null here and the row is marked: they are never turned into text (a JSON
+    column would otherwise release every value JSON-quoted)."""
     arr = table.column(col).combine_chunks()
-    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        arr = pc.cast(arr, pa.string())
-    return arr
+    n = len(arr)
+    if isinstance(arr.type, pa.BaseExtensionType):
+        # a JSON column (a JSONL file whose values are not all strings): decode, then check each value
+        storage = arr.storage.to_pylist()
+        values = ([None if v is None else json.loads(v) for v in storage]
+                  if arr.type.extension_name == "arrow.json" else arr.to_pylist())
+    elif pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        return arr, np.zeros(n, bool)
+    elif pa.types.is_null(arr.type):
+        return pa.nulls(n, pa.string()), np.zeros(n, bool)
+    else:
+        values = arr.to_pylist()
+    not_text = np.fromiter((v is not None and not isinstance(v, str) for v in values), bool, n)
+    return pa.array([v if isinstance(v, str) else None for v in values], pa.string()), not_text
 
 
 def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[str, str] | None = None,
@@ -202,12 +281,16 @@ def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[
     table = raw.with_format("arrow")[:] if raw._indices is not None else raw.data.table
     missing = [f"{canon} (source column {src!r})" for canon, src in columns.items() if src not in table.column_names]
     if missing:
+        names = table.column_names
+        hint = ("Is the delimiter right? A .csv file must be comma-separated, a .tsv file tab-separated. "
+                if len(names) == 1 and any(c in names[0] for c in ",;\t|") else "")
         raise InvalidInputError(
-            f"{where}: missing column(s) {', '.join(missing)}; the file has {table.column_names}. "
+            f"{where}: missing column(s) {', '.join(missing)}; the file has {names}. {hint}"
             f"Map columns with --columns premise=COL,hypothesis=COL,label=COL or a task YAML.",
             file=where, column=missing[0])
     n = table.num_rows
-    premise, hypothesis = _text_column(table, columns["premise"]), _text_column(table, columns["hypothesis"])
+    (premise, premise_not_text), (hypothesis, hypothesis_not_text) = \
+        _text_column(table, columns["premise"]), _text_column(table, columns["hypothesis"])
     label_raw = table.column(columns["label"]).combine_chunks()
     if isinstance(raw.features.get(columns["label"]), datasets.ClassLabel):
         names = raw.features[columns["label"]].names
@@ -224,6 +307,8 @@ def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[
         new = mask & (reason == "")
         reason[new], bad_col[new] = why, col
 
+    mark(premise_not_text, REASON_NOT_TEXT, columns["premise"])
+    mark(hypothesis_not_text, REASON_NOT_TEXT, columns["hypothesis"])
     for canon in ("premise", "hypothesis"):
         arr = premise if canon == "premise" else hypothesis
         empty = pc.or_kleene(pc.is_null(arr), pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(arr)), 0))
@@ -256,6 +341,7 @@ def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[
             REASON_NO_GOLD: f"{task.name} marks pairs without a gold label with {list(task.unlabeled_values)}",
             REASON_BAD_LABEL: f"accepted labels are {sorted(map(str, lookup))}",
             REASON_MISSING_TEXT: "every premise and hypothesis needs some text",
+            REASON_NOT_TEXT: "premise and hypothesis must be strings, not numbers, lists or mappings",
             REASON_DUPLICATE_ID: f"ids in column {col!r} must be unique",
         }[str(reason[i])]
         raise InvalidInputError(
@@ -298,6 +384,32 @@ def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[
 
 def _as_text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def combine_set_aside(parts: Sequence[tuple[str, Any]]):
+    """The rows set aside by every input, in one dataset with an ``input`` column (``train``,
+    ``eval:<split>``, ``new_rows:<method>``), and the count per input. (None, {}) when there are none."""
+    import datasets
+
+    tables, counts = [], {}
+    for where, sa in parts:
+        if sa is None or not len(sa):
+            continue
+        counts[where] = counts.get(where, 0) + len(sa)
+        tables.append(sa.flatten_indices().data.table.append_column("input", pa.array([where] * len(sa), pa.string())))
+    if not tables:
+        return None, {}
+    return datasets.Dataset(pa.concat_tables(tables, promote_options="permissive")), counts
+
+
+def require_two_labels(ds, task: TaskSpec, where: str) -> None:
+    """z-statistics, z-filtering and the hypothesis-only model compare labels: one label is an error."""
+    present = np.flatnonzero(np.bincount(labels_of(ds), minlength=task.num_labels))
+    if len(ds) and len(present) < 2:
+        raise InvalidInputError(
+            f"{where}: every one of its {len(ds):,} rows has the label {task.labels[int(present[0])]!r}; "
+            f"bias statistics need rows of at least two labels (is the label column the right one?)",
+            file=where, column="label", value=task.labels[int(present[0])])
 
 
 def column_numpy(ds, name: str) -> np.ndarray:

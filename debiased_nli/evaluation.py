@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .challenge import ChallengeSet, load_challenge_set, load_metric
+from .challenge import ChallengeSet, challenge_source, load_challenge_set, load_metric
 from .data import labels_of
 from .provenance import git_hash, library_versions
 from .errors import ConfigError
@@ -44,25 +44,57 @@ class LoadedClassifier:
     train_record: dict | None
 
 
-def load_classifier(path: str, device: str | None = None) -> LoadedClassifier:
+def load_classifier(path: str, device: str | None = None, label_order: Sequence[str] | None = None) -> LoadedClassifier:
+    """A sequence classifier ready to score, refused when its classification head was never trained.
+
+    ``from_pretrained`` initialises missing weights at random (an encoder without a head, or a folder
+    saved without them) and only logs it: such a model scores at chance and must not be reported.
+    A head whose outputs are named ``LABEL_0..K`` is taken in the task's order, with a warning, unless
+    ``label_order`` names the outputs."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from transformers.utils import logging as transformers_logging
+
     folder = Path(path)
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its load report is checked below, and said in one line
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path)
+        model, info = AutoModelForSequenceClassification.from_pretrained(path, output_loading_info=True)
     except OSError as err:
         if folder.exists():
             raise ConfigError(f"{path} is not a model folder ({err}); give a folder written by "
                               f"`debiased-nli train`") from err
         raise ConfigError(f"model {path!r}: no such folder, and not a Hub model id that can be reached "
                           f"({type(err).__name__}). Give a folder written by `debiased-nli train` or a Hub id.") from err
+    except Exception as err:  # a corrupt weights file, an unknown architecture
+        from .data import root_cause
+        raise ConfigError(f"model {path}: cannot load it ({root_cause(err)})") from err
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ConfigError(f"model {path}: weights missing from the folder ({shown}), so they would be random and "
+                          f"the scores meaningless; its classification head was never trained. Evaluate a model "
+                          f"fine-tuned with `debiased-nli train`.")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     record_path = folder / "debiased_nli_train.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    try:
+        record = json.loads(record_path.read_text()) if record_path.exists() else None
+    except ValueError as err:
+        raise ConfigError(f"{record_path} is not valid JSON ({err})") from err
     id2label = {int(i): str(l) for i, l in (model.config.id2label or {}).items()}
+    if label_order is not None:
+        if len(label_order) != len(id2label):
+            raise ConfigError(f"--label-order names {len(label_order)} labels but {path} has {len(id2label)} outputs")
+        id2label = dict(enumerate(label_order))
+    elif id2label and all(l.upper().startswith("LABEL_") for l in id2label.values()):
+        logger.warning("%s names its outputs %s; taking them to be the task's labels in the task's order. If "
+                       "they are not, pass --label-order NAME,NAME,... (the label of each output, in order).",
+                       path, ", ".join(id2label[i] for i in sorted(id2label)))
     return LoadedClassifier(path, model, tok, id2label, record)
 
 
@@ -186,6 +218,7 @@ class EvalConfig:
     data_root: str | None = None
     device: str | None = None
     progress: bool = True
+    label_order: list[str] | None = None  # names of the model outputs in order, for LABEL_i heads
 
 
 def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cfg: EvalConfig | None = None) -> dict:
@@ -201,7 +234,7 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
         ds = load_challenge_set(spec, cfg.data_root)
         datasets_cache[spec.name] = (ds, sample_rows(ds, cfg.max_examples, cfg.sample_seed))
     for path in model_paths:
-        clf = load_classifier(path, cfg.device)
+        clf = load_classifier(path, cfg.device, label_order=cfg.label_order)
         seed = (clf.train_record or {}).get("config", {}).get("seed")
         info = {"path": str(path), "seed": seed, "id2label": {str(k): v for k, v in clf.id2label.items()},
                 "train": (clf.train_record or {}).get("result"), "train_config": (clf.train_record or {}).get("config"),
@@ -216,10 +249,14 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
             pred, label_map = set_predictions(spec, probs, clf.id2label, str(path))
             scores = score_predictions(spec, ds, pred, metric)
             seconds[spec.name] = round(time.perf_counter() - start, 2)
+            source = challenge_source(spec, cfg.data_root)
             entry = per_set.setdefault(spec.name, {
                 "n": len(ds), "n_total": len(full), "subsampled": len(ds) < len(full),
+                "sample_seed": cfg.sample_seed if len(ds) < len(full) else None,
                 "labels": list(spec.labels), "label_map": label_map, "task": spec.task,
-                "source": str(spec.local_path(cfg.data_root)), "spec_version": spec.version, "runs": []})
+                "source": source["path"] if source["kind"] == "local" else f"{source['path']}[{source['split']}]",
+                "source_kind": source["kind"], "hub_dataset": source["hub_dataset"],
+                "spec_version": spec.version, "runs": []})
             entry["runs"].append({"model": str(path), "seed": seed, **scores})
         info["eval_seconds"] = seconds
         models.append(info)
@@ -255,9 +292,14 @@ def load_results(path: "str | Path") -> dict:
         p = p / "results.json"
     if not p.exists():
         raise ConfigError(f"results file {p} does not exist (give a results.json written by `debiased-nli evaluate`)")
-    data = json.loads(p.read_text())
-    if data.get("schema") != SCHEMA:
-        raise ConfigError(f"{p} is not a debiased-nli results file (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"{p} is not a JSON results file ({err}); give a results.json written by "
+                          f"`debiased-nli evaluate`") from err
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"{p} is not a debiased-nli results file (schema {found!r}, expected {SCHEMA!r})")
     return data
 
 
@@ -290,7 +332,9 @@ def write_report(results: dict, out_dir: "str | Path", *, title: str = "Evaluati
                       "cells": [_fmt((r["sets"].get(s, {}).get("breakdowns") or {}).get(bname, {}).get(g),
                                      r["num_models"]) for r in all_results]} for g, v in groups.items()]
             breakdowns.append({"set": s, "name": bname, "rows": brows})
-    template = Path(__file__).resolve().parents[1] / "model_cards" / "evaluation_report.md.j2"
+    from .release import templates_dir
+
+    template = templates_dir() / "evaluation_report.md.j2"
     if not template.exists():
         raise ConfigError(f"report template {template} is missing")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template.parent)), autoescape=False,
@@ -345,27 +389,47 @@ def write_outputs(results: dict, out_dir: "str | Path", *, name: str = "this mod
 
 # ------------------------------------------------------------------------------------ Hub push
 
-def eval_results_for_card(results: dict, model_name: str):
-    """``huggingface_hub.EvalResult`` entries (one per set: mean accuracy) for a card's ``model-index``."""
+def eval_results_for_card(results: dict, model_name: str) -> tuple[list, list[str]]:
+    """``huggingface_hub.EvalResult`` entries for a card's ``model-index``, and the sets left out.
+
+    Only a set whose scored rows are those of a Hub dataset (read from the Hub, or a local file its
+    spec marks ``local_copy``) gets an entry, under that Hub id: a set without one is left out rather
+    than published under an invented id. A score on a seeded sample says so in the dataset's name and
+    ``args`` (rows scored, rows in the split, seed), so it is never read as a full-split score. Several
+    models (seeds) give the mean as ``accuracy`` and the sample standard deviation (ddof=1) as a second
+    metric, ``accuracy_std``; the seeds are in the metric's ``args``.
+    """
     from huggingface_hub import EvalResult
 
-    from .challenge import get_set
-
-    out = []
+    out, left_out = [], []
     for s, entry in results["sets"].items():
-        try:
-            spec = get_set(s)
-            hub = spec.hub or {}
-        except ConfigError:
-            hub = {}
-        out.append(EvalResult(
-            task_type="text-classification", task_name="Natural Language Inference" if entry.get("task") in (
-                "snli", "mnli") else "Text Classification",
-            dataset_type=hub.get("path") or f"debiased-nli/{s}", dataset_name=s,
-            dataset_config=hub.get("name"), dataset_split=hub.get("split"),
-            metric_type="accuracy", metric_name="Accuracy", metric_value=round(entry["accuracy"], 6),
-            verified=False))
-    return out
+        hub = entry.get("hub_dataset")
+        if not hub:
+            left_out.append(s)
+            continue
+        n, n_total = int(entry["n"]), int(entry.get("n_total", entry["n"]))
+        runs = entry.get("runs") or []
+        dataset_args, name = None, s
+        if entry.get("subsampled") or n < n_total:
+            seed = entry.get("sample_seed", results.get("config", {}).get("sample_seed"))
+            dataset_args = {"rows_scored": n, "rows_in_split": n_total, "sample": "seeded random sample",
+                            "sample_seed": seed}
+            name = f"{s} (random sample of {n:,} of {n_total:,} rows, seed {seed})"
+        seeds = [r.get("seed") for r in runs]
+        common = dict(task_type="text-classification",
+                      task_name="Natural Language Inference" if entry.get("task") in ("snli", "mnli")
+                      else "Text Classification",
+                      dataset_type=hub["path"], dataset_name=name, dataset_config=hub.get("name"),
+                      dataset_split=hub.get("split"), dataset_args=dataset_args, verified=False)
+        several = len(runs) > 1
+        out.append(EvalResult(**common, metric_type="accuracy", metric_value=round(entry["accuracy"], 6),
+                              metric_name=f"Accuracy (mean over {len(runs)} seeds)" if several else "Accuracy",
+                              metric_args={"num_models": len(runs), "seeds": seeds} if several else None))
+        if several:
+            out.append(EvalResult(**common, metric_type="accuracy_std", metric_value=round(entry["accuracy_std"], 6),
+                                  metric_name=f"Accuracy std over {len(runs)} seeds (ddof=1)",
+                                  metric_args={"num_models": len(runs), "seeds": seeds}))
+    return out, left_out
 
 
 def push_results(repo_id: str, results: dict, *, model_name: str | None = None, token: str | None = None,
@@ -373,7 +437,8 @@ def push_results(repo_id: str, results: dict, *, model_name: str | None = None, 
     """Write the results into the ``model-index`` of ``repo_id``'s model card (``huggingface_hub.ModelCard``).
 
     The card is read from the Hub (a new one is made if the repo has none); its eval results for the
-    same sets are replaced, others are kept; the card body is left as it is. Returns the commit info.
+    same sets are replaced, others are kept; the card body is left as it is. Sets whose rows are not a
+    Hub dataset's are left out (see :func:`eval_results_for_card`). Returns (commit info, sets left out).
     """
     from huggingface_hub import ModelCard, ModelCardData
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
@@ -383,10 +448,18 @@ def push_results(repo_id: str, results: dict, *, model_name: str | None = None, 
         card = ModelCard.load(repo_id, token=token)
     except (EntryNotFoundError, RepositoryNotFoundError):
         card = ModelCard.from_template(ModelCardData(model_name=model_name), model_id=model_name)
-    new = eval_results_for_card(results, model_name)
+    new, left_out = eval_results_for_card(results, model_name)
+    if not new:
+        raise ConfigError(f"none of the scored sets ({', '.join(results['sets'])}) was read from a Hub dataset "
+                          f"(or a local file marked as an exact copy of one), so there is nothing to put in the "
+                          f"model-index under a real Hub id; results.json and report.md have the scores")
+    for s in left_out:
+        logger.warning("%s is not in the model-index: its rows are not those of a Hub dataset (see its spec's "
+                       "hub.local_copy); its score is in report.md", s)
     replaced = {(r.dataset_name, r.metric_type) for r in new}
     kept = [r for r in (card.data.eval_results or []) if (r.dataset_name, r.metric_type) not in replaced]
     card.data.eval_results = kept + new
     card.data.model_name = card.data.model_name or model_name
-    message = commit_message or f"Add debiased-nli evaluation results ({len(new)} challenge sets)"
-    return card.push_to_hub(repo_id, token=token, revision=revision, commit_message=message, create_pr=create_pr)
+    message = commit_message or f"Add debiased-nli evaluation results ({len({r.dataset_name for r in new})} sets)"
+    info = card.push_to_hub(repo_id, token=token, revision=revision, commit_message=message, create_pr=create_pr)
+    return info, left_out

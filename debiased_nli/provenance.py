@@ -26,6 +26,8 @@ def library_versions() -> dict[str, str]:
 def git_hash() -> str | None:
     """The checkout's commit (``-dirty`` if tracked files changed), or None outside a git checkout."""
     root = Path(__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").exists():  # an installed wheel: site-packages is not the project's checkout
+        return None
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,

@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import importlib
 import inspect
+import logging
 import os
 import sys
 from pathlib import Path
@@ -50,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "profiles": {},
 }
 Z_CONFIGS = ("z_filtered", "z_aug", "par_z", "seq_z")
+log = logging.getLogger(__name__)
 
 SourceStep = Callable[..., Any]
 FilterStep = Callable[..., Any]
@@ -87,6 +89,13 @@ def _step(kind: str, name: str) -> Callable:
     return table[name]
 
 
+def known_steps() -> dict[str, list[str]]:
+    """The registered step names by kind (``source``: new rows, ``filter``: extra configs), lazy ones
+    included, e.g. for ``--help``."""
+    return {kind: sorted(set(table) | {n for n, v in _LAZY_STEPS.items() if v[0] == kind})
+            for kind, table in (("source", _SOURCE_STEPS), ("filter", _FILTER_STEPS))}
+
+
 @register_source_step("files")
 def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     """New rows (e.g. generated elsewhere) from local files in the task's schema or the canonical one."""
@@ -107,7 +116,7 @@ def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     ds = ds.remove_columns(["uid", "origin", "method"]).add_column("uid", uids) \
         .add_column("origin", [origin] * len(ds)).add_column("method", [method] * len(ds))
     ctx["sources"].append(loaded.source)
-    ctx["set_aside"].append(("new_rows", loaded.set_aside))
+    ctx["set_aside"].append((f"new_rows:{method}", loaded.set_aside))
     return ds
 
 
@@ -117,6 +126,93 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
     return out
+
+
+class _Kind:
+    """One expected type of a recipe value: a check and how to say it."""
+
+    def __init__(self, says: str, check: Callable[[Any], bool]):
+        self.says, self.check = says, check
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_str_list(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _is_p0(v) -> bool:
+    if v in ("uniform", "prior"):
+        return True
+    if _is_number(v):
+        return 0 < v < 1
+    return isinstance(v, list) and len(v) > 0 and all(_is_number(x) and 0 < x < 1 for x in v)
+
+
+def _is_data_files(v) -> bool:
+    if v is None or isinstance(v, str) or _is_str_list(v):
+        return True
+    return isinstance(v, Mapping) and all(isinstance(k, str) and (isinstance(f, str) or _is_str_list(f))
+                                          for k, f in v.items())
+
+
+_STR = _Kind("a string (quote numbers such as versions: \"1.10\")", lambda v: isinstance(v, str))
+_OPT_STR = _Kind("a string or null", lambda v: v is None or isinstance(v, str))
+# the types of every recipe value; a wrong one is an error that names the key, the value and the type
+SCHEMA: dict[str, Any] = {
+    "name": _OPT_STR, "task": _STR, "release_version": _STR, "pretty_name": _OPT_STR, "repo_id": _OPT_STR,
+    "summary": _Kind("a string", lambda v: isinstance(v, str)),
+    "seed": _Kind("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "data": {
+        "data_files": _Kind("a path, a list of paths, or a mapping split: path(s)", _is_data_files),
+        "split": _STR,
+        "eval_splits": _Kind("a list of split names", _is_str_list),
+        "on_invalid": _Kind("'error' or 'set_aside'", lambda v: v in ("error", "set_aside")),
+        "max_rows": _Kind("a positive integer or null", lambda v: v is None or _is_int(v) and v >= 1),
+        "revision": _OPT_STR,
+    },
+    "features": {
+        "hypothesis_only": _Kind("'tfidf', a classifier folder or Hub id, or null/'none'",
+                                 lambda v: v is None or isinstance(v, str) and v.strip() != ""),
+        "folds": _Kind("an integer >= 2", lambda v: _is_int(v) and v >= 2),
+    },
+    "z_filter": {
+        "top_k": _Kind("a positive integer", lambda v: _is_int(v) and v >= 1),
+        "batch_size": _Kind("a positive integer", lambda v: _is_int(v) and v >= 1),
+        "p0": _Kind("'uniform', 'prior', a number strictly between 0 and 1, or one such number per label", _is_p0),
+        "min_z": _Kind("a number", _is_number),
+    },
+    "new_rows": _Kind("a list of steps (mappings with a `step` name)", lambda v: isinstance(v, list)),
+    "filters": _Kind("a list of steps (mappings with a `step` name)", lambda v: isinstance(v, list)),
+    "configs": _Kind("'auto' or a list of config names, e.g. [z_filtered, seq_z]",
+                     lambda v: v == "auto" or _is_str_list(v) and len(v) > 0),
+    "default_config": _STR,
+    "history": _Kind("a list of {version: \"1.0.0\", notes: ...} mappings",
+                     lambda v: isinstance(v, list) and all(isinstance(h, Mapping) and isinstance(h.get("version"), str)
+                                                           and isinstance(h.get("notes", ""), str) for h in v)),
+    "extra_citations": _Kind("a list of strings", _is_str_list),
+    "profiles": _Kind("a mapping of profile names to recipe keys", lambda v: isinstance(v, Mapping)),
+}
+
+
+def check_recipe_types(recipe: Mapping[str, Any], where: str = "<recipe>") -> None:
+    """Every value of a (defaults-merged) recipe has the type :data:`SCHEMA` gives it, or a
+    :class:`ConfigError` names the key, the value and the expected type."""
+    if isinstance(recipe["features"].get("hypothesis_only"), str) and \
+            recipe["features"]["hypothesis_only"].strip().lower() in ("none", "null", "off"):
+        recipe["features"]["hypothesis_only"] = None  # YAML reads `none` as a string
+    for key, kind in SCHEMA.items():
+        values = [(f"{key}.{sub}", recipe[key].get(sub), k) for sub, k in kind.items()] \
+            if isinstance(kind, dict) else [(key, recipe.get(key), kind)]
+        for name, value, k in values:
+            if not k.check(value):
+                raise ConfigError(f"{where}: `{name}` must be {k.says}, got {value!r} ({type(value).__name__})")
 
 
 def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | None = None) -> dict[str, Any]:
@@ -129,11 +225,23 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         raw, where = dict(path_or_dict), "<recipe>"
     else:
         p = Path(path_or_dict)
-        if not p.exists():
-            raise ConfigError(f"recipe {p} does not exist")
-        raw, where = yaml.safe_load(p.read_text()) or {}, str(p)
+        if not p.is_file():
+            raise ConfigError(f"recipe {p} does not exist" if not p.exists() else f"recipe {p} is not a file")
+        try:
+            raw, where = yaml.safe_load(p.read_text(encoding="utf-8")) or {}, str(p)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ConfigError(f"recipe {p} is not valid YAML{at}: {problem}") from err
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"cannot read the recipe {p}: {err}") from err
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"recipe {p} must be a YAML mapping (key: value lines), not a {type(raw).__name__}")
     if profile is not None:
         profiles = raw.get("profiles") or {}
+        if not isinstance(profiles, Mapping) or not all(isinstance(v, Mapping) for v in profiles.values()):
+            raise ConfigError(f"{where}: `profiles` must map profile names to mappings of recipe keys")
         if profile not in profiles:
             raise ConfigError(f"{where}: no profile {profile!r}.{did_you_mean(profile, list(profiles))} "
                               f"Profiles: {sorted(profiles) or 'none'}")
@@ -158,13 +266,14 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     recipe["profile"] = profile_used
     if not recipe["task"]:
         raise ConfigError(f"{where}: a recipe needs `task`")
+    check_recipe_types(recipe, where)
     get_task(recipe["task"])
     recipe["name"] = recipe["name"] or f"debiased-{recipe['task']}"
     recipe["pretty_name"] = recipe["pretty_name"] or recipe["name"]
     for kind, key in (("source", "new_rows"), ("filter", "filters")):
         for i, step in enumerate(recipe[key] or []):
-            if not isinstance(step, Mapping) or "step" not in step:
-                raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name")
+            if not isinstance(step, Mapping) or not isinstance(step.get("step"), str):
+                raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {step!r}")
             _step(kind, step["step"])
     if recipe["configs"] != "auto":
         known = list(Z_CONFIGS) + [s.get("config", s["step"]) for s in recipe["filters"]] + ["original"]
@@ -185,10 +294,49 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
           max_rows: int | None = None, profile: str | None = None, efficacy=None) -> BuildResult:
     """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
-    (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs."""
+    (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs.
+
+    The target is checked before any work (see :func:`debiased_nli.outputs.check_target`: never the
+    current or home folder, a parent of an input, a file, or a folder that is not a release of this
+    tool) and locked for the whole build, so a second build into the same ``out_dir`` is refused.
+    """
+    from .data import parse_data_files
+    from .outputs import check_target, clean_stale, is_release_folder, lock_target
+
+    if max_rows is not None and (not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1):
+        raise ConfigError(f"max_rows must be a positive integer, got {max_rows!r}")
+    if efficacy is not None:  # a missing or wrong table fails before the work, not after
+        from .efficacy import load_table
+
+        load_table(efficacy)
+    if int(os.environ.get("RANK", "0")) != 0:  # under `accelerate launch`: rank 0 checks, locks and writes
+        return _build(recipe, out_dir, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
+                      seed=seed, progress=progress, max_rows=max_rows, profile=profile,
+                      efficacy=efficacy)
+    rec = load_recipe(recipe, profile)
+    inputs: list[Any] = [] if isinstance(recipe, Mapping) else [recipe]
+    for spec in [data_files if data_files is not None else rec["data"]["data_files"], new_rows_files] + \
+            [step.get("data_files") for step in rec["new_rows"] if step.get("data_files")]:
+        for files in (parse_data_files(spec) or {}).values():
+            inputs.extend(files)
+    target = check_target(out_dir, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
+    unlock = lock_target(target)
+    try:
+        clean_stale(target, is_release_folder)
+        check_target(target, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
+        return _build(recipe, target, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
+                      seed=seed, progress=progress, max_rows=max_rows, profile=profile,
+                      efficacy=efficacy)
+    finally:
+        unlock()
+
+
+def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
+           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
+           max_rows: int | None = None, profile: str | None = None, efficacy=None) -> BuildResult:
     import datasets
 
-    from .data import load_task
+    from .data import combine_set_aside, load_task, parse_data_files, require_two_labels
     from .features import describe_extractors
     from .featurize import add_features
     from .release import ConfigData, compose, write_release
@@ -216,10 +364,19 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     if len(d0) == 0:
         raise EmptyResultError(f"no usable rows in {task.name!r} split {d['split']!r} after loading "
                                f"({loaded.counts}); nothing was written")
+    require_two_labels(d0, task, f"{task.name!r} split {d['split']!r}")
+    # every split of the data files is released: the recipe's eval_splits, and any other given split
+    # (copied unchanged like them, with a warning that the recipe does not name it)
+    given = list(parse_data_files(files) or {})
+    ignored = [s for s in given if s != d["split"] and s not in d["eval_splits"]]
+    for split in ignored:
+        log.warning("split %r of the data files is not among the recipe's eval_splits %s: it is copied unchanged "
+                    "into every config", split, list(d["eval_splits"]))
     eval_splits = {}
-    for split in d["eval_splits"]:
+    for split in list(d["eval_splits"]) + ignored:
         ev = load_task(task, split, data_files=files, on_invalid=d["on_invalid"], revision=d["revision"])
         ctx["sources"].append(ev.source)
+        ctx["set_aside"].append((f"eval:{split}", ev.set_aside))
         eval_splits[split] = ev.dataset
         stages.append({"stage": f"load {split}", "detail": "copied unchanged into every config", "counts": ev.counts})
 
@@ -273,8 +430,10 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         stages.append({"stage": "par_z = Z(D0) ∪ Z(D_G)", "counts": {"Z(D0)": len(z0.kept), "Z(D_G)": len(r.kept),
                                                                      "output": len(train)}})
     if "seq_z" in results:
-        r = results["seq_z"]
-        configs.append(ConfigData("seq_z", {"train": r.kept, **eval_splits}, r.rejected))
+        r, z0 = results["seq_z"], results["z_filtered"]
+        # its dropped rows: the original rows Z(D0) rejected, then the new rows rejected given Z(D0)
+        rejected = datasets.concatenate_datasets([z0.rejected, r.rejected])
+        configs.append(ConfigData("seq_z", {"train": r.kept, **eval_splits}, rejected))
         stages.append({"stage": "seq_z = Z(D_G | Z(D0))", "counts": r.counts})
     for step in recipe["filters"]:
         name = step.get("config", step["step"])
@@ -298,10 +457,8 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     if default == "auto":
         names = [c.name for c in configs]
         default = "seq_z" if "seq_z" in names else ("z_filtered" if "z_filtered" in names else names[0])
-    set_aside_counts = {}
-    for where, sa in [("train", loaded.set_aside)] + ctx["set_aside"]:
-        if sa is not None and len(sa):
-            set_aside_counts[where] = len(sa)
+    # every row set aside on loading, from every input (D0, evaluation splits, new rows), is written
+    set_aside, set_aside_counts = combine_set_aside([("train", loaded.set_aside)] + ctx["set_aside"])
     manifest = {
         "recipe": recipe,
         "seed": seed_,
@@ -321,5 +478,5 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
 
         meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name)
     out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0_f,
-                        overwrite=overwrite, set_aside=loaded.set_aside)
+                        overwrite=overwrite, set_aside=set_aside)
     return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest)

@@ -4,12 +4,17 @@
     <release>/data/<config>/<split>-00000-of-0000N.parquet
     <release>/rejected/<config>/train-*.parquet  the rows a stage dropped, with the reason
     <release>/images/zstats_<config>.png         the z-statistics picture of each config
-    <release>/manifest.json                      recipe, seeds, versions, input fingerprints, counts
+    <release>/manifest.json                      recipe, seeds, versions, input and output sha256, counts,
+                                                 label distribution, version history (machine-readable)
 
 ``load_dataset(<release>, "seq_z")`` works offline and, after a push, ``load_dataset("org/name",
 "seq_z")`` works from the Hub. The folder is written under a temporary name beside the target and
 renamed when complete, so an interrupted build never leaves a half release. Nothing in it depends
 on the clock, so the same inputs and seed give the same folder byte for byte.
+
+The card is rendered from ``model_cards/dataset_card.md.j2`` (its citations and this project's
+measured figures from ``citations.yaml`` and ``measurements.yaml`` beside it); its YAML goes through
+``huggingface_hub.DatasetCardData``. Paths in the manifest are reduced to file names (:func:`public_paths`).
 
 Compositions for a base set D0 and new rows D_G:
     z_filtered = Z(D0)        z_aug = Z(D_G | D0) (= D0 + the kept new rows)
@@ -29,6 +34,8 @@ import numpy as np
 from . import __version__
 from .data import PROVENANCE_COLUMNS, labels_of
 from .errors import ConfigError
+from .outputs import (TOOL, WRITTEN_BY_KEY, check_target, clean_stale, is_release_folder, lock_target,
+                      replace_folder, temp_folder, write_error)
 from .features import build_feature_matrix
 from .tasks import TaskSpec, get_task
 from .zfilter import REJECTED_BY, ZFilterResult, z_filter
@@ -125,36 +132,51 @@ def zstats_summary(ds, task: TaskSpec, reference: ZStats | None = None, top_k: i
     return summary, zs
 
 
+# who made the labels of each task's source data (Hub card vocabulary); generated rows add machine-generated
+ANNOTATIONS_CREATORS = {"snli": ["crowdsourced"], "mnli": ["crowdsourced"], "fever": ["crowdsourced"],
+                        "qqp": ["other"], "demo": ["machine-generated"]}
+
+
 def _dataset_card_yaml(task: TaskSpec, configs: Sequence[ConfigData], written: Mapping[str, Mapping[str, list]],
-                       default: str, meta: Mapping[str, Any]) -> str:
-    """The README YAML: ``configs`` (data_files, default) and ``dataset_info`` (features, sizes)."""
-    from datasets.info import DatasetInfo, DatasetInfosDict
-    from datasets.splits import SplitDict, SplitInfo
-    from datasets.utils.metadata import MetadataConfigs
+                       default: str, meta: Mapping[str, Any], new_origins: Sequence[str] = ()) -> str:
+    """The README YAML: ``configs`` (data_files, default), ``dataset_info`` (features, sizes) and the
+    Hub's card metadata (licence, task, language, sources, annotation creators, size)."""
+    import datasets
+    from datasets.info import DatasetInfosDict
     from huggingface_hub import DatasetCardData
 
+    annotations = list(ANNOTATIONS_CREATORS.get(task.name, ["other"]))
+    if new_origins and "machine-generated" not in annotations:
+        annotations.append("machine-generated")
+    config_entries = []
+    for c in configs:  # the Hub lists the default config first
+        entry = {"config_name": c.name,
+                 "data_files": [{"split": s, "path": f"data/{c.name}/{s}-*"} for s in written[c.name]]}
+        if c.name == default:
+            entry["default"] = True
+        config_entries.append(entry)
+    config_entries.sort(key=lambda e: not e.get("default", False))
     card = DatasetCardData(
         license=meta.get("license"), pretty_name=meta.get("pretty_name"), task_categories=["text-classification"],
         task_ids=["natural-language-inference"] if task.num_labels == 3 else ["semantic-similarity-classification"],
-        language=["en"], tags=["debiasing", "z-filtering", "spurious-correlations", "debiased-nli"],
-        size_categories=[_size_category(max(sum(f["rows"] for f in written[c.name]["train"]) for c in configs))])
-    infos, meta_configs = {}, {}
+        language=["en"], multilinguality=["monolingual"], annotations_creators=annotations,
+        source_datasets=[f"extended|{task.hub.path}"] if task.hub else ["original"],
+        tags=["debiasing", "z-filtering", "spurious-correlations", "debiased-nli"],
+        size_categories=[_size_category(max(sum(f["rows"] for f in written[c.name]["train"]) for c in configs))],
+        configs=config_entries)
+    infos = {}
     for c in configs:
         feats = canonical_only(next(iter(c.splits.values()))).features
-        splits = SplitDict()
+        splits = datasets.SplitDict()
         for split, files in written[c.name].items():
-            splits.add(SplitInfo(name=split, num_bytes=sum(f["arrow_bytes"] for f in files),
-                                 num_examples=sum(f["rows"] for f in files)))
-        info = DatasetInfo(features=feats, splits=splits, config_name=c.name,
-                           download_size=sum(f["bytes"] for fs in written[c.name].values() for f in fs),
-                           dataset_size=sum(f["arrow_bytes"] for fs in written[c.name].values() for f in fs))
-        infos[c.name] = info
-        entry = {"data_files": [{"split": s, "path": f"data/{c.name}/{s}-*"} for s in written[c.name]]}
-        if c.name == default:
-            entry["default"] = True
-        meta_configs[c.name] = entry
+            splits.add(datasets.SplitInfo(name=split, num_bytes=sum(f["arrow_bytes"] for f in files),
+                                          num_examples=sum(f["rows"] for f in files)))
+        infos[c.name] = datasets.DatasetInfo(
+            features=feats, splits=splits, config_name=c.name,
+            download_size=sum(f["bytes"] for fs in written[c.name].values() for f in fs),
+            dataset_size=sum(f["arrow_bytes"] for fs in written[c.name].values() for f in fs))
+    # dataset_info in the Hub's YAML form, as Dataset.push_to_hub writes it
     DatasetInfosDict(infos).to_dataset_card_data(card)
-    MetadataConfigs(meta_configs).to_dataset_card_data(card)
     return card.to_yaml().rstrip("\n") + "\n"
 
 
@@ -164,6 +186,79 @@ def _size_category(n: int) -> str:
         if n < bound:
             return name
     return "10M<n<100M"
+
+
+HISTORY_START = "<!-- debiased-nli:history:start -->"
+HISTORY_END = "<!-- debiased-nli:history:end -->"
+# the output files a build writes (push deletes those of an older release that this one lacks)
+RELEASE_FILE_PATTERNS = (r"data/[^/]+/[^/]+-\d{5}-of-\d{5}\.parquet", r"rejected/.+\.parquet", r"images/[^/]+\.png")
+
+
+def render_history_table(history: Sequence[Mapping[str, Any]]) -> str:
+    """The card's version-history table, between markers, from the machine-readable history
+    (``manifest.json`` ``history``: a list of ``{version, notes}``)."""
+    def cell(text: Any) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")
+
+    rows = "".join(f"| {cell(h['version'])} | {cell(h.get('notes', ''))} |\n" for h in history)
+    return f"{HISTORY_START}\n| version | notes |\n|---|---|\n{rows}{HISTORY_END}"
+
+
+def public_paths(value: Any) -> Any:
+    """``value`` with every local path that would expose the builder's file system (absolute, or
+    reaching outside the working folder with ``..``) replaced by its file name (a ``SPLIT=PATH``
+    entry keeps its split); the sha256 recorded beside an input identifies it."""
+    if isinstance(value, Mapping):
+        return {k: public_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [public_paths(v) for v in value]
+    if not isinstance(value, str) or "\n" in value:
+        return value
+    split, sep, rest = value.partition("=")
+    head, path = (split + "=", rest) if sep and split.isidentifier() else ("", value)
+    if os.path.isabs(path) or path.startswith(".."):
+        return head + (Path(path).name or path)
+    return value
+
+
+def label_distribution(ds, labels: Sequence[str]) -> dict[str, int]:
+    counts = np.bincount(labels_of(ds), minlength=len(labels)) if len(ds) else np.zeros(len(labels), int)
+    return {name: int(n) for name, n in zip(labels, counts)}
+
+
+def project_url() -> str | None:
+    """The project's home page from the installed package's metadata (none is invented)."""
+    import importlib.metadata as md
+
+    try:
+        meta = md.metadata("debiased-nli")
+    except md.PackageNotFoundError:
+        return None
+    for entry in meta.get_all("Project-URL") or []:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() in ("homepage", "home", "source", "repository"):
+            return url.strip()
+    return meta.get("Home-page") or None
+
+
+def citations_for(steps: Sequence[str]) -> list[dict]:
+    """The BibTeX entries (``model_cards/citations.yaml``) of the methods a release used: z-statistics
+    and z-filtering always, plus the papers of its recipe steps (``aflite``, ``generator``, ...)."""
+    import yaml
+
+    entries = yaml.safe_load((templates_dir() / "citations.yaml").read_text())
+    used = {"z-statistics", "z-filtering"} | {str(s).lower() for s in steps}
+    return [dict(e, key=k) for k, e in entries.items() if used & set(e.get("used_by", []))]
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequence[ConfigData], *, default: str,
@@ -179,13 +274,19 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         raise ConfigError(f"default config {default!r} is not among the configs {names}")
     if len(set(names)) != len(names):
         raise ConfigError(f"config names must be unique: {names}")
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} already exists; pass --overwrite to replace it (the old folder is kept "
-                          f"until the new one is complete)")
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
+    unlock = lock_target(out)  # one writer per target; held until the end (see outputs.py)
+    try:
+        # under the lock: first what interrupted runs left, then the target again (another run may
+        # have written it meanwhile, or an interrupted replacement been put back)
+        clean_stale(out, is_release_folder)
+        check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
+        tmp = temp_folder(out)
+    except BaseException as err:
+        unlock()
+        if isinstance(err, OSError):
+            raise write_error(err, out) from err
+        raise
     try:
         written: dict[str, dict[str, list]] = {}
         summaries = {}
@@ -202,15 +303,28 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
 
         # the original's statistics are computed once and are the "before" of every config
         original_zs = summarise("original", original, None) if original is not None else None
+        labels: dict[str, dict[str, dict[str, int]]] = {}
+        new_rows: dict[str, Any] = {"rows": 0, "methods": set(), "perturbed": False}
         for c in configs:
             written[c.name] = {}
+            labels[c.name] = {}
             for split, ds in c.splits.items():
                 ds = canonical_only(ds).flatten_indices()
                 files = _write_parquet(ds, tmp / "data" / c.name, split)
                 for f in files:
-                    f["path"] = str(Path(f["path"]).relative_to(tmp))
+                    f["path"] = Path(f["path"]).relative_to(tmp).as_posix()
                     f["arrow_bytes"] = int(ds.data.nbytes * f["rows"] / max(len(ds), 1))
+                    f["sha256"] = _sha256(tmp / f["path"])
                 written[c.name][split] = files
+                labels[c.name][split] = label_distribution(ds, task.labels)
+                if "origin" in ds.column_names:
+                    origin = ds.data.column("origin").to_numpy(zero_copy_only=False)
+                    new = origin != "original"
+                    if new.any():
+                        new_rows["rows"] = max(new_rows["rows"], int(new.sum()))
+                        new_rows["perturbed"] |= bool((origin == "perturbed").any())
+                        methods = ds.data.column("method").to_numpy(zero_copy_only=False)[new]
+                        new_rows["methods"] |= set(map(str, np.unique(methods)))
             if c.rejected is not None and len(c.rejected):
                 extra = [col for col in (REJECTED_BY, "reason", "aflite_score", "aflite_round", "stage")
                          if col in c.rejected.column_names]
@@ -220,52 +334,82 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
                 summarise(c.name, train, original_zs)
         if set_aside is not None and len(set_aside):
             (tmp / "rejected").mkdir(exist_ok=True)
+            if "file" in set_aside.column_names:  # file names, not the builder's paths
+                set_aside = set_aside.map(lambda b: {"file": [public_paths(f) for f in b["file"]]}, batched=True)
             set_aside.to_parquet(str(tmp / "rejected" / "set_aside_on_load.parquet"))
-        manifest = dict(manifest)
+        manifest = public_paths(dict(manifest))
+        manifest[WRITTEN_BY_KEY] = TOOL  # the mark that lets --overwrite replace it
+        manifest["repo_id"] = meta.get("repo_id")
+        manifest["history"] = [dict(h) for h in meta.get("history") or []]
+        manifest["label_distribution"] = labels
         manifest["files"] = {c: {s: [{k: v for k, v in f.items() if k != "arrow_bytes"} for f in fs]
                                  for s, fs in sp.items()} for c, sp in written.items()}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        yaml_header = _dataset_card_yaml(task, configs, written, default, meta)
-        body = render_card(task, configs, written, summaries, manifest, meta, default)
+        new_origins = ["generated"] if new_rows["rows"] else []
+        yaml_header = _dataset_card_yaml(task, configs, written, default, meta, new_origins=new_origins)
+        body = render_card(task, configs, written, summaries, manifest, meta, default,
+                           generated=dict(new_rows, methods=sorted(new_rows["methods"])) if new_rows["rows"] else None)
         (tmp / "README.md").write_text(f"---\n{yaml_header}---\n\n{body}")
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp.rename(out)
-    except BaseException:
+        replace_folder(tmp, out)
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):  # no space, read-only: one line, and no half release left
+            raise write_error(err, out) from err
         raise
+    finally:
+        unlock()
     return out
 
 
 def templates_dir() -> Path:
-    env = os.environ.get("DEBIASED_NLI_TEMPLATES")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "model_cards"
+    """``model_cards/`` (``$DEBIASED_NLI_TEMPLATES``, the copy inside an installed wheel, or the checkout's)."""
+    from .resources import data_folder
+
+    return data_folder("model_cards")
 
 
-def render_card(task: TaskSpec, configs: Sequence[ConfigData], written, summaries, manifest, meta, default) -> str:
+def render_card(task: TaskSpec, configs: Sequence[ConfigData], written, summaries, manifest, meta, default,
+                generated: Mapping[str, Any] | None = None) -> str:
+    """The card body (``model_cards/dataset_card.md.j2``). The build manifest is linked, not inlined."""
     import jinja2
+    import yaml
+
+    from .features import list_extractors
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     sizes = []
     split_names = sorted({s for sp in written.values() for s in sp}, key=lambda s: (s != "train", s))
     for c in configs:
+        rejected = len(c.rejected) if c.rejected is not None else 0
+        train = sum(f["rows"] for f in written[c.name].get("train", []))
         sizes.append({"config": c.name, "description": c.description or CONFIG_DESCRIPTIONS.get(c.name, ""),
                       "default": c.name == default,
                       "rows": {s: sum(f["rows"] for f in written[c.name].get(s, [])) if s in written[c.name] else None
                                for s in split_names},
-                      "rejected": len(c.rejected) if c.rejected is not None else 0})
+                      "rejected": rejected, "considered": train + rejected if rejected else 0})
     # a step's markdown keeps its own structure, three levels below the card's config headings
     sections = [(c.name, "\n".join("###" + line if line.startswith("#") else line
                                     for line in c.card_section.splitlines()))
                 for c in configs if c.card_section]
+    recipe = manifest.get("recipe") or {}
+    steps = [c.name for c in configs] + [st.get("step", "") for key in ("new_rows", "filters")
+                                         for st in (recipe.get(key) or []) if isinstance(st, Mapping)]
+    used = set(manifest.get("features", {}).get("extractors", {}))
+    unused = [e for e in list_extractors() if e not in used]
+    label_rows = []
+    for config, splits in (manifest.get("label_distribution") or {}).items():
+        for split, counts in splits.items():
+            total = max(sum(counts.values()), 1)
+            label_rows.append({"config": config, "split": split,
+                               "cells": [f"{counts[l]:,} ({100 * counts[l] / total:.1f}%)" for l in task.labels]})
     return env.get_template("dataset_card.md.j2").render(
-        task=task, sections=sections, meta=meta, sizes=sizes, split_names=split_names, summaries=summaries, manifest=manifest,
-        default=default, manifest_json=json.dumps({k: v for k, v in manifest.items() if k != "files"}, indent=2,
-                                                  sort_keys=True, default=str),
-        version=__version__, history=meta.get("history", []))
+        task=task, sections=sections, meta=meta, sizes=sizes, split_names=split_names, summaries=summaries,
+        manifest=manifest, default=default, version=__version__, project_url=project_url(),
+        repo_id=meta.get("repo_id") or f"<org>/{meta.get('pretty_name', 'release')}",
+        label_rows=label_rows, generated=generated,
+        debiased_families=", ".join(f"`{e}`" for e in sorted(used - {"null_v1"})) or "none",
+        unused_families="; nor the registered extractors this task did not use: "
+                        + ", ".join(f"`{e}`" for e in unused) if unused else "",
+        measurements=yaml.safe_load((templates_dir() / "measurements.yaml").read_text()) or {},
+        citations=citations_for(steps), history_table=render_history_table(meta.get("history") or []))

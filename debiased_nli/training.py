@@ -133,6 +133,10 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
         raw = datasets.load_dataset(release, config, split=split)
     except ValueError as err:  # unknown config / split: datasets lists the available ones
         raise ConfigError(f"cannot load split {split!r} of config {config!r} from {release}: {err}") from err
+    except Exception as err:  # a missing, unreachable or corrupt release: one line, naming it
+        from .data import root_cause
+        raise ConfigError(f"cannot load split {split!r} of config {config!r} from {release}: "
+                          f"{root_cause(err)}") from err
     if all(c in raw.column_names for c in ("uid", "origin", "method")) and isinstance(
             raw.features.get("label"), datasets.ClassLabel) and list(raw.features["label"].names) == list(task.labels):
         return raw
@@ -164,7 +168,11 @@ def load_model_for_task(model_name: str, task: TaskSpec):
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    cfg = AutoConfig.from_pretrained(model_name)
+    try:
+        cfg = AutoConfig.from_pretrained(model_name)
+    except Exception as err:  # a missing, unreachable or corrupt model folder: one line, naming it
+        from .data import root_cause
+        raise ConfigError(f"--model {model_name}: cannot load its config ({root_cause(err)})") from err
     names = [str(v) for _, v in sorted((int(k), v) for k, v in (cfg.id2label or {}).items())]
     generic = all(n.upper().startswith("LABEL_") for n in names)
     has_head = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
@@ -174,8 +182,12 @@ def load_model_for_task(model_name: str, task: TaskSpec):
                   "label2id": {l: i for i, l in enumerate(task.labels)}}
         if has_head and len(names) != task.num_labels:
             kwargs["ignore_mismatched_sizes"] = True
-    tok = AutoTokenizer.from_pretrained(model_name)
-    model = AutoModelForSequenceClassification.from_pretrained(model_name, **kwargs)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_name)
+        model = AutoModelForSequenceClassification.from_pretrained(model_name, **kwargs)
+    except Exception as err:
+        from .data import root_cause
+        raise ConfigError(f"--model {model_name}: cannot load the model ({root_cause(err)})") from err
     model_label_order(model, task, model_name)  # refuses a head whose names are not the task's
     return tok, model
 
@@ -279,6 +291,35 @@ class TrainResult:
         return dataclasses.asdict(self)
 
 
+RUN_FILE = "debiased_nli_run.json"
+# may change between resumes of one run (a rerun with more epochs extends it)
+_NOT_THE_RUN = ("output_dir", "resume", "use_cpu", "num_threads", "progress", "epochs", "eval_batch_size",
+                "save_total_limit", "early_stopping_patience")
+
+
+def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> None:
+    """Resume only the same run: the output folder's ``debiased_nli_run.json`` (model, task, data
+    fingerprints, hyper-parameters) must match this one, as ``generate`` checks its shards. A folder
+    with checkpoints but no such file (another tool's run) is refused too; ``--no-resume`` starts over."""
+    run = {"task": task.name, "train_fingerprint": train_ds._fingerprint,
+           "dev_fingerprint": dev_ds._fingerprint if dev_ds is not None else None,
+           **{k: v for k, v in cfg.to_dict().items() if k not in _NOT_THE_RUN}}
+    path = Path(cfg.output_dir, RUN_FILE)
+    if cfg.resume and _last_checkpoint(cfg.output_dir):
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise ConfigError(f"{cfg.output_dir} holds checkpoints of a run this tool did not record; use another "
+                              f"--out, or --no-resume to start over there") from None
+        if old != run:
+            diff = {k: (old.get(k), v) for k, v in run.items() if old.get(k) != v}
+            raise ConfigError(f"{cfg.output_dir} holds checkpoints of another run (differences, old -> new: "
+                              f"{diff}); use another --out, the same settings to resume, or --no-resume to "
+                              f"start over there")
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(run, indent=2, default=str))
+
+
 def _last_checkpoint(output_dir: str) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -308,6 +349,7 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     set_seed(cfg.seed)
     tok, model = load_model_for_task(cfg.model, task)
     order = model_label_order(model, task, cfg.model)
+    check_run(cfg, task, train_ds, dev_ds)
 
     bias, bias_info = None, None
     if cfg.poe:

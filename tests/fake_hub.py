@@ -1,7 +1,8 @@
 """A small Hub-compatible HTTP server for tests: it records every request and serves what was pushed.
 
 It speaks the parts of the Hub API that ``huggingface_hub`` uses to create a dataset repo, commit
-files (regular, base64 in the NDJSON commit payload), tag a commit, and that ``datasets`` uses to
+files (regular, base64 in the NDJSON commit payload) and deletions (``deletedFile``, ``deletedFolder``),
+tag a commit, and that ``datasets`` uses to
 read a repo back (repo info, tree listing, paths-info, resolve with ranges). Everything is kept in
 memory; each commit is a full snapshot, so revisions and tags resolve to exactly what was pushed.
 """
@@ -163,7 +164,14 @@ class FakeHub:
                             files[v["path"]] = base64.b64decode(v["content"]) if v.get("encoding") == "base64" \
                                 else v["content"].encode()
                         elif line["key"] == "deletedFile":
-                            files.pop(line["value"]["path"], None)
+                            if line["value"]["path"] not in files:  # the Hub refuses to delete a missing file
+                                return self._send(404, {"error": f"{line['value']['path']} does not exist"},
+                                                  headers={"X-Error-Code": "EntryNotFound"})
+                            files.pop(line["value"]["path"])
+                        elif line["key"] == "deletedFolder":
+                            prefix = line["value"]["path"].rstrip("/") + "/"
+                            for path in [p for p in files if p.startswith(prefix)]:
+                                files.pop(path)
                     oid = hashlib.sha1(json.dumps(sorted((k, hashlib.sha1(v).hexdigest()) for k, v in files.items()))
                                        .encode() + str(len(r["commits"])).encode()).hexdigest()
                     r["commits"][oid] = {"files": files, "summary": header.get("summary"), "parent": r["head"]}

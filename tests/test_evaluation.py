@@ -214,22 +214,68 @@ def fake_hub(monkeypatch):
     set_client_factory(_http.default_client_factory)
 
 
-def _results(accs: dict[str, float]) -> dict:
-    return {"schema": SCHEMA, "num_models": 3, "sets": {
-        s: {"accuracy": a, "accuracy_std": 0.01, "n": 100, "task": "snli", "runs": [{}, {}, {}]} for s, a in accs.items()}}
+HUB = {"hans": {"path": "jhu-cogsci/hans", "name": None, "split": "validation"},
+       "snli_test": {"path": "stanfordnlp/snli", "name": None, "split": "test"}}
 
 
-def test_push_writes_the_model_index_of_a_new_card(fake_hub):
+def _results(accs: dict[str, float], n: int = 100, n_total: int = 100, runs: int = 3) -> dict:
+    # hub_dataset: what challenge_source() records for a set read from the Hub (None: no Hub dataset)
+    return {"schema": SCHEMA, "num_models": runs, "config": {"sample_seed": 7}, "sets": {
+        s: {"accuracy": a, "accuracy_std": 0.01, "n": n, "n_total": n_total, "subsampled": n < n_total,
+            "sample_seed": 7 if n < n_total else None, "task": "snli", "hub_dataset": HUB.get(s),
+            "runs": [{"seed": i + 1} for i in range(runs)]} for s, a in accs.items()}}
+
+
+def _index(meta) -> dict:
+    from huggingface_hub import ModelCardData
+
+    results = ModelCardData(**meta).eval_results  # huggingface_hub's own model-index parser reads it back
+    return {(r.dataset_name, r.metric_type): r for r in results}
+
+
+def test_push_writes_the_model_index_of_a_new_card_with_real_hub_ids_only(fake_hub):
     hub = fake_hub(None)
-    push_results("org/minilm-snli", _results({"hans": 0.52, "snli_test_hard": 0.61}), token="hf_test")
+    _, left_out = push_results("org/minilm-snli", _results({"hans": 0.52, "snli_test_hard": 0.61}), token="hf_test")
     meta, _ = hub.pushed_card()
-    [entry] = meta["model-index"]
-    assert entry["name"] == "minilm-snli"
-    got = {r["dataset"]["name"]: (r["dataset"]["type"], r["metrics"][0]["type"], r["metrics"][0]["value"])
-           for r in entry["results"]}
-    assert got == {"hans": ("jhu-cogsci/hans", "accuracy", 0.52),
-                   "snli_test_hard": ("debiased-nli/snli_test_hard", "accuracy", 0.61)}
+    assert meta["model-index"][0]["name"] == "minilm-snli"
+    got = _index(meta)
+    # three seeds: the mean and the standard deviation, each a metric of the same Hub dataset
+    assert set(got) == {("hans", "accuracy"), ("hans", "accuracy_std")}
+    assert got["hans", "accuracy"].dataset_type == "jhu-cogsci/hans" and got["hans", "accuracy"].metric_value == 0.52
+    assert got["hans", "accuracy"].metric_args == {"num_models": 3, "seeds": [1, 2, 3]}
+    assert got["hans", "accuracy_std"].metric_value == 0.01
+    # SNLI-hard has no Hub dataset: left out, never published under an invented id
+    assert left_out == ["snli_test_hard"] and "debiased-nli/" not in json.dumps(meta)
     assert ("POST", "/api/models/org/minilm-snli/commit/main") in hub.requests
+
+
+def test_a_sample_score_is_published_as_a_sample(fake_hub):
+    hub = fake_hub(None)
+    push_results("org/m", _results({"snli_test": 0.6}, n=1000, n_total=9824, runs=1))
+    meta, _ = hub.pushed_card()
+    [(key, result)] = _index(meta).items()
+    assert key == ("snli_test (random sample of 1,000 of 9,824 rows, seed 7)", "accuracy")
+    assert result.dataset_type == "stanfordnlp/snli" and result.dataset_split == "test"
+    assert result.dataset_args == {"rows_scored": 1000, "rows_in_split": 9824, "sample": "seeded random sample",
+                                   "sample_seed": 7}
+    assert result.metric_name == "Accuracy" and result.metric_args is None
+
+
+def test_nothing_to_publish_under_a_hub_id_is_refused(fake_hub):
+    fake_hub(None)
+    with pytest.raises(ConfigError, match="nothing to put in the model-index"):
+        push_results("org/m", _results({"snli_test_hard": 0.6, "dasgupta_compositional": 0.4}))
+
+
+def test_only_rows_that_are_a_hub_datasets_get_its_id(shared_data):
+    from debiased_nli.challenge import challenge_source
+
+    # a local file marked as an exact copy of the Hub split, a regenerated stand-in, a set with no Hub id
+    assert challenge_source("snli_test", shared_data)["hub_dataset"] == {"path": "stanfordnlp/snli", "name": None,
+                                                                       "split": "test"}
+    assert challenge_source("hans", shared_data)["kind"] == "local"
+    assert challenge_source("hans", shared_data)["hub_dataset"] is None
+    assert challenge_source("snli_test_hard", shared_data)["hub_dataset"] is None
 
 
 def test_push_replaces_the_same_sets_and_keeps_the_rest_of_an_existing_card(fake_hub):
@@ -242,12 +288,11 @@ def test_push_replaces_the_same_sets_and_keeps_the_rest_of_an_existing_card(fake
     push_results("org/m", _results({"hans": 0.55}))
     meta, body = hub.pushed_card()
     assert meta["license"] == "apache-2.0" and "Hand-written text." in body
-    results = meta["model-index"][0]["results"]
-    values = {r["dataset"]["name"]: r["metrics"][0]["value"] for r in results}
-    assert values == {"hans": 0.55, "glue-mrpc": 0.9}
+    values = {k: r.metric_value for k, r in _index(meta).items()}
+    assert values == {("hans", "accuracy"): 0.55, ("hans", "accuracy_std"): 0.01, ("glue-mrpc", "f1"): 0.9}
 
 
 def test_a_missing_model_folder_is_named(tmp_path, capsys):
     assert main(["evaluate", "--model", str(tmp_path / "runs" / "nothing"), "--sets", "paws_qqp",
                  "--out", str(tmp_path / "o")]) == 2
-    assert f"model '{tmp_path / 'runs' / 'nothing'}': no such folder" in capsys.readouterr().err
+    assert f"--model {tmp_path / 'runs' / 'nothing'}: no such folder" in capsys.readouterr().err

@@ -3,6 +3,7 @@ serves it back, so the pull side (`load_dataset("org/name", config, revision=tag
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from debiased_nli.errors import ConfigError
-from debiased_nli.publish import merge_history, push_release
+from debiased_nli.publish import legacy_history, merge_history, push_release, with_history
+from debiased_nli.release import render_history_table
 from debiased_nli.recipe import build
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -45,9 +47,16 @@ def test_push_is_one_commit_with_every_file_and_a_tag(release, capsys):
         sent = {l["value"]["path"]: base64.b64decode(l["value"]["content"]) for l in lines if l["key"] == "file"}
         local = {p.relative_to(release).as_posix() for p in release.rglob("*") if p.is_file()}
         assert set(sent) == local
-        for rel in local - {"README.md"}:
+        for rel in local - {"README.md", "manifest.json"}:
             assert sent[rel] == (release / rel).read_bytes()
         assert "| v1.0 |" in sent["README.md"].decode()
+        # the machine-readable history and the repo id travel in the pushed manifest
+        pushed = json.loads(sent["manifest.json"])
+        assert pushed["history"][-1] == {"version": "v1.0", "notes": "published"}
+        assert pushed["repo_id"] == "org/debiased-demo"
+        local_manifest = json.loads((release / "manifest.json").read_text())
+        assert {k: v for k, v in pushed.items() if k not in ("history", "repo_id")} == \
+            {k: v for k, v in local_manifest.items() if k not in ("history", "repo_id")}
         tags = [r for r in hub.requests if "/tag/" in r["path"]]
         assert len(tags) == 1 and json.loads(tags[0]["body"])["tag"] == "v1.0" and out["commit"] in tags[0]["path"]
         create = json.loads(next(r for r in hub.requests if r["path"] == "/api/repos/create")["body"])
@@ -81,12 +90,21 @@ def test_tags_are_immutable_and_history_grows(release):
         push_release(release / "data", "org/d", token=TOKEN, endpoint="http://127.0.0.1:9")
 
 
-def test_merge_history_keeps_remote_rows_first():
-    local = "# x\n\n## Version history\n\n| version | notes |\n|---|---|\n| 1.0.0 | first release |\n\n## Citation\nc\n"
-    remote = "## Version history\n\n| version | notes |\n|---|---|\n| v0.9 | beta |\n"
-    merged = merge_history(local, remote, "v1.0")
-    assert merged.index("v0.9") < merged.index("1.0.0") < merged.index("| v1.0 |")
-    assert merged.rstrip().endswith("c")
+def test_merge_history_keeps_remote_rows_first_and_reads_an_old_card_once():
+    # a card pushed before the history lived in manifest.json: its table is parsed, once
+    old_card = ("# x\n\n## Version history\n\n| version | notes |\n|---|---|\n| v0.9 | beta \\| rc |\n"
+                "\n## Citation\nc\n")
+    remote = legacy_history(old_card)
+    assert remote == [{"version": "v0.9", "notes": "beta | rc"}]
+    merged = merge_history(remote, [{"version": "1.0.0", "notes": "first release"}], "v1.0", "a | b")
+    assert [h["version"] for h in merged] == ["v0.9", "1.0.0", "v1.0"]
+    table = render_history_table(merged)
+    # the table is rendered from the list (a pipe in a note is escaped, not a new cell) and reads back
+    assert "| v1.0 | a \\| b |" in table
+    card = with_history(f"# x\n\n## Version history\n\n{render_history_table([])}\n\n## Citation\nc\n", merged)
+    assert legacy_history(card) == merged and card.rstrip().endswith("c")
+    with pytest.raises(ConfigError, match="rebuild the release"):
+        with_history(old_card, merged)
 
 
 def test_pull_side_load_dataset_from_the_hub_by_tag(release):
@@ -129,3 +147,122 @@ def test_an_unreachable_hub_is_an_error_not_an_empty_history(release):
     with pytest.raises(Exception) as err:
         push_release(release, "org/x", revision="v1.0", token=TOKEN, endpoint=f"http://127.0.0.1:{port}")
     assert TOKEN not in str(err.value)
+
+
+def _load_revisions(endpoint: str, repo: str, config: str, revisions, hf_home: Path, token: str | None = None) -> dict:
+    """``load_dataset(repo, config, revision=r)`` for each revision, in a fresh process that talks to
+    ``endpoint`` through HF_ENDPOINT, as a user's would."""
+    code = ("import datasets, json, sys; print(json.dumps({r: datasets.load_dataset(sys.argv[1], sys.argv[2], "
+            "revision=None if r == 'main' else r, split='train').to_dict() for r in sys.argv[3:]}))")
+    env = dict(os.environ, HF_ENDPOINT=endpoint, HF_HUB_OFFLINE="0", HF_DATASETS_OFFLINE="0", HF_HOME=str(hf_home))
+    env.pop("HF_TOKEN", None)
+    if token:
+        env["HF_TOKEN"] = token
+    proc = subprocess.run([sys.executable, "-c", code, repo, config, *revisions], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_republishing_deletes_the_old_shards_and_each_revision_loads_its_own_rows(tmp_path, monkeypatch):
+    import datasets
+
+    import debiased_nli.release as release_module
+
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    build(ROOT / "builders/demo.yaml", v1, progress=False, max_rows=600)
+    monkeypatch.setattr(release_module, "ROWS_PER_SHARD", 150)  # v1.1 is written in several shards
+    build(ROOT / "builders/demo.yaml", v2, progress=False, max_rows=1200)
+    shards = lambda folder: sorted(p.relative_to(folder).as_posix() for p in (folder / "data").rglob("*.parquet"))
+    assert shards(v1) == ["data/z_filtered/train-00000-of-00001.parquet"]
+    assert len(shards(v2)) >= 2 and "data/z_filtered/train-00000-of-00001.parquet" not in shards(v2)
+    with FakeHub() as hub:
+        push_release(v1, "org/d", revision="v1.0", token=TOKEN, endpoint=hub.url)
+        from huggingface_hub import HfApi
+        # a file a person added to the repo: not written by debiased-nli, so never deleted
+        HfApi(endpoint=hub.url, token=TOKEN).upload_file(path_or_fileobj=b"notes", path_in_repo="data/NOTES.txt",
+                                                         repo_id="org/d", repo_type="dataset")
+        out = push_release(v2, "org/d", revision="v1.1", token=TOKEN, endpoint=hub.url)
+        commits = [r for r in hub.requests if r["path"].startswith("/api/datasets/org/d/commit/")]
+        last = [json.loads(x) for x in commits[-1]["body"].decode().splitlines()]
+        deleted = {l["value"]["path"] for l in last if l["key"] == "deletedFile"}
+        # the deletions travel in the same commit as the new files
+        assert "data/z_filtered/train-00000-of-00001.parquet" in deleted and set(out["deleted"]) == deleted
+        assert "rejected/z_filtered/train-00000-of-00001.parquet" in deleted
+        _, files_v10 = hub.snapshot("org/d", "v1.0")
+        _, files_v11 = hub.snapshot("org/d", "v1.1")
+        assert sorted(p for p in files_v10 if p.endswith(".parquet") and p.startswith("data/")) == shards(v1)
+        assert sorted(p for p in files_v11 if p.endswith(".parquet") and p.startswith("data/")) == shards(v2)
+        assert files_v11["data/NOTES.txt"] == b"notes"
+        assert {p for p in files_v11 if p.startswith("rejected/")} == \
+            {p.relative_to(v2).as_posix() for p in (v2 / "rejected").rglob("*") if p.is_file()}
+        pulled = _load_revisions(hub.url, "org/d", "z_filtered", ["v1.0", "v1.1"], tmp_path / "hf_home", TOKEN)
+    for rev, folder in (("v1.0", v1), ("v1.1", v2)):
+        assert pulled[rev] == datasets.load_dataset(str(folder), "z_filtered", split="train").to_dict(), rev
+    assert len(pulled["v1.0"]["uid"]) != len(pulled["v1.1"]["uid"])
+
+
+def test_push_points_the_card_at_the_repo_and_keeps_local_paths_out(release):
+    with FakeHub() as hub:
+        push_release(release, "someone/my-copy", revision="v1.0", token=TOKEN, endpoint=hub.url)
+        _, files = hub.snapshot("someone/my-copy", "v1.0")
+    card, manifest = files["README.md"].decode(), files["manifest.json"].decode()
+    assert 'load_dataset("someone/my-copy", "z_filtered")' in card
+    assert "debiased-nli/debiased-demo" not in card  # the recipe's repo id
+    for text in (card, manifest, (release / "README.md").read_text(), (release / "manifest.json").read_text()):
+        assert str(ROOT) not in text and str(release.parent) not in text and "/tmp/" not in text
+
+
+# ------------------------------------------------------------------ a third-party Hub-compatible server
+
+def _olah_cli() -> str | None:
+    exe = os.environ.get("OLAH_CLI") or shutil.which("olah-cli") or str(Path(sys.executable).parent / "olah-cli")
+    return exe if exe and Path(exe).exists() else None
+
+
+@pytest.mark.skipif(_olah_cli() is None, reason="olah is not installed (pip install olah, or the dev extra); "
+                                                "the pull side is still tested against tests/fake_hub.py")
+def test_olah_offline_mirror_serves_a_release_to_load_dataset(release, tmp_path):
+    """olah (a self-hosted Hub mirror) in offline mode serves a git repository of the release from its
+    mirrors path (mirrors/datasets/ORG/NAME); `load_dataset` reads it through HF_ENDPOINT, by tag."""
+    import socket
+    import time
+    import urllib.request
+
+    import datasets
+
+    repo = tmp_path / "mirrors" / "datasets" / "org" / "debiased-demo"
+    shutil.copytree(release, repo)
+    git_env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.org", GIT_COMMITTER_NAME="t",
+                   GIT_COMMITTER_EMAIL="t@example.org")
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "v1.0"],
+                ["git", "tag", "v1.0"]):
+        subprocess.run(cmd, cwd=repo, env=git_env, check=True, capture_output=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "olah.toml"
+    config.write_text(f'[basic]\nhost = "127.0.0.1"\nport = {port}\nrepos-path = "{tmp_path / "cache"}"\n'
+                      f'mirror-scheme = "http"\nmirror-netloc = "127.0.0.1:{port}"\n'
+                      f'mirror-lfs-netloc = "127.0.0.1:{port}"\nmirrors-path = ["{tmp_path / "mirrors"}"]\n'
+                      f'[accessibility]\noffline = true\n')
+    log_file = open(tmp_path / "olah.log", "w")
+    server = subprocess.Popen([_olah_cli(), "-c", str(config)], cwd=tmp_path, stdout=log_file, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/datasets/org/debiased-demo/revision/v1.0", timeout=5).read()
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    pytest.fail("olah did not start: " + (tmp_path / "olah.log").read_text()[-2000:])
+                time.sleep(0.5)
+        pulled = _load_revisions(url, "org/debiased-demo", "z_filtered", ["v1.0"], tmp_path / "hf_home")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log_file.close()
+    assert pulled["v1.0"] == datasets.load_dataset(str(release), "z_filtered", split="train").to_dict()
+    assert "/resolve/" in (tmp_path / "olah.log").read_text()  # the rows came through olah

@@ -4,7 +4,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._common import add_task_arguments, task_from_args
+from ._common import (NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, add_task_arguments, check_model_reference, number,
+                      task_from_args)
+
+
+def p0_argument(text: str):
+    """'uniform', 'prior' or a number strictly between 0 and 1."""
+    if text in ("uniform", "prior"):
+        return text
+    return number(float, low=0, high=1, low_open=True, high_open=True)(text)
 
 
 def register(sub) -> None:
@@ -16,32 +24,38 @@ def register(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_task_arguments(p)
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--top-k", type=int, default=20, help="features reported per label")
-    p.add_argument("--z-threshold", type=float, default=None,
+    p.add_argument("--top-k", type=POSITIVE_INT, default=20, help="features reported per label")
+    p.add_argument("--z-threshold", type=POSITIVE_FLOAT, default=None,
                    help="|z| threshold for counts and the plot (default: Bonferroni-corrected at --alpha)")
-    p.add_argument("--alpha", type=float, default=0.01, help="significance level for the default threshold")
-    p.add_argument("--p0", default="uniform", help="'uniform' (1/K), 'prior' (label shares) or a number")
+    p.add_argument("--alpha", type=number(float, low=0, high=1, low_open=True, high_open=True), default=0.01, help="significance level for the default threshold")
+    p.add_argument("--p0", type=p0_argument, default="uniform", help="'uniform' (1/K), 'prior' (label shares) or a number")
     p.add_argument("--hypothesis-only", default="tfidf",
                    help="'tfidf' (out-of-fold TF-IDF + logistic regression), a fine-tuned classifier folder or "
                         "Hub id, or 'none'")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..audit import audit_dataset, write_audit
-    from ..data import load_task
+    from ..data import load_task, parse_data_files, require_two_labels
+    from ..outputs import check_target, is_audit_folder
 
     task = task_from_args(args)
+    inputs = [f for files in (parse_data_files(args.data_files) or {}).values() for f in files]
+    check_target(args.out, overwrite=True, must_be_new=False, is_ours=is_audit_folder, what="audit", inputs=inputs)
     loaded = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
                        revision=args.revision, max_rows=args.max_rows)
-    p0 = args.p0 if args.p0 in ("uniform", "prior") else float(args.p0)
-    hyp = None if args.hypothesis_only == "none" else args.hypothesis_only
+    p0 = args.p0
+    hyp = None if args.hypothesis_only.lower() == "none" else args.hypothesis_only
+    if hyp not in (None, "tfidf"):
+        check_model_reference(hyp, "--hypothesis-only")
+    require_two_labels(loaded.dataset, task, f"{task.name} split {args.split!r}")
     report, zs = audit_dataset(loaded.dataset, task, top_k=args.top_k, p0=p0, z_threshold=args.z_threshold,
                                alpha=args.alpha, hypothesis_only=hyp, seed=args.seed, return_zstats=True)
     report["source"] = loaded.source
     report["counts"] = loaded.counts
-    paths = write_audit(report, args.out, zs, set_aside=loaded.set_aside)
+    paths = write_audit(report, args.out, zs, set_aside=loaded.set_aside, inputs=inputs)
     print(f"audited {report['n_rows']:,} rows of {task.name}; hypothesis-only accuracy "
           f"{report['hypothesis_only_accuracy']}; largest |z| {report['max_abs_z']}", file=sys.stderr)
     for label in task.labels:

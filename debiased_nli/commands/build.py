@@ -4,17 +4,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._common import NON_NEGATIVE_INT, POSITIVE_INT
+
 
 def register(sub) -> None:
+    from ..resources import packaged_recipes
+
     p = sub.add_parser(
         "build", help="build a release (z_filtered, z_aug, par_z, seq_z, ...) from a recipe",
-        description="Run a builder recipe (builders/<name>.yaml): load the task's data, compute features once, "
+        description="Run a builder recipe (a YAML file, or a packaged recipe by name) end to end: load the task's "
+                    "data, compute features once, "
                     "z-filter (Wu et al. 2022, Algorithm 1), compose Z-Aug / Par-Z / Seq-Z when new rows are given, "
                     "run the recipe's filter steps, and write OUT as a Hub dataset repo folder "
                     "(data/<config>/<split>-*.parquet, README.md with configs and the dataset card, manifest.json). "
                     "`datasets.load_dataset(OUT, CONFIG)` opens it; `debiased-nli push OUT --repo-id ORG/NAME` publishes it.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("recipe", help="a recipe YAML (see builders/)")
+    p.add_argument("recipe", help="a recipe YAML file, or the name of a recipe that comes with the package: "
+                                  f"{', '.join(packaged_recipes()) or 'none found'} (builders/<name>.yaml)")
     p.add_argument("--out", required=True, help="the release folder to write (written atomically)")
     p.add_argument("--data-files", nargs="+", metavar="[SPLIT=]PATH",
                    help="local files for D0 (and eval splits) instead of the recipe's source")
@@ -23,22 +29,30 @@ def register(sub) -> None:
                         "z_aug, par_z and seq_z")
     p.add_argument("--profile", help="apply one of the recipe's profiles (e.g. `paper`: the generation steps of "
                                      "Wu et al. 2022; see the recipe's `profiles`)")
-    p.add_argument("--max-rows", type=int, help="use at most this many rows of D0 (quick looks)")
-    p.add_argument("--seed", type=int, help="override the recipe's seed")
+    p.add_argument("--max-rows", type=POSITIVE_INT, help="use at most this many rows of D0 (quick looks)")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, help="override the recipe's seed")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
     p.add_argument("--efficacy", metavar="FILE",
                    help="the efficacy table (benchmarks/results/efficacy.json): the card shows the measured "
                         "accuracy of a model trained on each config that has a row in it")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..recipe import build
+    from ..resources import find_recipe
 
-    result = build(args.recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
+    recipe = find_recipe(args.recipe)
+    if str(recipe) != args.recipe:
+        print(f"recipe: {recipe}", file=sys.stderr)
+    result = build(recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
                    overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
                    profile=args.profile, efficacy=args.efficacy)
+    from .cache import prune_cache
+    pruned, size = prune_cache()  # keep the feature cache of earlier builds bounded
+    if pruned:
+        print(f"pruned {pruned} old cache entries ({size / 2**20:,.1f} MB); see `debiased-nli cache info`",
+              file=sys.stderr)
     print(f"wrote {result.out_dir}", file=sys.stderr)
     for name, n in result.configs.items():
         print(f"  {name}: {n:,} train rows", file=sys.stderr)

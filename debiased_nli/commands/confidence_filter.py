@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ._common import add_task_arguments, task_from_args
+from ._common import POSITIVE_INT, add_task_arguments, check_model_reference, number, task_from_args
 
 DESCRIPTION = """\
 Confidence filtering (Wu et al. 2022): an NLI model M (any AutoModelForSequenceClassification, Hub id or
@@ -21,11 +21,11 @@ def register(sub) -> None:
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_task_arguments(p)
     p.add_argument("--model", default="roberta-large", help="NLI classifier M: Hub id or folder")
-    p.add_argument("--tau", type=float, default=0.95, help="keep rows with p_M(label) > tau")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--tau", type=number(float, low=0, high=1, high_open=True), default=0.95, help="keep rows with p_M(label) > tau")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=64)
+    p.add_argument("--max-length", type=POSITIVE_INT, default=128)
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
     p.set_defaults(func=run)
 
 
@@ -36,6 +36,7 @@ def run(args) -> int:
     from ..generation.steps import confidence_filter_step
 
     task = task_from_args(args)
+    check_model_reference(args.model, "--model")
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)

@@ -5,6 +5,7 @@ import argparse
 import json
 
 from ..errors import ConfigError
+from ._common import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, check_model_reference, number
 
 DESCRIPTION = """\
 Sample rows from a generator trained by `debiased-nli train-generator` (a folder with a full model or a
@@ -28,26 +29,27 @@ def register(sub) -> None:
     p.add_argument("task", help="the task whose labels the generator uses (snli, mnli, ..., or a task YAML)")
     p.add_argument("--generator", required=True, help="generator folder (model or LoRA adapter) or Hub id")
     p.add_argument("--out", required=True, help="output folder for shards, rejects and the report")
-    p.add_argument("--num-samples", type=int, required=True)
-    p.add_argument("--num-shards", type=int, help="default: num-samples / shard-size (at least one per process)")
-    p.add_argument("--shard-size", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (left-padded)")
-    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--num-samples", type=POSITIVE_INT, required=True)
+    p.add_argument("--num-shards", type=POSITIVE_INT, help="default: num-samples / shard-size (at least one per process)")
+    p.add_argument("--shard-size", type=POSITIVE_INT, default=1000)
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts per generate call (left-padded)")
+    p.add_argument("--top-p", type=number(float, low=0, high=1, low_open=True), default=0.9, help="nucleus sampling mass")
+    p.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)
+    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=96)
     p.add_argument("--condition", choices=["none", "premise", "premise+label"], default="none",
                    help="none: sample whole rows (the paper); premise(+label): prompt with premises from --premises-from")
     p.add_argument("--premises-from", nargs="+", metavar="PATH", help="files with a premise column (for --condition)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--cpu", action="store_true", help="run on CPU (gloo between processes)")
-    p.add_argument("--threads", type=int, help="torch CPU threads per process")
+    p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads per process")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..generation.sample import generate_samples
 
+    check_model_reference(args.generator, "--generator", files=("config.json", "adapter_config.json"))
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -55,13 +57,13 @@ def run(args) -> int:
     if args.condition != "none":
         if not args.premises_from:
             raise ConfigError(f"--condition {args.condition} needs --premises-from PATH")
-        import datasets
-        from ..data import parse_data_files
-        files = parse_data_files(args.premises_from)["train"]
-        ds = datasets.load_dataset("parquet" if files[0].endswith(".parquet") else "json", data_files=files, split="train")
-        if "premise" not in ds.column_names:
-            raise ConfigError(f"{files[0]} has no 'premise' column (it has {ds.column_names})")
-        premises = list(ds["premise"])
+        from ..data import file_fingerprint, parse_data_files, read_data_file
+        premises = []
+        for path in parse_data_files(args.premises_from)["train"]:
+            ds = read_data_file(path, file_fingerprint(path)["sha256"])  # a bad file: one line naming it
+            if "premise" not in ds.column_names:
+                raise ConfigError(f"{path} has no 'premise' column (it has {ds.column_names})")
+            premises += [p for p in ds["premise"] if isinstance(p, str) and p.strip()]
     report = generate_samples(args.generator, args.out, args.task, args.num_samples, num_shards=args.num_shards,
                               shard_size=args.shard_size, seed=args.seed, batch_size=args.batch_size, top_p=args.top_p,
                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import add_task_arguments, task_from_args
+from ._common import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, add_task_arguments,
+                      check_model_reference, check_release_reference, number, task_from_args)
 
 _EPILOG = """examples:
   debiased-nli train snli --data-files train=../shared/data/snli/train_sample.parquet \\
@@ -33,27 +34,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "release/Hub source, when it has one)")
     p.add_argument("--model", required=True, help="Hub id or folder of the model to fine-tune")
     p.add_argument("--out", required=True, help="output folder (checkpoints, final model, debiased_nli_train.json)")
-    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
-    p.add_argument("--batch-size", type=int, default=32, help="per-device batch size (default 32)")
-    p.add_argument("--max-length", type=int, default=128, help="maximum tokens of premise+hypothesis (default 128)")
-    p.add_argument("--epochs", type=float, default=3.0, help="epochs (default 3; early stopping may end sooner)")
-    p.add_argument("--warmup-ratio", type=float, default=0.1, help="linear warm-up share of steps (default 0.1)")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=42, help="training seed (init of the head, order, dropout)")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of the --max-train-rows/--max-dev-rows sample")
-    p.add_argument("--max-train-rows", type=int, help="train on a seeded random sample of this many rows")
-    p.add_argument("--max-dev-rows", type=int, help="early-stop on a seeded random sample of this many dev rows")
-    p.add_argument("--eval-steps", type=int, help="evaluate and checkpoint every N steps (default: every epoch)")
-    p.add_argument("--patience", type=int, default=3, help="early-stopping patience in evaluations (default 3)")
+    p.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-5, help="learning rate (default 1e-5)")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=32, help="per-device batch size (default 32)")
+    p.add_argument("--max-length", type=POSITIVE_INT, default=128, help="maximum tokens of premise+hypothesis (default 128)")
+    p.add_argument("--epochs", type=POSITIVE_FLOAT, default=3.0, help="epochs (default 3; early stopping may end sooner)")
+    p.add_argument("--warmup-ratio", type=number(float, low=0, high=1, high_open=True), default=0.1, help="linear warm-up share of steps (default 0.1)")
+    p.add_argument("--weight-decay", type=NON_NEGATIVE_FLOAT, default=0.01)
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=42, help="training seed (init of the head, order, dropout)")
+    p.add_argument("--data-seed", type=NON_NEGATIVE_INT, default=0, help="seed of the --max-train-rows/--max-dev-rows sample")
+    p.add_argument("--max-train-rows", type=POSITIVE_INT, help="train on a seeded random sample of this many rows")
+    p.add_argument("--max-dev-rows", type=POSITIVE_INT, help="early-stop on a seeded random sample of this many dev rows")
+    p.add_argument("--eval-steps", type=POSITIVE_INT, help="evaluate and checkpoint every N steps (default: every epoch)")
+    p.add_argument("--patience", type=POSITIVE_INT, default=3, help="early-stopping patience in evaluations (default 3)")
     p.add_argument("--poe", action="store_true", help="product of experts with a hypothesis-only bias model")
-    p.add_argument("--poe-beta", type=float, default=1.0, help="weight of log b in softmax(log p + beta log b)")
-    p.add_argument("--poe-gamma", type=float, default=1.0, help="weight of the bias model's CE term")
+    p.add_argument("--poe-beta", type=NON_NEGATIVE_FLOAT, default=1.0, help="weight of log b in softmax(log p + beta log b)")
+    p.add_argument("--poe-gamma", type=NON_NEGATIVE_FLOAT, default=1.0, help="weight of the bias model's CE term")
     p.add_argument("--bias-model", default="tfidf",
                    help="'tfidf' (out-of-fold hypothesis-only TF-IDF+LR) or a hypothesis-only classifier folder")
     p.add_argument("--no-group-by-length", action="store_true", help="random batches instead of length-grouped")
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT has checkpoints")
     p.add_argument("--cpu", action="store_true", help="train on CPU even if a GPU is visible")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
     p.set_defaults(func=run)
 
 
@@ -65,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     task = task_from_args(args)
     if args.release and args.data_files:
         raise ConfigError("give either --release (with --config) or --data-files, not both")
+    check_model_reference(args.model, "--model")
+    if args.poe and args.bias_model != "tfidf":
+        check_model_reference(args.bias_model, "--bias-model")
+    if args.release:
+        check_release_reference(args.release, "--release")
     files = parse_data_files(args.data_files) if args.data_files else None
     train = load_training_split(task, data_files=files, release=args.release, config=args.config,
                                 split=args.split, on_invalid=args.on_invalid)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import add_task_arguments, task_from_args
+from ._common import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, add_task_arguments,
+                      check_model_reference, number, task_from_args)
 
 DESCRIPTION = """\
 Train a causal LM on `premise, label, hypothesis` sequences (Wu et al. 2022).
@@ -29,28 +30,28 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output folder (model or adapter, tokenizer, checkpoints, report)")
     p.add_argument("--mode", choices=["generator", "debias"], default="generator")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (peft) instead of the full model")
-    p.add_argument("--lora-r", type=int, default=8)
-    p.add_argument("--lora-alpha", type=int, default=16)
-    p.add_argument("--lora-dropout", type=float, default=0.05)
+    p.add_argument("--lora-r", type=POSITIVE_INT, default=8)
+    p.add_argument("--lora-alpha", type=POSITIVE_INT, default=16)
+    p.add_argument("--lora-dropout", type=number(float, low=0, high=1, high_open=True), default=0.05)
     p.add_argument("--lora-targets", default="all-linear", help="'all-linear' or module names, comma-separated")
     p.add_argument("--merge", action="store_true", help="also save the LoRA adapter merged into the base (out/merged)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps (default: --epochs over the data)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=8, help="rows per process and step")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--lam", type=float, default=0.5, help="lambda, weight of the label-consistency term")
-    p.add_argument("--alpha", type=float, default=1.0, help="alpha, weight of L_UL on Z-(D0) (--mode debias)")
-    p.add_argument("--max-length", type=int, default=128, help="tokens per sequence (longer ones are cut)")
-    p.add_argument("--top-k", type=int, default=20, help="biased features per label for the z-filter (--mode debias)")
-    p.add_argument("--z-batch-size", type=int, default=1000, help="z-filter batch size (--mode debias)")
-    p.add_argument("--checkpoint-every", type=int, default=500)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=POSITIVE_INT, help="optimizer steps (default: --epochs over the data)")
+    p.add_argument("--epochs", type=POSITIVE_INT, default=1)
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="rows per process and step")
+    p.add_argument("--grad-accum", type=POSITIVE_INT, default=1)
+    p.add_argument("--lr", type=POSITIVE_FLOAT, default=5e-5)
+    p.add_argument("--warmup-steps", type=NON_NEGATIVE_INT, default=0)
+    p.add_argument("--lam", type=NON_NEGATIVE_FLOAT, default=0.5, help="lambda, weight of the label-consistency term")
+    p.add_argument("--alpha", type=NON_NEGATIVE_FLOAT, default=1.0, help="alpha, weight of L_UL on Z-(D0) (--mode debias)")
+    p.add_argument("--max-length", type=POSITIVE_INT, default=128, help="tokens per sequence (longer ones are cut)")
+    p.add_argument("--top-k", type=POSITIVE_INT, default=20, help="biased features per label for the z-filter (--mode debias)")
+    p.add_argument("--z-batch-size", type=POSITIVE_INT, default=1000, help="z-filter batch size (--mode debias)")
+    p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=500)
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
     p.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
     p.add_argument("--cpu", action="store_true", help="run on CPU even when a GPU is visible")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
+    p.add_argument("--log-every", type=POSITIVE_INT, default=10)
     p.set_defaults(func=run)
 
 
@@ -59,6 +60,7 @@ def run(args) -> int:
     from ..generation.steps import train_generator_step
 
     task = task_from_args(args)
+    check_model_reference(args.model, "--model")
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)

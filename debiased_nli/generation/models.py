@@ -105,16 +105,149 @@ def count_parameters(model) -> dict[str, int]:
     return {"total": int(total), "trainable": int(trainable)}
 
 
-def save_generator(model, tokenizer, out_dir: "str | os.PathLike", *, merge: bool = False) -> str:
+def save_generator(model, tokenizer, out_dir: "str | os.PathLike", *, merge: bool = False,
+                   card: "dict[str, Any] | None" = None) -> str:
     """Save the adapter (LoRA) or the full model, and the tokenizer; with ``merge`` a LoRA model is
-    merged into its base and saved as a full model."""
+    merged into its base and saved as a full model. ``card`` (the training report) replaces the
+    README.md that peft writes (its template, every field "More Information Needed") by a card that
+    says what the generator is (:func:`write_generator_card`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    adapter = is_adapter_model(model) and not merge
     if merge and hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if card is not None:
+        write_generator_card(out, card, adapter=adapter)
     return str(out)
+
+
+def is_adapter_model(model) -> bool:
+    return bool(getattr(model, "peft_config", None))
+
+
+def _hub_id(name_or_path: str) -> str | None:
+    """``name_or_path`` when it names a Hub model (``gpt2-large``, ``org/name``), None for a local folder
+    (a card must not publish the builder's paths)."""
+    if os.path.isdir(name_or_path) or os.path.isabs(name_or_path) or name_or_path.startswith(".") \
+            or name_or_path.count("/") > 1:
+        return None
+    return name_or_path
+
+
+def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
+    """A model card for a generator trained by :func:`debiased_nli.generation.train.train_generator`:
+    the base model, the data, the loss and its weights, the training settings and how to sample."""
+    import yaml
+
+    from ..tasks import get_task
+
+    task = get_task(report["task"])
+    base = str(report.get("model") or "")
+    base_id = _hub_id(base)
+    mode = report.get("mode", "generator")
+    lora = report.get("lora")
+    meta: dict[str, Any] = {}
+    if base_id:
+        meta["base_model"] = base_id
+    meta["library_name"] = "peft" if adapter else "transformers"
+    meta["pipeline_tag"] = "text-generation"
+    meta["tags"] = ["debiased-nli", "nli-generator", "unlikelihood"] + (["lora"] if adapter else [])
+    if task.hub:
+        meta["datasets"] = [task.hub.path]
+    name = "G* (debiased generator)" if mode == "debias" else "G (label-consistent generator)"
+    if mode == "debias":
+        loss = (f"L = MLE on Z(D0) + alpha · L_UL on Z-(D0), alpha = {report.get('alpha')}: likelihood on the rows "
+                f"z-filtering kept, and unlikelihood only on the tokens that carry a rejected row's biased features "
+                f"(Wu et al. 2022, Section 4.1)")
+    else:
+        loss = (f"L = MLE + lambda · L_LC, lambda = {report.get('lambda')}: maximum likelihood of `premise, label, "
+                f"hypothesis` plus the token-level unlikelihood of the hypothesis under a wrong label "
+                f"(Wu et al. 2022, Section 2.2)")
+    zinfo = report.get("z_filter")
+    where = f"`{base_id}`" if base_id else f"a local checkpoint (`{Path(base).name}`; not a Hub id)"
+    lines = [
+        f"# {task.name} {name}, trained with debiased-nli",
+        "",
+        f"A causal language model fine-tuned to write {task.name} examples as `premise, label, hypothesis` "
+        f"sequences, as in Wu, Gardner, Stenetorp and Dasigi (2022). "
+        + ("This folder holds a LoRA adapter (peft) for the base model; load both." if adapter
+           else "This folder holds the full model."),
+        "",
+        "## Model",
+        "",
+        f"- Base model: {where}.",
+    ]
+    if adapter and lora:
+        lines.append(f"- LoRA: r = {lora.get('r')}, alpha = {lora.get('alpha')}, dropout = {lora.get('dropout')}, "
+                     f"target modules: {lora.get('target_modules')}.")
+    params = report.get("parameters") or {}
+    if params:
+        lines.append(f"- Parameters: {params.get('total', 0):,} in all, {params.get('trainable', 0):,} trained.")
+    lines += [
+        "",
+        "## Training data",
+        "",
+        f"- Task: {task.name} ({task.description}); labels {', '.join(task.labels)}.",
+        f"- Rows: {report.get('rows', 0):,}"
+        + (f" (z-filtering: {', '.join(f'{k} {v:,}' if isinstance(v, int) else f'{k} {v}' for k, v in zinfo.items())})"
+           if zinfo else "") + ".",
+        "",
+        "## Training",
+        "",
+        f"- Loss: {loss}.",
+        f"- Steps: {report.get('steps')} optimizer steps of {report.get('batch_size')} rows per process x "
+        f"{report.get('grad_accum')} accumulation x {report.get('processes')} process(es); learning rate "
+        f"{report.get('lr')}; sequences cut at {report.get('max_length')} tokens; seed {report.get('seed')}; "
+        f"mixed precision {report.get('mixed_precision')}; {report.get('seconds')} s.",
+        "- The full training report (loss history included) is `train_report.json` in this folder.",
+        "",
+        "## How to sample",
+        "",
+        "```bash",
+        f"debiased-nli generate {task.name} --generator <this folder or repo> --num-samples 1000 "
+        f"--out samples/ --top-p 0.9",
+        "```",
+        "",
+        "writes parsed `premise, hypothesis, label` rows (unparseable samples are kept apart). Then keep the "
+        "rows a classifier is confident of (`debiased-nli confidence-filter`) and compose a release with "
+        "`debiased-nli build ... --new-rows samples/*.parquet`. In Python:",
+        "",
+        "```python",
+        "from debiased_nli.generation.models import load_generator",
+        'model, tokenizer = load_generator("<this folder or repo>")'
+        + ("   # loads the base model and this adapter" if adapter else ""),
+        "```",
+        "",
+        "## Limitations",
+        "",
+        "Generated rows can be ungrammatical, contradict their label, or repeat the biases of the base model "
+        "and of the training data; the debiasing pipeline filters them (confidence filter, z-filtering) but no "
+        "person checks them.",
+        "",
+        "## Citation",
+        "",
+        "```bibtex",
+        "@inproceedings{wu-etal-2022-generating,",
+        "  title = {Generating Data to Mitigate Spurious Correlations in Natural Language Inference Datasets},",
+        "  author = {Wu, Yuxiang and Gardner, Matt and Stenetorp, Pontus and Dasigi, Pradeep},",
+        "  booktitle = {Proceedings of the 60th Annual Meeting of the Association for Computational Linguistics "
+        "(Volume 1: Long Papers)},",
+        "  pages = {2660--2676},",
+        "  year = {2022},",
+        "  url = {https://aclanthology.org/2022.acl-long.190}",
+        "}",
+        "```",
+        "",
+    ]
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n" + "\n".join(lines)
+
+
+def write_generator_card(out_dir: "str | os.PathLike", report: dict[str, Any], *, adapter: bool) -> Path:
+    path = Path(out_dir) / "README.md"
+    path.write_text(render_generator_card(report, adapter=adapter))
+    return path
 
 
 def merge_adapter(adapter_dir: str, out_dir: str) -> str:

@@ -146,20 +146,32 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         cfg_path = out / CONFIG_FILE
-        if cfg_path.exists():
-            old = json.loads(cfg_path.read_text())
+        # a config with no shard beside it is what a failed run left (e.g. a generator that did not
+        # load): nothing to protect, so it is replaced rather than refusing every later run
+        has_shards = any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))
+        if cfg_path.exists() and has_shards:
+            try:
+                old = json.loads(cfg_path.read_text())
+            except (OSError, ValueError):
+                old = {}
             if old != config:
                 diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
                 raise ConfigError(f"{out} holds shards of another run (differences, old -> new: {diff}); "
                                   f"use another --out folder or the same parameters to resume")
         else:
-            cfg_path.write_text(json.dumps(config, indent=2))
+            tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
+            tmp_cfg.write_text(json.dumps(config, indent=2))
+            os.replace(tmp_cfg, cfg_path)
     state.wait_for_everyone()
     mine = [i for i in range(n_shards) if i % state.num_processes == state.process_index]
     todo = [i for i in mine if not (out / shard_name(i, n_shards)).exists()]
     model = tok = None
     if todo:
-        model, tok = load_generator(generator, dtype=dtype)
+        try:
+            model, tok = load_generator(generator, dtype=dtype)
+        except Exception as err:  # missing or corrupt weights: one line naming the generator
+            from ..data import root_cause
+            raise ConfigError(f"--generator {generator}: cannot load it ({root_cause(err)})") from err
         if hasattr(model, "merge_and_unload"):  # a LoRA adapter: merged weights sample the same, faster
             model = model.merge_and_unload()
         model.to(state.device).eval()

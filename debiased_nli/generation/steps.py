@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..tasks import get_task
@@ -51,6 +52,9 @@ def train_generator_step(ds, task, params: dict):
     report["out"] = params["out"]
     if zinfo is not None:
         report["z_filter"] = zinfo
+        if int(os.environ.get("RANK", "0")) == 0:  # the card written at save time, now with the z-filter counts
+            from .models import write_generator_card
+            write_generator_card(params["out"], report, adapter=report.get("lora") is not None)
     return ds, None, report
 
 

@@ -293,9 +293,9 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
               "parameters": params, "history": history, "resumed_from": cps[-1].name if cps else None}
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(net)
-        save_generator(unwrapped, tok, out)
+        save_generator(unwrapped, tok, out, card=report)
         if merge:
-            report["merged"] = save_generator(unwrapped, tok, out / "merged", merge=True)
+            report["merged"] = save_generator(unwrapped, tok, out / "merged", merge=True, card=report)
         (out / "train_report.json").write_text(json.dumps(report, indent=2, default=str))
     accelerator.wait_for_everyone()
     return report

@@ -20,12 +20,32 @@ Returns:
     accuracy (`float`), n (`int`), correct (`int`), and, with breakdowns,
     breakdowns (`dict`): name -> {group -> {"accuracy": float, "n": int, "correct": int}}, groups sorted.
 Examples:
-    >>> metric = evaluate.load("evaluation/metrics/challenge_accuracy")
+    >>> from debiased_nli.challenge import load_metric
+    >>> metric = load_metric()  # evaluate.load() of this folder, wherever debiased-nli is installed
     >>> metric.compute(predictions=[0, 1, 1], references=[0, 1, 0], breakdowns={"h": ["a", "a", "b"]})
     {'accuracy': 0.6666666666666666, 'n': 3, 'correct': 2, 'breakdowns': {'h': {'a': {'accuracy': 1.0, 'n': 2, 'correct': 2}, 'b': {'accuracy': 0.0, 'n': 1, 'correct': 0}}}}
 """
 
-_CITATION = ""
+# The metric is plain accuracy; what it serves is the challenge-set evaluation of Wu et al. (2022),
+# whose breakdowns (e.g. by HANS heuristic) follow the sets' own papers.
+_CITATION = """\
+@inproceedings{wu-etal-2022-generating,
+  title = {Generating Data to Mitigate Spurious Correlations in Natural Language Inference Datasets},
+  author = {Wu, Yuxiang and Gardner, Matt and Stenetorp, Pontus and Dasigi, Pradeep},
+  booktitle = {Proceedings of the 60th Annual Meeting of the Association for Computational Linguistics (Volume 1: Long Papers)},
+  pages = {2660--2676},
+  year = {2022},
+  address = {Dublin, Ireland},
+  publisher = {Association for Computational Linguistics},
+  url = {https://aclanthology.org/2022.acl-long.190},
+  doi = {10.18653/v1/2022.acl-long.190}
+}
+"""
+
+_REFERENCE_URLS = [
+    "https://aclanthology.org/2022.acl-long.190",  # Wu et al. 2022: the challenge-set evaluation
+    "https://arxiv.org/abs/2203.12942",
+]
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
@@ -35,6 +55,7 @@ class ChallengeAccuracy(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
+            reference_urls=_REFERENCE_URLS,
             features=datasets.Features({"predictions": datasets.Value("int64"),
                                         "references": datasets.Value("int64")}),
         )

@@ -1,0 +1,874 @@
+"""Bad input and faults, as a new user meets them: every case ends with exit code 2, one line
+`error: ...` that names the problem, no traceback, and nothing touched outside the release.
+
+The table drives the command line in-process (`debiased_nli.cli.main`); a subprocess is used only
+where a real process is the point (kill -9 at random moments of a build, the console's stderr).
+Every build that succeeds here is checked for conservation: for each config, the original rows kept,
+rejected and set aside are exactly the input rows, by uid (new rows: by count).
+
+Set DEBIASED_NLI_BAD_INPUT_TABLE=path to write the table of cases and what each prints.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from debiased_nli.cli import main
+from debiased_nli.outputs import TMP_MARKER, is_release_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "builders" / "demo.yaml"
+SNLI = ROOT / "builders" / "snli.yaml"
+LABELS = ("entailment", "neutral", "contradiction")
+WORDS = "a man woman dog child plays runs sleeps outside inside the park street ball red blue".split()
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+def _rows(n: int, seed: int = 0, one_label: int | None = None) -> dict:
+    rng = random.Random(seed)
+    return {"premise": [" ".join(rng.choices(WORDS, k=rng.randint(4, 10))) + "." for _ in range(n)],
+            "hypothesis": [" ".join(rng.choices(WORDS, k=rng.randint(2, 6))) + "." for _ in range(n)],
+            "label": [one_label if one_label is not None else i % 3 for i in range(n)]}
+
+
+class World:
+    """The case's folder (also the current folder and $HOME's parent): inputs are made on demand."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.home = root / "home"
+        self.home.mkdir()
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def parquet(self, name="good.parquet", n=60, **kw) -> Path:
+        p = self.path(name)
+        pq.write_table(pa.table(_rows(n, **kw)), p)
+        return p
+
+    def write(self, name: str, data: "str | bytes") -> Path:
+        p = self.path(name)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        (p.write_bytes if isinstance(data, bytes) else p.write_text)(data)
+        return p
+
+    def truncated_parquet(self) -> Path:
+        good = self.parquet("whole.parquet", n=200).read_bytes()
+        return self.write("truncated.parquet", good[: len(good) // 2])
+
+    def recipe(self, **over) -> Path:
+        import yaml
+        base = {"task": "snli", "z_filter": {"top_k": 20, "batch_size": 100}}
+        for k, v in over.items():
+            base[k] = {**base.get(k, {}), **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+        return self.write("recipe.yaml", yaml.safe_dump(base))
+
+    def model_folder(self, name="model", config: "str | None" = "{}") -> Path:
+        p = self.path(name)
+        p.mkdir()
+        if config is not None:
+            (p / "config.json").write_text(config)
+        return p
+
+    def fake_release(self, name="rel") -> Path:
+        p = self.path(name)
+        (p / "data").mkdir(parents=True)
+        from debiased_nli.release import HISTORY_END, HISTORY_START
+        (p / "README.md").write_text(f"# not really\n\n{HISTORY_START}\n{HISTORY_END}\n")
+        (p / "manifest.json").write_text('{"history": []}')
+        return p
+
+    def lookalike(self, name="other") -> Path:
+        self.write(f"{name}/README.md", "# my notes")
+        return self.write(f"{name}/manifest.json", '{"mine": true}').parent
+
+    def broken_model(self, name="broken") -> Path:
+        from transformers import BertConfig
+        p = self.model_folder(name, config=BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                       intermediate_size=64).to_json_string())
+        (p / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+        return p
+
+    def broken_release(self, name="rel") -> Path:
+        p = self.fake_release(name)
+        (p / "README.md").write_text("---\nconfigs:\n- config_name: z_filtered\n  data_files:\n  - split: train\n"
+                                     "    path: data/z_filtered/train-*\n---\n")
+        self.write(f"{name}/data/z_filtered/train-00000-of-00001.parquet", b"PAR1 broken PAR1")
+        return p
+
+    def user_folder(self, name="mine") -> Path:
+        p = self.path(name)
+        p.mkdir()
+        (p / "thesis.tex").write_text("months of work")
+        return p
+
+
+def snapshot(root: Path) -> dict:
+    """Every file and folder under ``root`` with its size and mtime (libraries' caches under $HOME/.cache
+    aside: the Hugging Face libraries keep their own there)."""
+    return {str(p.relative_to(root)): (p.is_dir(), None if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns))
+            for p in root.rglob("*") if not str(p.relative_to(root)).startswith("home/.cache")}
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+@dataclasses.dataclass
+class Case:
+    id: str
+    argv: Callable[[World], list]
+    expect: tuple[str, ...]
+
+
+def C(id, argv, *expect):
+    return Case(id, argv, expect)
+
+
+def _train(w, *extra):
+    return ["train", "snli", "--data-files", w.parquet(), "--model", w.model_folder(), "--out", w.path("run"), *extra]
+
+
+def _evaluate(w, *extra):
+    return ["evaluate", "--model", w.model_folder(), "--sets", "snli_test_hard", "--out", w.path("eval"), *extra]
+
+
+def _aflite(w, *extra):
+    return ["aflite", "snli", "--data-files", w.parquet(), "--out", w.path("af"), *extra]
+
+
+def _audit(w, *extra, data=None):
+    return ["audit", "snli", "--data-files", data or w.parquet(), "--out", w.path("audit"), *extra]
+
+
+def _build(w, *extra, data=None, recipe=None):
+    return ["build", recipe or SNLI, "--data-files", data or w.parquet(), "--out", w.path("release"), "--quiet", *extra]
+
+
+def _generate(w, *extra):
+    return ["generate", "snli", "--generator", w.model_folder("gen"), "--out", w.path("gen-out"),
+            "--num-samples", "4", *extra]
+
+
+CASES = [
+    # ---- build: arguments and targets
+    C("build --max-rows 0", lambda w: _build(w, "--max-rows", "0"), "--max-rows", ">= 1"),
+    C("build --max-rows -5", lambda w: _build(w, "--max-rows", "-5"), "--max-rows", ">= 1"),
+    C("build --max-rows abc", lambda w: _build(w, "--max-rows", "abc"), "--max-rows", "integer"),
+    C("build --seed -1", lambda w: _build(w, "--seed", "-1"), "--seed"),
+    C("build --out . --overwrite", lambda w: ["build", DEMO, "--out", ".", "--overwrite"], "current folder"),
+    C("build --out $HOME --overwrite", lambda w: ["build", DEMO, "--out", w.home, "--overwrite"], "home folder"),
+    C("build --out / --overwrite", lambda w: ["build", DEMO, "--out", "/", "--overwrite"], "root"),
+    C("build --out <parent of an input> --overwrite",
+      lambda w: ["build", SNLI, "--data-files", w.write("inputs/train.parquet", w.parquet().read_bytes()),
+                 "--out", w.path("inputs"), "--overwrite"], "holds the input"),
+    C("build --out <the recipe's folder> --overwrite",
+      lambda w: ["build", w.write("recipes/r.yaml", DEMO.read_text()), "--out", w.path("recipes"), "--overwrite"],
+      "holds the input"),
+    C("build --out <a file> --overwrite", lambda w: ["build", DEMO, "--out", w.write("notes.txt", "x"), "--overwrite"],
+      "is a file"),
+    C("build --out <a file>", lambda w: ["build", DEMO, "--out", w.write("notes.txt", "x")], "is a file"),
+    C("build --out <user folder> --overwrite", lambda w: ["build", DEMO, "--out", w.user_folder(), "--overwrite"],
+      "not a release written by debiased-nli"),
+    C("build --out <existing folder>", lambda w: ["build", DEMO, "--out", w.user_folder()], "already exists"),
+    C("build --out <README.md + manifest.json not ours> --overwrite",
+      lambda w: ["build", DEMO, "--out", w.lookalike(), "--overwrite"], "not a release written by debiased-nli"),
+    # ---- build: recipes
+    C("recipe missing", lambda w: ["build", w.path("nope.yaml"), "--out", w.path("r")], "does not exist"),
+    C("recipe invalid YAML", lambda w: ["build", w.write("r.yaml", "task: snli\nz_filter: {top_k: 20\n"), "--out",
+                                        w.path("r")], "not valid YAML", "line"),
+    C("recipe is a list", lambda w: ["build", w.write("r.yaml", "- task\n- snli\n"), "--out", w.path("r")],
+      "must be a YAML mapping"),
+    C("recipe top_k: twenty", lambda w: _build(w, recipe=w.recipe(z_filter={"top_k": "twenty"})),
+      "z_filter.top_k", "'twenty'"),
+    C("recipe top_k: 0", lambda w: _build(w, recipe=w.recipe(z_filter={"top_k": 0})), "z_filter.top_k"),
+    C("recipe seed: abc", lambda w: _build(w, recipe=w.recipe(seed="abc")), "`seed`", "'abc'"),
+    C("recipe p0: 2", lambda w: _build(w, recipe=w.recipe(z_filter={"p0": 2})), "z_filter.p0"),
+    C("recipe p0: lots", lambda w: _build(w, recipe=w.recipe(z_filter={"p0": "lots"})), "z_filter.p0"),
+    C("recipe configs: a string", lambda w: _build(w, recipe=w.recipe(configs="z_filtered")), "`configs`", "list"),
+    C("recipe on_invalid: skip", lambda w: _build(w, recipe=w.recipe(data={"on_invalid": "skip"})), "data.on_invalid"),
+    C("recipe max_rows: 0", lambda w: _build(w, recipe=w.recipe(data={"max_rows": 0})), "data.max_rows"),
+    C("recipe folds: 1", lambda w: _build(w, recipe=w.recipe(features={"folds": 1})), "features.folds"),
+    C("recipe history version 1.1 (a float)",
+      lambda w: _build(w, recipe=w.recipe(history=[{"version": 1.1, "notes": "x"}])), "`history`"),
+    C("recipe new_rows step without a name", lambda w: _build(w, recipe=w.recipe(new_rows=[{"data_files": "x"}])),
+      "new_rows[0]"),
+    # ---- build: data files
+    C("build: data file missing", lambda w: _build(w, data=w.path("missing.parquet")), "does not exist"),
+    C("build: empty parquet (0 bytes)", lambda w: _build(w, data=w.write("empty.parquet", b"")), "empty.parquet",
+      "empty"),
+    C("build: truncated parquet", lambda w: _build(w, data=w.truncated_parquet()), "truncated.parquet", "Parquet"),
+    C("build: corrupt parquet", lambda w: _build(w, data=w.write("bad.parquet", b"PAR1" + os.urandom(300) + b"PAR1")),
+      "bad.parquet", "Parquet"),
+    C("build: parquet named .parquet but JSON inside",
+      lambda w: _build(w, data=w.write("j.parquet", '{"premise": "a"}\n')), "j.parquet", "Parquet"),
+    C("build: CSV with ; delimiter",
+      lambda w: _build(w, data=w.write("semi.csv", "premise;hypothesis;label\nA man.;A dog.;0\nB.;C.;1\n")),
+      "semi.csv", "delimiter"),
+    C("build: CSV in latin-1", lambda w: _build(w, data=w.write(
+        "latin.csv", "premise,hypothesis,label\nCaf\xe9 noir.,A drink.,0\nB.,C.,1\n".encode("latin-1"))),
+      "latin.csv", "UTF-8"),
+    C("build: JSONL with a list in hypothesis", lambda w: _build(w, data=w.write("mixed.jsonl",
+      '{"premise": "A man.", "hypothesis": "A woman.", "label": 0}\n'
+      '{"premise": "A dog.", "hypothesis": ["x", "y"], "label": 1}\n'), recipe=w.recipe()), "mixed.jsonl", "row 1", "hypothesis",
+      "not a string"),
+    C("build: JSONL with a number in premise", lambda w: _build(w, data=w.write("num.jsonl",
+      '{"premise": "A man.", "hypothesis": "A woman.", "label": 0}\n{"premise": 7, "hypothesis": "B.", "label": 1}\n'), recipe=w.recipe()),
+      "row 1", "premise", "not a string"),
+    C("build: JSONL not JSON", lambda w: _build(w, data=w.write("broken.jsonl", '{"premise": "A", \n')),
+      "broken.jsonl", "cannot read"),
+    C("build: unsupported .txt", lambda w: _build(w, data=w.write("d.txt", "x")), "unsupported file type"),
+    C("build: every row one label", lambda w: _build(w, data=w.parquet("one.parquet", one_label=2)),
+      "contradiction", "two labels"),
+    C("build: missing label column", lambda w: _build(w, data=w.write("nolabel.jsonl",
+      '{"premise": "A.", "hypothesis": "B."}\n')), "missing column", "label"),
+    C("build --new-rows corrupt", lambda w: _build(w, "--new-rows", w.write("new.parquet", b"garbage")),
+      "new.parquet", "Parquet"),
+    # ---- audit
+    C("audit --top-k 0", lambda w: _audit(w, "--top-k", "0"), "--top-k", ">= 1"),
+    C("audit --alpha 2", lambda w: _audit(w, "--alpha", "2"), "--alpha"),
+    C("audit --p0 abc", lambda w: _audit(w, "--p0", "abc"), "--p0"),
+    C("audit --p0 1.5", lambda w: _audit(w, "--p0", "1.5"), "--p0", "< 1"),
+    C("audit --z-threshold -1", lambda w: _audit(w, "--z-threshold", "-1"), "--z-threshold"),
+    C("audit --max-rows -1", lambda w: _audit(w, "--max-rows", "-1"), "--max-rows"),
+    C("audit --out .", lambda w: ["audit", "snli", "--data-files", w.parquet(), "--out", "."], "current folder"),
+    C("audit --out <user folder>", lambda w: ["audit", "snli", "--data-files", w.parquet(), "--out", w.user_folder()],
+      "not an audit written by debiased-nli"),
+    C("audit --hypothesis-only <missing folder>", lambda w: _audit(w, "--hypothesis-only", "./no/such/model"),
+      "--hypothesis-only", "no such folder"),
+    C("audit: every row one label", lambda w: _audit(w, data=w.parquet("one.parquet", one_label=0)), "two labels"),
+    C("audit: corrupt parquet", lambda w: _audit(w, data=w.write("bad.parquet", b"nope")), "bad.parquet"),
+    C("audit: unknown task", lambda w: ["audit", "snlii", "--data-files", w.parquet(), "--out", w.path("a")],
+      "snlii"),
+    # ---- train
+    C("train --batch-size 0", lambda w: _train(w, "--batch-size", "0"), "--batch-size", ">= 1"),
+    C("train --lr -1", lambda w: _train(w, "--lr", "-1"), "--lr", "> 0"),
+    C("train --epochs 0", lambda w: _train(w, "--epochs", "0"), "--epochs"),
+    C("train --warmup-ratio 1", lambda w: _train(w, "--warmup-ratio", "1"), "--warmup-ratio"),
+    C("train --model <missing folder>", lambda w: ["train", "snli", "--data-files", w.parquet(), "--model",
+                                                   "./models/none", "--out", w.path("run")], "--model", "no such folder"),
+    C("train --model <folder without config.json>", lambda w: ["train", "snli", "--data-files", w.parquet(), "--model",
+                                                                w.model_folder(config=None), "--out", w.path("run")],
+      "--model", "config.json"),
+    C("train --model <corrupt config.json>", lambda w: ["train", "snli", "--data-files", w.parquet(), "--model",
+                                                         w.model_folder(config="{not json"), "--out", w.path("run")],
+      "--model", "not valid JSON"),
+    C("train --model <uncached Hub id, offline>", lambda w: ["train", "snli", "--data-files", w.parquet(), "--model",
+                                                              "nobody/no-such-model", "--out", w.path("run")],
+      "--model", "offline"),
+    C("train --model <corrupt weights>", lambda w: ["train", "snli", "--data-files", w.parquet(), "--model",
+                                                     w.broken_model(), "--out", w.path("run")],
+      "--model", "cannot load"),
+    C("train --release <corrupt parquet inside>", lambda w: ["train", "snli", "--release", w.broken_release(),
+                                                             "--config", "z_filtered", "--model", w.model_folder(),
+                                                             "--out", w.path("run")], "cannot load", "z_filtered"),
+    C("train --poe --bias-model <missing>", lambda w: _train(w, "--poe", "--bias-model", "./bias/none"),
+      "--bias-model", "no such folder"),
+    C("train --release <missing>", lambda w: ["train", "snli", "--release", "./out/none", "--config", "z_filtered",
+                                              "--model", w.model_folder(), "--out", w.path("run")], "--release"),
+    C("train --release <not a release>", lambda w: ["train", "snli", "--release", w.user_folder(), "--config",
+                                                    "z_filtered", "--model", w.model_folder(), "--out", w.path("run")],
+      "not a release folder"),
+    # ---- evaluate
+    C("evaluate --max-examples 0", lambda w: _evaluate(w, "--max-examples", "0"), "--max-examples", ">= 1"),
+    C("evaluate --batch-size 0", lambda w: _evaluate(w, "--batch-size", "0"), "--batch-size"),
+    C("evaluate --compare <not JSON>", lambda w: _evaluate(w, "--compare", w.write("res.json", "<html>")),
+      "res.json", "not a JSON results file"),
+    C("evaluate --compare <other JSON>", lambda w: _evaluate(w, "--compare", w.write("res.json", "[1, 2]")),
+      "res.json", "not a debiased-nli results file"),
+    C("evaluate --compare <missing>", lambda w: _evaluate(w, "--compare", w.path("none.json")), "does not exist"),
+    C("evaluate --model <missing>", lambda w: ["evaluate", "--model", "./runs/none", "--sets", "hans", "--out",
+                                               w.path("e")], "--model", "no such folder"),
+    C("evaluate --label-order with a repeat", lambda w: _evaluate(w, "--label-order", "entailment,entailment,neutral"),
+      "--label-order"),
+    C("evaluate: unknown set", lambda w: _evaluate(w, "--sets", "hanz"), "hanz"),
+    # ---- generate
+    C("generate --num-samples 0", lambda w: _generate(w, "--num-samples", "0"), "--num-samples"),
+    C("generate --top-p 0", lambda w: _generate(w, "--top-p", "0"), "--top-p"),
+    C("generate --temperature 0", lambda w: _generate(w, "--temperature", "0"), "--temperature"),
+    C("generate --generator <missing>", lambda w: ["generate", "snli", "--generator", "./gens/none", "--out",
+                                                   w.path("g"), "--num-samples", "4"], "--generator", "no such folder"),
+    C("generate --generator <folder without config>", lambda w: ["generate", "snli", "--generator",
+                                                                 w.model_folder(config=None), "--out", w.path("g"),
+                                                                 "--num-samples", "4"], "--generator", "config.json"),
+    C("generate --premises-from <corrupt>", lambda w: _generate(w, "--condition", "premise", "--premises-from",
+                                                                w.write("prem.parquet", b"PAR1 nope")),
+      "prem.parquet", "Parquet"),
+    C("generate --condition premise without --premises-from", lambda w: _generate(w, "--condition", "premise"),
+      "--premises-from"),
+    # ---- aflite
+    C("aflite --m 0", lambda w: _aflite(w, "--m", "0"), "--m"),
+    C("aflite --tau 1.5", lambda w: _aflite(w, "--tau", "1.5"), "--tau"),
+    C("aflite --k 0", lambda w: _aflite(w, "--k", "0"), "--k"),
+    C("aflite --warmup-share 1", lambda w: _aflite(w, "--warmup-share", "1"), "--warmup-share"),
+    C("aflite --encoder <missing>", lambda w: _aflite(w, "--encoder", "./enc/none"), "--encoder", "no such folder"),
+    C("aflite: every row one label", lambda w: ["aflite", "snli", "--data-files", w.parquet("one.parquet", one_label=1),
+                                                "--out", w.path("af")], "two labels"),
+    C("aflite: corrupt parquet", lambda w: ["aflite", "snli", "--data-files", w.write("bad.parquet", b"x" * 50),
+                                            "--out", w.path("af")], "bad.parquet"),
+    # ---- push
+    C("push <not a release>", lambda w: ["push", w.user_folder(), "--repo-id", "org/x"], "not a release folder"),
+    C("push --repo-id noslash", lambda w: ["push", w.fake_release(), "--repo-id", "noslash"], "ORG/NAME"),
+    C("push --revision 'latest version'", lambda w: ["push", w.fake_release(), "--repo-id", "org/x", "--revision",
+                                                     "latest version"], "not a version tag"),
+    C("push in offline mode", lambda w: ["push", w.fake_release(), "--repo-id", "org/x"], "offline mode"),
+    # ---- cache
+    C("cache clear --older-than -1", lambda w: ["cache", "clear", "--older-than", "-1"], "--older-than"),
+    C("cache (no action)", lambda w: ["cache"], "required"),
+]
+
+
+def _record(case_id: str, message: str) -> None:
+    table = os.environ.get("DEBIASED_NLI_BAD_INPUT_TABLE")
+    if table:
+        with open(table, "a") as f:
+            f.write(json.dumps({"case": case_id, "prints": message}) + "\n")
+
+
+def _one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err[-2000:]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err[-2000:]
+    return errors[0]
+
+
+@pytest.fixture(autouse=True)
+def _library_logs_to_this_tests_stderr():
+    # `datasets` binds its log handler to the sys.stderr of the moment it was set up (an earlier
+    # test's captured stream); point it at this test's, as a fresh process would have it
+    from datasets.utils import logging as datasets_logging
+    from transformers.utils import logging as transformers_logging
+    for library in (datasets_logging, transformers_logging):
+        handler = getattr(library, "_default_handler", None)
+        if handler is not None:
+            handler.setStream(sys.stderr)
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    w = World(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(w.home))
+    return w
+
+
+def test_the_table_has_enough_cases_across_the_commands():
+    commands = {c.id.split()[0].rstrip(":") for c in CASES}
+    assert len(CASES) >= 50
+    assert {"build", "recipe", "audit", "train", "evaluate", "generate", "aflite", "push"} <= commands
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
+    argv = [str(a) for a in case.argv(world)]
+    before = snapshot(world.root)
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    line = _one_error_line(err)
+    _record(case.id, line)
+    assert rc == 2, (rc, line)
+    for fragment in case.expect:
+        assert fragment.lower() in line.lower(), (fragment, line)
+    assert snapshot(world.root) == before  # no output, no lock, no temporary folder, inputs unchanged
+
+
+# ------------------------------------------------------------------------------------------ conservation
+
+def _uids(path: Path, origin: str | None = "original") -> list[str]:
+    if not path.exists():
+        return []
+    files = [path] if path.is_file() else sorted(path.glob("*.parquet"))
+    out = []
+    for f in files:
+        t = pq.read_table(f)
+        if origin is not None and "origin" in t.column_names:
+            keep = [o == origin for o in t.column("origin").to_pylist()]
+            out += [u for u, k in zip(t.column("uid").to_pylist(), keep) if k]
+        else:
+            out += t.column("uid").to_pylist()
+    return out
+
+
+def assert_conserved(release: Path, task: str, n_input: int, n_new: int = 0) -> None:
+    """For every config: the original rows kept + rejected + set aside (on loading) are the input rows
+    `<task>:train:0..n-1`, each exactly once; the new rows, by count. The manifest counts what is written."""
+    manifest = json.loads((release / "manifest.json").read_text())
+    aside_path = release / "rejected" / "set_aside_on_load.parquet"
+    aside = pq.read_table(aside_path).to_pydict() if aside_path.exists() else {"uid": [], "input": []}
+    aside_train = [u for u, i in zip(aside["uid"], aside.get("input", ["train"] * len(aside["uid"]))) if i == "train"]
+    aside_new = sum(1 for i in aside.get("input", []) if i.startswith("new_rows"))
+    counts = {}
+    for i in aside.get("input", []):
+        counts[i] = counts.get(i, 0) + 1
+    assert manifest["set_aside"] == counts
+    expected = {f"{task}:train:{i}" for i in range(n_input)}
+    for config in manifest["files"]:
+        kept = [u for f in sorted((release / "data" / config).glob("train-*.parquet")) for u in _uids(f)]
+        rejected = _uids(release / "rejected" / config)
+        everything = kept + rejected + aside_train
+        assert len(everything) == len(set(everything)) and set(everything) == expected, config
+        if n_new and config != "z_filtered":
+            new_kept = [u for f in sorted((release / "data" / config).glob("train-*.parquet"))
+                        for u in _uids(f, "generated")]
+            new_rejected = _uids(release / "rejected" / config, "generated")
+            assert len(set(new_kept)) + len(set(new_rejected)) + aside_new == n_new, config
+
+
+def test_every_set_aside_row_of_every_input_is_written_and_counted(world, capsys):
+    """D0, an evaluation split and new rows each have bad rows: all of them are in the release."""
+    w = world
+    rows = _rows(300)
+    rows["hypothesis"][5] = ""                   # empty text
+    rows["label"][7] = -1                        # no gold label
+    pq.write_table(pa.table(rows), w.path("train.parquet"))
+    dev = _rows(40, seed=1)
+    dev["premise"][3] = None
+    pq.write_table(pa.table(dev), w.path("dev.parquet"))
+    new = _rows(50, seed=2)
+    new["label"][0] = 9                          # out of range
+    new["hypothesis"][1] = "   "
+    pq.write_table(pa.table(new), w.path("new.parquet"))
+    recipe = w.recipe(data={"on_invalid": "set_aside", "eval_splits": ["validation"]},
+                      new_rows=[{"step": "files", "data_files": str(w.path("new.parquet")), "on_invalid": "set_aside"}],
+                      features={"hypothesis_only": "none"})  # YAML's `none`: no hypothesis-only model
+    rc = main(["build", str(recipe), "--data-files", f"train={w.path('train.parquet')}",
+               f"validation={w.path('dev.parquet')}", "--out", str(w.path("rel")), "--quiet"])
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    rel = w.path("rel")
+    aside = pq.read_table(rel / "rejected" / "set_aside_on_load.parquet").to_pydict()
+    assert sorted(zip(aside["input"], aside["reason"])) == sorted([
+        ("train", "empty or null text"), ("train", "no gold label"), ("eval:validation", "empty or null text"),
+        ("new_rows:files:new.parquet", "label out of range"), ("new_rows:files:new.parquet", "empty or null text")])
+    assert_conserved(rel, "snli", 300, n_new=50)
+    manifest = json.loads((rel / "manifest.json").read_text())
+    assert manifest["recipe"]["features"]["hypothesis_only"] is None
+    assert sorted(p.name for p in w.root.iterdir()) == sorted(["home", "train.parquet", "dev.parquet", "new.parquet",
+                                                               "recipe.yaml", "rel"])
+
+
+# ------------------------------------------------------------------------------------------ data loss
+
+def _demo_release(out: Path, *extra) -> None:
+    assert main(["build", str(DEMO), "--out", str(out), "--max-rows", "600", "--quiet", *extra]) == 0
+    assert_conserved(out, "demo", 600)
+
+
+def test_overwrite_replaces_only_a_release_of_this_tool(world, capsys):
+    w = world
+    _demo_release(w.path("rel"))
+    (w.path("rel") / "stale.txt").write_text("from an old build")
+    _demo_release(w.path("rel"), "--overwrite", "--seed", "3")  # a release of ours: replaced whole
+    assert not (w.path("rel") / "stale.txt").exists() and is_release_folder(w.path("rel"))
+    assert json.loads((w.path("rel") / "manifest.json").read_text())["written_by"] == "debiased-nli"
+    # a folder with the same files but no mark is someone else's
+    manifest = json.loads((w.path("rel") / "manifest.json").read_text())
+    del manifest["written_by"], manifest["versions"]["debiased-nli"]
+    (w.path("rel") / "manifest.json").write_text(json.dumps(manifest))
+    before = snapshot(w.root)
+    assert main(["build", str(DEMO), "--out", str(w.path("rel")), "--overwrite", "--quiet"]) == 2
+    assert "not a release written by debiased-nli" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(w.root) == before
+
+
+def test_a_second_build_into_a_locked_target_is_refused(world, capsys):
+    w = world
+    lock = w.path(".rel.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what a running build holds
+    os.write(fd, b"4242")
+    try:
+        assert main(["build", str(DEMO), "--out", str(w.path("rel")), "--quiet"]) == 2
+        assert "another debiased-nli process (pid 4242) is writing" in _one_error_line(capsys.readouterr().err)
+        assert not w.path("rel").exists()
+    finally:
+        os.close(fd)
+    lock.unlink()
+    _demo_release(w.path("rel"))  # once the other run is gone, the build goes through
+    assert not lock.exists()
+
+
+def test_a_full_or_read_only_disk_leaves_no_half_release(world, capsys, monkeypatch):
+    import debiased_nli.outputs as outputs
+    import debiased_nli.release as release
+
+    w = world
+    real = release._write_parquet
+    calls = []
+
+    def full_disk(ds, folder, split):
+        calls.append(folder)
+        if len(calls) == 2:  # the first file is written, the second finds the disk full
+            raise OSError(errno.ENOSPC, "No space left on device", str(folder / f"{split}-00000.parquet"))
+        return real(ds, folder, split)
+
+    monkeypatch.setattr(release, "_write_parquet", full_disk)
+    before = snapshot(w.root)
+    assert main(["build", str(DEMO), "--out", str(w.path("rel")), "--max-rows", "600", "--quiet"]) == 2
+    assert "no space left on the device" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(w.root) == before  # no temporary folder, no 0-byte file, no lock
+    monkeypatch.setattr(release, "_write_parquet", real)
+
+    def read_only(target):
+        raise OSError(errno.EROFS, "Read-only file system", str(target.parent / f".{target.name}.tmp-1"))
+
+    monkeypatch.setattr(outputs, "temp_folder", read_only)
+    monkeypatch.setattr(release, "temp_folder", read_only)
+    assert main(["build", str(DEMO), "--out", str(w.path("rel")), "--max-rows", "600", "--quiet"]) == 2
+    assert "read-only" in _one_error_line(capsys.readouterr().err)
+    assert snapshot(w.root) == before
+
+
+def test_stale_temporary_folders_are_cleaned_and_an_interrupted_swap_put_back(world, capsys):
+    w = world
+    dead = 2**22 + 12345  # above pid_max on this machine's default: no such process
+    ours = w.path(f".rel.tmp-{dead}")
+    ours.mkdir()
+    (ours / TMP_MARKER).write_text(str(dead))
+    (ours / "manifest.json").write_text("{}")
+    not_ours = w.path(f".rel.tmp-{dead + 1}")
+    not_ours.mkdir()
+    (not_ours / "keep.txt").write_text("not made by debiased-nli")
+    alive = w.path(".rel.tmp-1")  # pid 1 is alive: a running build's
+    alive.mkdir()
+    (alive / TMP_MARKER).write_text("1")
+    _demo_release(w.path("rel"))
+    assert not ours.exists() and (not_ours / "keep.txt").exists() and alive.exists()
+    # killed between the two renames of a replacement: the old release is beside the target
+    w.path("rel").rename(w.path(f".rel.old-{dead}"))
+    assert main(["build", str(DEMO), "--out", str(w.path("rel")), "--max-rows", "600", "--quiet"]) == 2
+    assert "already exists" in _one_error_line(capsys.readouterr().err)  # put back, then protected
+    assert is_release_folder(w.path("rel")) and not w.path(f".rel.old-{dead}").exists()
+
+
+def test_a_file_rewritten_with_its_old_mtime_is_read_again(world, capsys):
+    """`cp -p`/`rsync -a` keep the mtime: the content hash in the cache key sees the new rows."""
+    w = world
+    data = w.parquet("train.parquet", n=90)
+    assert main(["build", str(SNLI), "--data-files", str(data), "--out", str(w.path("a")), "--quiet"]) == 0
+    st = data.stat()
+    rows = _rows(90)
+    rows["hypothesis"] = [f"Changed hypothesis number {i}." for i in range(90)]
+    pq.write_table(pa.table(rows), data)
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert main(["build", str(SNLI), "--data-files", str(data), "--out", str(w.path("b")), "--quiet"]) == 0
+    manifest = json.loads((w.path("b") / "manifest.json").read_text())
+    hypotheses = [h for f in sorted(w.path("b").glob("*/z_filtered/*.parquet"))
+                  for h in pq.read_table(f).column("hypothesis").to_pylist()]
+    assert len(hypotheses) == 90 and all(h.startswith("Changed") for h in hypotheses)
+    import hashlib
+    assert manifest["inputs"][0]["inputs"][0]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    for rel in ("a", "b"):
+        assert_conserved(w.path(rel), "snli", 90)
+
+
+# ------------------------------------------------------------------------------------------ kill -9
+
+def _env(tmp: Path) -> dict:
+    return dict(os.environ, DEBIASED_NLI_CACHE=str(tmp / "cache"), PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1",
+                HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+
+
+def _build_cmd(out: Path, *extra) -> list[str]:
+    return [sys.executable, "-m", "debiased_nli.cli", "build", str(DEMO), "--out", str(out), "--max-rows", "600",
+            "--quiet", *extra]
+
+
+def _complete(release: Path) -> bool:
+    if not is_release_folder(release):
+        return False
+    manifest = json.loads((release / "manifest.json").read_text())
+    return all((release / f["path"]).is_file() and pq.read_metadata(release / f["path"]).num_rows == f["rows"]
+               for splits in manifest["files"].values() for files in splits.values() for f in files)
+
+
+def test_kill_9_at_random_moments_leaves_the_target_absent_or_complete(tmp_path):
+    rng = random.Random(1234)
+    env = _env(tmp_path)
+    target = tmp_path / "rel"
+    start = time.monotonic()
+    done = subprocess.run(_build_cmd(tmp_path / "reference"), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_conserved(tmp_path / "reference", "demo", 600)
+    duration = time.monotonic() - start
+    outcomes = []
+    for attempt in range(3):
+        overwrite = ["--overwrite"] if target.exists() else []
+        proc = subprocess.Popen(_build_cmd(target, *overwrite), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        if attempt == 0:  # somewhere in the whole run
+            time.sleep(rng.uniform(0.2, 0.9) * duration)
+        else:  # while it writes the release: after the temporary folder appears
+            deadline = time.monotonic() + 2 * duration
+            while not list(tmp_path.glob(".rel.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        state = "complete" if target.exists() else "absent"
+        assert not target.exists() or _complete(target), f"attempt {attempt}: a half release"
+        outcomes.append(state)
+    # the next build cleans what the killed ones left and completes
+    final = subprocess.run(_build_cmd(target, "--overwrite") if target.exists() else _build_cmd(target), env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert _complete(target)
+    assert_conserved(target, "demo", 600)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".rel.")]
+    assert leftovers == [], leftovers
+
+
+def test_the_console_prints_no_traceback_and_v_shows_it(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really PAR1")
+    cmd = [sys.executable, "-m", "debiased_nli.cli", "audit", "snli", "--data-files", str(bad), "--out",
+           str(tmp_path / "a")]
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    line = _one_error_line(proc.stderr)
+    assert "bad.parquet" in line and "Parquet" in line
+    verbose = subprocess.run(cmd[:3] + ["-v"] + cmd[3:], env=_env(tmp_path), capture_output=True, text=True,
+                             timeout=300)
+    assert verbose.returncode != 0 and "Traceback" in verbose.stderr
+
+
+# ------------------------------------------------------------------------------------------ network
+
+class SilentServer:
+    """Accepts TCP connections and never answers (a Hub behind a broken proxy)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def online(monkeypatch):
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+
+
+def test_push_to_a_hub_that_never_answers_ends_in_bounded_time(world, capsys, monkeypatch, online):
+    w = world
+    _demo_release(w.path("rel"))
+    monkeypatch.setenv("DEBIASED_NLI_HUB_TIMEOUT", "1")
+    with SilentServer() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        import huggingface_hub.constants as c
+        monkeypatch.setattr(c, "ENDPOINT", hub.url)
+        start = time.monotonic()
+        rc = main(["push", str(w.path("rel")), "--repo-id", "org/x", "--revision", "v1.0"])
+        took = time.monotonic() - start
+    line = _one_error_line(capsys.readouterr().err)
+    _record("push to a Hub that never answers (timeout 1 s)", line)
+    assert rc == 2 and "did not answer within 1 s" in line and took < 30, (line, took)
+
+
+def test_push_to_a_closed_port_is_one_line(world, capsys, online):
+    w = world
+    _demo_release(w.path("rel"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import debiased_nli.publish as publish
+    with pytest.raises(Exception) as err:
+        publish.push_release(w.path("rel"), "org/x", endpoint=f"http://127.0.0.1:{port}", token="hf_x")
+    assert type(err.value).__name__ == "ConfigError" and "cannot reach the Hub" in str(err.value)
+    _record("push to a closed port", f"error: {err.value}")
+
+
+def test_push_deadline_stops_new_requests(world, monkeypatch, online):
+    import debiased_nli.publish as publish
+    from debiased_nli.errors import ConfigError
+
+    w = world
+    _demo_release(w.path("rel"))
+    monkeypatch.setenv("DEBIASED_NLI_HUB_DEADLINE", "0.001")
+    with SilentServer() as hub:
+        with pytest.raises(ConfigError, match="deadline"):
+            publish.push_release(w.path("rel"), "org/x", endpoint=hub.url, token="hf_x")
+
+
+def test_a_pipe_in_a_history_note_survives_the_push():
+    from debiased_nli.publish import legacy_history, merge_history, with_history
+    from debiased_nli.release import render_history_table
+
+    # an old card whose table has an unescaped pipe in a note: the note is everything after the version
+    old = "# x\n\n## Version history\n\n| version | notes |\n|---|---|\n| 1.0.0 | fixed a | b split |\n"
+    assert legacy_history(old) == [{"version": "1.0.0", "notes": "fixed a | b split"}]
+    merged = merge_history(legacy_history(old), [], "v1.1", "kept rows | dropped rows")
+    table = render_history_table(merged)
+    assert "| 1.0.0 | fixed a \\| b split |" in table and "| v1.1 | kept rows \\| dropped rows |" in table
+    card = with_history(f"# x\n\n## Version history\n\n{render_history_table([])}\n", merged)
+    assert legacy_history(card) == merged  # read back whole
+    assert merge_history(merged, merged, None) == merged  # stable on re-merge
+
+
+# ------------------------------------------------------------------------------------------ models
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A tiny BERT encoder without a head, and one with a LABEL_0..2 head (every weight saved)."""
+    from test_training import make_tiny_bert
+
+    texts = [" ".join(WORDS), "a man plays outside .", "nobody sleeps inside the park ."]
+    root = tmp_path_factory.mktemp("models")
+    return {"encoder": make_tiny_bert(root / "encoder", texts),
+            "generic": make_tiny_bert(root / "generic", texts, head=True,
+                                      id2label={0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"})}
+
+
+def test_evaluate_refuses_a_head_that_was_never_trained(tiny_models, world, capsys):
+    before = snapshot(world.root)
+    rc = main(["evaluate", "--model", str(tiny_models["encoder"]), "--sets", "snli_test_hard", "--max-examples", "8",
+               "--out", str(world.path("eval"))])
+    line = _one_error_line(capsys.readouterr().err)
+    _record("evaluate a model whose head was never trained", line)
+    assert rc == 2 and "never trained" in line and "classifier.weight" in line
+    assert snapshot(world.root) == before
+
+
+def test_evaluate_warns_on_label_i_heads_and_takes_label_order(tiny_models, caplog):
+    from debiased_nli.evaluation import load_classifier
+
+    with caplog.at_level("WARNING"):
+        clf = load_classifier(str(tiny_models["generic"]), "cpu")
+    assert clf.id2label == {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"}
+    assert "LABEL_0, LABEL_1, LABEL_2" in caplog.text and "--label-order" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        clf = load_classifier(str(tiny_models["generic"]), "cpu", label_order=["contradiction", "entailment", "neutral"])
+    assert clf.id2label == {0: "contradiction", 1: "entailment", 2: "neutral"} and "LABEL_0" not in caplog.text
+    from debiased_nli.challenge import get_set
+    from debiased_nli.evaluation import set_predictions
+    import numpy as np
+    # output 0 now means contradiction: a row the model gives to output 0 is predicted contradiction
+    pred, label_map = set_predictions(get_set("snli_test_hard"), np.array([[0.9, 0.05, 0.05]]), clf.id2label)
+    assert label_map["model_output_to_task_label"][0] == "contradiction"
+    from debiased_nli.errors import ConfigError
+    with pytest.raises(ConfigError, match="names 2 labels"):
+        load_classifier(str(tiny_models["generic"]), "cpu", label_order=["a", "b"])
+
+
+def test_train_refuses_to_resume_another_runs_checkpoint(tiny_models, world, capsys):
+    w = world
+    data = w.parquet("train.parquet", n=48)
+    common = ["train", "snli", "--data-files", str(data), "--model", str(tiny_models["encoder"]), "--out",
+              str(w.path("run")), "--batch-size", "16", "--epochs", "1", "--max-length", "32", "--cpu"]
+    assert main(common) == 0
+    assert list(w.path("run").glob("checkpoint-*")) and (w.path("run") / "debiased_nli_run.json").exists()
+    capsys.readouterr()
+    before = snapshot(w.root)
+    assert main(common[:-1] + ["--lr", "3e-5", "--cpu"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    _record("train into a folder holding another run's checkpoint", line)
+    assert "holds checkpoints of another run" in line and "learning_rate" in line
+    assert snapshot(w.root) == before
+    # a checkpoint this tool did not record is not resumed either
+    (w.path("run") / "debiased_nli_run.json").unlink()
+    assert main(common) == 2
+    assert "did not record" in _one_error_line(capsys.readouterr().err)
+    assert main(common + ["--no-resume"]) == 0  # starting over there is the user's explicit choice
+
+
+def test_a_failed_generate_does_not_poison_its_folder(world):
+    from debiased_nli.errors import ConfigError
+    from debiased_nli.generation.sample import CONFIG_FILE, generate_samples
+
+    w = world
+    broken = w.model_folder("broken", config='{"model_type": "gpt2"}')  # no weights, no tokenizer
+    with pytest.raises(ConfigError, match="cannot load it"):
+        generate_samples(str(broken), str(w.path("gen")), "snli", 4, cpu=True, progress=False)
+    assert (w.path("gen") / CONFIG_FILE).exists() and not list(w.path("gen").glob("shard-*"))
+    # another run into the same folder is not told it "holds shards of another run": it has none
+    other = w.model_folder("other", config='{"model_type": "gpt2"}')
+    with pytest.raises(ConfigError, match="cannot load it"):
+        generate_samples(str(other), str(w.path("gen")), "snli", 8, seed=3, cpu=True, progress=False)
+    assert json.loads((w.path("gen") / CONFIG_FILE).read_text())["generator"] == str(other)
+
+
+# ------------------------------------------------------------------------------------------ audit, cache
+
+def test_audit_replaces_its_folder_whole(world, capsys):
+    w = world
+    rows = _rows(120)
+    rows["label"][3] = -1
+    pq.write_table(pa.table(rows), w.path("train.parquet"))
+    common = ["audit", "snli", "--data-files", str(w.path("train.parquet")), "--out", str(w.path("audit")),
+              "--hypothesis-only", "none"]
+    assert main(common + ["--on-invalid", "set_aside"]) == 0
+    assert (w.path("audit") / "set_aside.parquet").exists()
+    assert main(common) == 2  # the bad row is now an error: the earlier audit stays as it was
+    capsys.readouterr()
+    assert (w.path("audit") / "set_aside.parquet").exists()
+    rows["label"][3] = 0
+    pq.write_table(pa.table(rows), w.path("train.parquet"))
+    assert main(common) == 0
+    # the new audit has no set-aside rows, and no file of the earlier run is left beside it
+    assert sorted(p.name for p in w.path("audit").iterdir()) == ["audit.json", "audit.md", "zstats.png"]
+    assert json.loads((w.path("audit") / "audit.json").read_text())["n_rows"] == 120
+    assert sorted(p.name for p in w.root.iterdir()) == ["audit", "home", "train.parquet"]
+
+
+def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch, capsys):
+    from debiased_nli.commands.cache import prune_cache
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
+    (cache / "models" / "all-minilm-l6-v2").mkdir(parents=True)
+    (cache / "models" / "all-minilm-l6-v2" / "model.safetensors").write_bytes(b"w" * 100)
+    (cache / "embeddings" / "warmup-abc").mkdir(parents=True)
+    (cache / "embeddings" / "warmup-abc" / "model.safetensors").write_bytes(b"x" * 300)
+    (cache / "embeddings" / "emb-1.npy").write_bytes(b"e" * 200)
+    (cache / "notes.txt").write_text("mine")
+    old = time.time() - 10 * 86400
+    for i, name in enumerate(["features-a.arrow", "features-b.arrow", "hypo-only-a.npz"]):
+        (cache / name).write_bytes(b"f" * 1000)
+        os.utime(cache / name, (old + i, old + i))
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "features" in out and "2 entries" in out and "total" in out and "5 entries" in out
+    assert main(["cache", "clear", "--older-than", "5"]) == 0  # the three old files only
+    assert sorted(p.name for p in cache.iterdir()) == ["embeddings", "models", "notes.txt"]
+    assert prune_cache(max_bytes=250) == (1, 300)  # the oldest own entry first, until under the cap
+    assert main(["cache", "clear"]) == 0
+    left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+    assert left == ["embeddings", "models", "models/all-minilm-l6-v2", "models/all-minilm-l6-v2/model.safetensors",
+                    "notes.txt"]
