@@ -23,6 +23,10 @@ Built-in extractors (a row carries each feature at most once; ``n`` counts rows)
                           ``lex-overlap<0.2``, ``lex-overlap0.2-0.4``, ``lex-overlap0.4-0.6``,
                           ``lex-overlap0.6-0.8`` (s <= 0.8), ``lex-overlap>0.8``; plus
                           ``full-lex-overlap`` when s == 1
+``overlap_v2``            cumulative thresholds on s (a row carries every one it passes, so
+                          s = 0.95 carries ``lex-overlap>0.5`` ... ``lex-overlap>0.9``):
+                          ``lex-overlap>0.5``, ``>0.6``, ``>0.7``, ``>0.8``, ``>0.9``; plus
+                          ``full-lex-overlap`` when s == 1 (the names of Wu et al. 2022, Table 12)
 ``low_overlap_v1``        ``lex-overlap<0.8`` when s < 0.8 (the QQP artifact)
 ``hypo_only_v1``          ``hypo-only-pred=<label>``: the prediction of a hypothesis-only model,
                           read from the ``hypo_only_pred`` column (see ``hypothesis_only.py``)
@@ -52,6 +56,12 @@ LEN_RATIO_BINS = ((0.25, "len-ratio<0.25"), (0.5, "len-ratio0.25-0.5"), (0.75, "
                   (1.0, "len-ratio0.75-1"), (np.inf, "len-ratio>=1"))
 OVERLAP_NAMES = ("lex-overlap<0.2", "lex-overlap0.2-0.4", "lex-overlap0.4-0.6", "lex-overlap0.6-0.8",
                  "lex-overlap>0.8")
+# overlap_v2: Wu et al. (2022), Table 12 (ACL; Table 10 of the submission), lists among SNLI's top
+# entailment features "lex-overlap> 0.8 123.3", "full-lex-overlap 117.3" and "lex-overlap> 0.9 90.4":
+# threshold features, a row with s > 0.9 carrying both. The paper names only 0.8 and 0.9; the lower
+# thresholds 0.5-0.7 (steps of 0.1) are this project's choice.
+OVERLAP_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
+FULL_OVERLAP = "full-lex-overlap"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,6 +287,15 @@ def _overlap(batch: FeatureBatch) -> pa.ListArray:
     return _merge_rows(parts, len(s))
 
 
+@register_extractor("overlap_v2", doc="cumulative thresholds lex-overlap>0.5 ... >0.9 on the share of hypothesis "
+                                      "tokens found in the premise; full-lex-overlap")
+def _overlap_thresholds(batch: FeatureBatch) -> pa.ListArray:
+    s = batch.overlap_share()
+    parts = [(np.nonzero(s > t)[0], f"lex-overlap>{t:g}") for t in OVERLAP_THRESHOLDS]
+    parts.append((np.nonzero(s >= 1.0)[0], FULL_OVERLAP))
+    return _merge_rows([(rows, pa.array([name] * len(rows), pa.string())) for rows, name in parts], len(s))
+
+
 @register_extractor("low_overlap_v1", doc="lex-overlap<0.8: fewer than 80% of the hypothesis tokens are in the premise")
 def _low_overlap(batch: FeatureBatch) -> pa.ListArray:
     rows = np.nonzero(batch.overlap_share() < 0.8)[0]
@@ -460,7 +479,11 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
     rank = np.empty(len(order), np.int32)
     rank[order] = np.arange(len(order), dtype=np.int32)
     vocab = np.array(dictionary.take(pa.array(order)).to_pylist(), dtype=object)
-    chunk_codes = [rank[c.indices.to_numpy()] for c in encoded.chunks]
+    # dictionary_encode drops empty chunks (a column with no value in some chunk, e.g. overlap_v2 where
+    # no row passes a threshold): split the codes by the pieces' own lengths, not by encoded.chunks
+    codes = rank[np.concatenate([c.indices.to_numpy() for c in encoded.chunks])] if encoded.num_chunks \
+        else np.zeros(0, np.int32)
+    chunk_codes = np.split(codes, np.cumsum([len(p) for p in pieces])[:-1]) if pieces else []
     out, k = [], 0
     for cols_layout, n in layout:
         # CSR without sorting: each column's entries are in row order, so an entry's slot is its

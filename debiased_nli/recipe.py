@@ -61,6 +61,8 @@ _FILTER_STEPS: dict[str, FilterStep] = {}
 _LAZY_STEPS = {
     "aflite": ("filter", "debiased_nli.aflite", "aflite_step"),
     "generator": ("source", "debiased_nli.generation.steps", "generator_source"),
+    "ibadr": ("filter", "debiased_nli.ibadr.step", "ibadr_step"),
+    "ibadr_rows": ("source", "debiased_nli.ibadr.step", "ibadr_rows"),
 }
 
 

@@ -50,6 +50,7 @@ CONFIG_DESCRIPTIONS = {
              "conditioned on them",
     "aflite": "AFLite (Le Bras et al. 2020): the original rows that an ensemble of linear models on embeddings "
               "does not predict too easily",
+    "ibadr": "IBADR (Wang et al. 2023): the original rows plus the pseudo samples of an iterative bias-aware generator",
 }
 CANONICAL = ("premise", "hypothesis", "label") + PROVENANCE_COLUMNS
 ROWS_PER_SHARD = 500_000

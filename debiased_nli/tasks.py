@@ -55,7 +55,7 @@ class TaskSpec:
     id_column: str | None = None
     hub: HubSource | None = None
     features: tuple[str, ...] = ("unigram_v1", "bigram_v1", "hypo_len_v1", "len_ratio_v1",
-                                 "overlap_v1", "hypo_only_v1", "null_v1")
+                                 "overlap_v2", "hypo_only_v1", "null_v1")
     version: int = 1
     description: str = ""
     citation: str = ""

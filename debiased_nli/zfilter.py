@@ -16,6 +16,14 @@ have large positive z and the guard never binds, but while Z is tiny (the first 
 batch size 1) "top-k" would otherwise include negatively correlated features, and the null feature
 among them would reject every later row of that label.
 
+One deviation for tiny inputs: with an empty start (no seed set), the first batch is checked against an
+empty Z and is kept whole, so an input of no more rows than one batch comes out unfiltered (1,000 of
+1,000 rows kept at b = 1,000). :func:`z_filter` therefore walks an unconditional input of fewer than
+``min_batches`` x b rows (default 20) in batches of ceil(n / ``min_batches``) instead, so at most one
+row in ``min_batches`` joins Z unchecked; it warns and records ``batch_size_used`` and the reason in
+the result's ``counts`` and ``params`` (and so in the build manifest). The paper walks SNLI/MNLI (550k /
+393k rows) where this never binds; ``min_batches=0`` turns it off.
+
 The hot path is vectorised: counts live in a (features x labels) array, z is updated only for the
 features a batch touched (z(x, l) depends on x's counts alone), and the top-k per label is taken
 from a candidate set (the touched features plus a cached ranking of the untouched ones) that is
@@ -25,6 +33,7 @@ gather over its (row, feature) entries, no Python loop per row.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -240,21 +249,55 @@ class ZFilterResult:
     params: dict
 
     @property
-    def counts(self) -> dict[str, int]:
-        return {"input": int(len(self.outcome.kept) + len(self.outcome.rejected)),
-                "kept": int(len(self.outcome.kept)), "rejected": int(len(self.outcome.rejected)),
-                "output": int(len(self.kept))}
+    def counts(self) -> dict[str, int | str]:
+        out: dict[str, int | str] = {
+            "input": int(len(self.outcome.kept) + len(self.outcome.rejected)),
+            "kept": int(len(self.outcome.kept)), "rejected": int(len(self.outcome.rejected)),
+            "output": int(len(self.kept)), "batch_size_used": int(self.params["batch_size_used"])}
+        if self.params.get("batch_size_note"):
+            out["batch_size_note"] = self.params["batch_size_note"]
+        return out
+
+
+MIN_BATCHES = 20
+
+
+def batch_size_for(n_rows: int, batch_size: int, *, conditional: bool,
+                   min_batches: int = MIN_BATCHES) -> tuple[int, str | None]:
+    """The batch size to walk ``n_rows`` with, and why it differs from ``batch_size`` (None if not).
+
+    An unconditional walk keeps its first batch unchecked (Z is empty before it); with fewer than
+    ``min_batches`` batches that is more than 1/``min_batches`` of the input (all of it when
+    n <= b), so the batch shrinks to ceil(n / ``min_batches``). A conditional walk checks its first
+    batch against the seed set, so it keeps ``batch_size``.
+    """
+    if conditional or min_batches <= 0 or n_rows >= min_batches * batch_size:
+        return batch_size, None
+    used = max(1, -(-n_rows // min_batches))
+    if used >= batch_size:
+        return batch_size, None
+    why = (f"batch_size {batch_size} shrunk to {used} = ceil({n_rows} rows / {min_batches}): with fewer than "
+           f"{min_batches} batches the first batch, checked against an empty kept set, would keep "
+           f"{min(batch_size, n_rows)} of {n_rows} rows unfiltered")
+    return used, why
 
 
 def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
              seed_dataset=None, p0="uniform", min_z: float = 0.0, allow_empty: bool = False,
-             progress: bool = True, include_seed: bool = True) -> ZFilterResult:
+             progress: bool = True, include_seed: bool = True, min_batches: int = MIN_BATCHES) -> ZFilterResult:
     """z-filter a dataset with feature columns (Z(D)), or conditionally on ``seed_dataset`` (Z(D | S)).
 
     The output ``kept`` holds the seed rows (when ``include_seed``) followed by the kept rows in the
     order they joined Z; ``rejected`` holds the rejected rows with their ``rejected_by`` features.
+    An unconditional input of fewer than ``min_batches`` x ``batch_size`` rows is walked in smaller
+    batches (:func:`batch_size_for`, with a warning; ``params["batch_size_used"]`` says which).
     """
     task = get_task(task)
+    requested = batch_size
+    conditional = seed_dataset is not None and len(seed_dataset) > 0
+    batch_size, note = batch_size_for(len(ds), batch_size, conditional=conditional, min_batches=min_batches)
+    if note:
+        warnings.warn(f"z-filtering {task.name!r}: {note}", stacklevel=2)
     if seed_dataset is not None:
         for name, d in (("input", ds), ("seed set", seed_dataset)):
             lab = d.features.get("label")
@@ -285,8 +328,10 @@ def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1
     names = pa.array(fm.vocab.tolist(), pa.string()).take(pa.array(out.rejected_by_ids))
     by = pa.ListArray.from_arrays(pa.array(out.rejected_by_indptr.astype(np.int32)), names)
     rejected = rejected.add_column(REJECTED_BY, by, feature=datasets.Sequence(datasets.Value("string")))
-    params = {"top_k": top_k, "batch_size": batch_size, "seed": seed, "p0": p0, "min_z": min_z,
-              "conditional": seed_dataset is not None}
+    params = {"top_k": top_k, "batch_size": requested, "batch_size_used": batch_size, "seed": seed, "p0": p0,
+              "min_z": min_z, "conditional": seed_dataset is not None, "min_batches": min_batches}
+    if note:
+        params["batch_size_note"] = note
     return ZFilterResult(kept, rejected, out, params)
 
 

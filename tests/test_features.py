@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from debiased_nli.errors import ConfigError
-from debiased_nli.features import (FeatureMatrix, add_feature_columns, build_feature_matrices,
+from debiased_nli.features import (OVERLAP_NAMES, FeatureMatrix, add_feature_columns, build_feature_matrices,
                                    build_feature_matrix, extract_table, register_extractor, tokenize)
 from debiased_nli.featurize import add_features
 
@@ -111,3 +111,54 @@ def test_large_string_columns_are_featurised_like_strings():
                       "hypothesis": pa.array(["Nobody runs."], pa.large_string())})
     out = extract_table(table, LEXICAL, ["entailment", "neutral", "contradiction"])
     assert out.column("feat_unigram_v1")[0].as_py() == features_of("A dog runs.", "Nobody runs.")["feat_unigram_v1"]
+
+
+@pytest.mark.parametrize("premise,hypothesis,share,expected", [
+    # 19 of 20 hypothesis tokens in the premise: s = 0.95 passes every threshold but full overlap
+    (" ".join(f"w{i}" for i in range(20)), " ".join(f"w{i}" for i in range(19)) + " new", 0.95,
+     ["lex-overlap>0.5", "lex-overlap>0.6", "lex-overlap>0.7", "lex-overlap>0.8", "lex-overlap>0.9"]),
+    ("A dog runs in the park.", "A dog runs.", 1.0,
+     ["lex-overlap>0.5", "lex-overlap>0.6", "lex-overlap>0.7", "lex-overlap>0.8", "lex-overlap>0.9",
+      "full-lex-overlap"]),
+    ("one two three four five", "one two three four x", 0.8,                  # 0.8 is not > 0.8
+     ["lex-overlap>0.5", "lex-overlap>0.6", "lex-overlap>0.7"]),
+    ("one two three", "one two x y", 0.5, []),                                # 0.5 is not > 0.5
+    ("A b c", "x y z", 0.0, []),
+])
+def test_overlap_v2_thresholds_are_cumulative(premise, hypothesis, share, expected):
+    # Wu et al. (2022), Table 12: "lex-overlap> 0.8" and "lex-overlap> 0.9" are both top features of
+    # SNLI's entailment rows, so a row with overlap 0.95 must carry both
+    f = features_of(premise, hypothesis, ["overlap_v2"])
+    assert f["feat_overlap_v2"] == expected
+
+
+def test_overlap_v2_counts_nest_and_overlap_v1_is_unchanged(shared_data):
+    import pandas as pd
+
+    df = pd.read_parquet(shared_data / "snli" / "train_sample.parquet").head(3000)
+    table = pa.table({"premise": df.premise.tolist(), "hypothesis": df.hypothesis.tolist()})
+    out = extract_table(table, ["overlap_v1", "overlap_v2"], ["entailment", "neutral", "contradiction"])
+    v1, v2 = out.column("feat_overlap_v1").to_pylist(), out.column("feat_overlap_v2").to_pylist()
+    count = {name: sum(name in row for row in v2) for name in
+             ["lex-overlap>0.5", "lex-overlap>0.6", "lex-overlap>0.7", "lex-overlap>0.8", "lex-overlap>0.9",
+              "full-lex-overlap"]}
+    values = list(count.values())
+    assert all(a >= b for a, b in zip(values, values[1:])) and values[-1] > 0
+    # v1 stays the binned extractor old releases were built with: exactly one bin per row (+ full overlap),
+    # and its ">0.8" bin holds the same rows as v2's ">0.8" threshold
+    assert all(len([x for x in row if x != "full-lex-overlap"]) == 1 for row in v1)
+    assert [("lex-overlap>0.8" in a) for a in v1] == [("lex-overlap>0.8" in b) for b in v2]
+    assert [("full-lex-overlap" in a) for a in v1] == [("full-lex-overlap" in b) for b in v2]
+    assert {x for row in v1 for x in row} <= set(OVERLAP_NAMES) | {"full-lex-overlap"}
+
+
+def test_feature_matrices_of_chunked_columns_with_empty_chunks():
+    # a feature column whose values are empty in a whole chunk (no row passes any overlap_v2 threshold)
+    cols = {"premise": ["A dog runs.", "x y", "one two", "A cat sits."],
+            "hypothesis": ["A dog runs.", "p q", "three four", "A cat sits."]}
+    ds = add_feature_columns(datasets.Dataset.from_dict(cols), ["overlap_v2", "null_v1"],
+                             ["entailment", "neutral", "contradiction"], batch_size=1)  # one Arrow chunk per row
+    fm = build_feature_matrix(ds)
+    rows = [sorted(fm.row(i)) for i in range(4)]
+    assert rows[1] == rows[2] == ["<null>"]
+    assert "full-lex-overlap" in rows[0] and "full-lex-overlap" in rows[3]

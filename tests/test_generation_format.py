@@ -82,7 +82,9 @@ def test_feature_spans():
     assert feature_char_spans("man@premise", p, h) == [("premise", 2, 5), ("premise", 20, 23)]
     assert feature_char_spans("is not@hypothesis", p, h) == [("hypothesis", 8, 10), ("hypothesis", 11, 14)]
     assert feature_char_spans("not is@hypothesis", p, h) == []
-    for whole in ("hypo-len5-9", "lex-overlap<0.2", "hypo-only-pred=contradiction", "<null>", "len-ratio<0.25"):
+    # length, overlap (v1 bins and v2 thresholds), hypothesis-only and null features: every hypothesis token
+    for whole in ("hypo-len5-9", "lex-overlap<0.2", "hypo-only-pred=contradiction", "<null>", "len-ratio<0.25",
+                  "lex-overlap>0.5", "lex-overlap>0.9", "full-lex-overlap"):
         assert feature_char_spans(whole, p, h) == [("hypothesis", 0, len(h))]
 
 

@@ -1,5 +1,6 @@
 """The builder steps of the generation pipeline on the demo task: train G*, sample, confidence-filter."""
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,30 @@ def test_generate_and_confidence_steps_account_for_every_row(tiny, tmp_path):
     assert len(kept) + len(rejected) == 20 == crep["rows"]
 
 
-def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path):
+@pytest.mark.parametrize("recipe,samples", [("snli", 5_000_000), ("mnli", 4_000_000)])
+def test_the_paper_profile_uses_tables_7_and_8_and_sampling_covers_the_training_length(recipe, samples):
+    from debiased_nli.generation import GENERATOR_TRAINING
+    from debiased_nli.generation.steps import generator_training_values, sampling_values
+    from debiased_nli.recipe import load_recipe
+
+    root = Path(__file__).resolve().parents[1]
+    step = load_recipe(root / f"builders/{recipe}.yaml", profile="paper")["new_rows"][0]
+    for part in ("train", "debias"):
+        values, sources = generator_training_values(step[part])
+        for name in ("lr", "batch_size", "epochs", "eps", "betas", "scheduler", "max_length", "lam", "alpha"):
+            assert values[name] == GENERATOR_TRAINING[name][0], (part, name)
+            assert sources[name].startswith("Wu et al. 2022, Table 7"), (part, name, sources[name])
+    assert (values["lr"], values["batch_size"], values["epochs"], values["eps"]) == (1e-5, 24, 5, 1e-6)
+    assert values["scheduler"] == "constant" and tuple(values["betas"]) == (0.9, 0.999)
+    gen, gen_sources = sampling_values(step["generate"], recipe)
+    assert gen["top_p"] == 1.0 and "randomly sample" in gen_sources["top_p"]   # no nucleus mass in the paper
+    assert gen["max_new_tokens"] >= step["train"]["max_length"] - 2 and gen["num_samples"] == samples
+    # a value that differs from the table is reported as given, with the table's value beside it
+    _, src = generator_training_values({"lr": 5e-5})
+    assert src["lr"].startswith("given") and "1e-05" in src["lr"]
+
+
+def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path, capsys):
     from debiased_nli.generation.steps import generator_source
     from test_generation_sample import eos_generator
     lm = eos_generator(tmp_path / "eos_lm")  # samples that parse about half of the time
@@ -73,3 +97,9 @@ def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path):
     assert set(reports) == {"train", "generate", "confidence"} and reports["train"]["steps"] == 1
     assert len(rows) == reports["generate"]["parsed"] == reports["confidence"]["kept"] > 0
     assert rows.column_names == ["premise", "hypothesis", "label", "uid", "origin", "method"]
+    # the build prints every value the generation uses, with its source
+    err = capsys.readouterr().err
+    assert "train-generator (generator) values:" in err and "generate values:" in err
+    assert re.search(r'eps = 1e-06 +Wu et al. 2022, Table 7: "Adam ϵ 1e-6"', err)
+    assert re.search(r"lr = 1e-09 +given \(the default is 1e-05", err)
+    assert re.search(r"top_p = 1.0 +Wu et al. 2022, Sec. 2.1", err)

@@ -154,4 +154,71 @@ def test_two_process_ddp_training_on_cpu(tiny_gpt2, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tmp_path / "ddp" / "train_report.json").read_text())
     assert report["processes"] == 2 and report["steps"] == 3
-    assert (tmp_path / "ddp" / "checkpoints" / "step-2" / "trainable.pt").exists()
+    cp = tmp_path / "ddp" / "checkpoints" / "step-2"
+    assert (cp / "trainable.pt").exists() and (cp / "optimizer.bin").exists()
+    # accelerator.save_state: every process's RNG states, not only the main one's
+    assert (cp / "random_states_0.pkl").exists() and (cp / "random_states_1.pkl").exists()
+    # only the main process prints the report and the values
+    assert res.stdout.count('"mode": "generator"') == 1, res.stdout
+    assert res.stderr.count("train-generator (generator) values:") == 1
+    assert 'lr = 1e-05' in res.stderr and 'Table 7: "learning rate 1e-5"' in res.stderr
+
+
+def test_gradient_accumulation_resumes_to_the_same_weights_and_saves_accelerate_state(tiny_gpt2, tmp_path):
+    # 16 rows, micro-batch 3, 2 micro-batches per step: 6 micro-batches an epoch, 3 steps an epoch;
+    # 7 steps cross two epoch ends. Kill after 4 steps (checkpoint at step 3, mid-way through the run).
+    kw = dict(max_steps=7, batch_size=3, grad_accum=2, lr=1e-2, eps=1e-6, checkpoint_every=3, seed=1, cpu=True,
+              log_every=1, progress=False, scheduler="linear", warmup_steps=2)
+    full = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "a"), **kw)
+    assert full["steps"] == 7 and full["grad_accum"] == 2 and full["scheduler"] == "linear"
+    assert train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), stop_after=4, **kw) == {"stopped_at": 4}
+    cp = tmp_path / "b" / "checkpoints" / "step-3"
+    assert {"trainable.pt", "optimizer.bin", "scheduler.bin", "random_states_0.pkl", "state.json"} <= \
+        {p.name for p in cp.iterdir()}
+    assert not (cp / "model.safetensors").exists()  # only the trainable weights, through the hook
+    resumed = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), **kw)
+    assert resumed["resumed_from"] == "step-3" and resumed["steps_this_run"] == 4
+    # the learning rate continues the schedule where it stopped
+    assert [h["lr"] for h in resumed["history"]] == [h["lr"] for h in full["history"]][3:]
+    wa, wb = weights(str(tmp_path / "a")), weights(str(tmp_path / "b"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
+
+
+def test_an_epoch_of_accumulated_micro_batches_is_ceil_of_half_the_batches(tiny_gpt2, tmp_path):
+    # 16 rows in micro-batches of 3: 6 micro-batches; 4 per step: one full window and a short last one
+    rep = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "e"), epochs=2, batch_size=3, grad_accum=4,
+                          lr=1e-3, cpu=True, progress=False, log_every=1)
+    assert rep["steps"] == 4 and [h["step"] for h in rep["history"]] == [1, 2, 3, 4]
+
+
+def test_mixed_precision_is_left_to_accelerate_unless_given(tiny_gpt2, tmp_path, monkeypatch):
+    from accelerate.state import AcceleratorState
+
+    # what `accelerate launch --mixed_precision bf16` / `accelerate config` set for the process
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        rep = train_generator(rows(4), "snli", tiny_gpt2, str(tmp_path / "env"), max_steps=1, batch_size=4,
+                              cpu=True, progress=False)
+        assert rep["mixed_precision"] == "bf16"
+        AcceleratorState._reset_state(reset_partial_state=True)
+        rep = train_generator(rows(4), "snli", tiny_gpt2, str(tmp_path / "flag"), max_steps=1, batch_size=4,
+                              cpu=True, progress=False, mixed_precision="no")
+        assert rep["mixed_precision"] == "no"  # the flag overrides it
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_the_defaults_are_table_7_of_the_paper():
+    import inspect
+
+    from debiased_nli.generation import GENERATOR_TRAINING
+    sig = inspect.signature(train_generator).parameters
+    table7 = {"lr": 1e-5, "batch_size": 24, "epochs": 5, "eps": 1e-6, "betas": (0.9, 0.999),
+              "scheduler": "constant", "max_length": 128, "lam": 0.5, "alpha": 1.0}
+    for name, value in table7.items():
+        assert sig[name].default == value, name
+        assert GENERATOR_TRAINING[name][0] == value and "Table 7" in GENERATOR_TRAINING[name][1]
+    with pytest.raises(Exception, match="constant schedule has no warm-up"):
+        train_generator(rows(4), "snli", "unused", "unused", warmup_steps=10)

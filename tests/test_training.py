@@ -137,6 +137,62 @@ def test_a_head_in_another_label_order_trains_with_remapped_labels(tmp_path, snl
     assert enc["labels"] == [order[l] for l in snli_small[0]["label"][:6]]
 
 
+def _rotated_copy(task_ordered: Path, folder: Path, id2label: dict[int, str]) -> Path:
+    """The same network as ``task_ordered`` with its head rows moved to the outputs ``id2label`` names."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(task_ordered)
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    new_index = {name: i for i, name in id2label.items()}
+    perm = [new_index[n] for n in names]  # old output i -> new output perm[i]
+    with torch.no_grad():
+        w, b = model.classifier.weight.clone(), model.classifier.bias.clone()
+        model.classifier.weight[perm] = w
+        model.classifier.bias[perm] = b
+    model.config.id2label = dict(id2label)
+    model.config.label2id = {v: k for k, v in id2label.items()}
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(task_ordered).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("id2label", [{0: "contradiction", 1: "entailment", 2: "neutral"},   # a rotation
+                                      {0: "neutral", 1: "contradiction", 2: "entailment"},   # the other one
+                                      {0: "entailment", 1: "contradiction", 2: "neutral"}])  # a swap
+def test_poe_loss_with_a_reordered_head_equals_the_loss_with_the_task_ordered_head(tmp_path, snli_small, id2label):
+    # the same model with its head rows permuted must see the same PoE loss: labels and the bias
+    # model's probabilities both follow the head's order (bias column t -> head output order[t])
+    from debiased_nli.training import model_label_order
+
+    train = snli_small[0].select(range(12))
+    texts = list(train["premise"]) + list(train["hypothesis"])
+    base = make_tiny_bert(tmp_path / "task", texts, head=True,
+                          id2label={0: "entailment", 1: "neutral", 2: "contradiction"})
+    rotated = _rotated_copy(base, tmp_path / "rotated", id2label)
+    rng = np.random.default_rng(0)
+    bias = np.log(rng.dirichlet(np.ones(3) * 0.5, size=len(train))).astype(np.float32)  # task order
+    losses = []
+    for folder in (base, rotated):
+        tok, model = load_model_for_task(str(folder), get_task("snli"))
+        model.eval()
+        order = model_label_order(model, get_task("snli"), str(folder))
+        enc = tokenize_pairs(train, tok, 48, label_order=order, bias=bias)
+        batch = PairCollator(tok)([dict(enc[i]) for i in range(len(enc))])
+        logb, labels = batch.pop(BIAS_COLUMN), batch.pop("labels")
+        with torch.no_grad():
+            losses.append(poe_loss(model(**batch).logits, logb, labels, beta=2.0, gamma=0.4).item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+def test_bias_columns_go_to_the_heads_outputs_by_name():
+    from debiased_nli.training import to_head_order
+
+    # head {0: contradiction, 1: entailment, 2: neutral}: task label t (e, n, c) is output order[t]
+    order = [1, 2, 0]
+    task_cols = np.array([[0.7, 0.2, 0.1]])          # p(entailment), p(neutral), p(contradiction)
+    np.testing.assert_array_equal(to_head_order(task_cols, order), [[0.1, 0.7, 0.2]])  # c, e, n
+
+
 def test_one_epoch_trains_saves_label_names_and_resumes(tiny_encoder, snli_small, tmp_path):
     train, dev = snli_small
     cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "run"), learning_rate=1e-3,
@@ -201,3 +257,103 @@ def test_the_bias_model_can_be_a_trained_hypothesis_only_classifier(tmp_path, sn
     logb, info = bias_log_probabilities(train, "snli", str(folder), progress=False)
     assert info["method"] == "transformers" and logb.shape == (40, 3)
     np.testing.assert_allclose(np.exp(logb).sum(axis=1), 1.0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the paper's values (Tables 9 and 10)
+
+def test_poe_presets_are_table_10():
+    from debiased_nli.training import POE_PRESETS, poe_preset
+
+    assert poe_preset("snli")[:2] == (2.0, 0.4) and poe_preset("seq-z-snli")[:2] == (2.0, 0.4)
+    assert [POE_PRESETS[k][:2] for k in ("mnli-m-hard", "mnli-mm-hard", "mnli-hans")] == [(0.8, 1.0), (2.0, 0.4),
+                                                                                       (2.0, 0.8)]
+    assert [POE_PRESETS[k][:2] for k in ("z-aug-mnli-m-hard", "z-aug-mnli-mm-hard", "z-aug-mnli-hans")] == [
+        (2.0, 0.4), (2.0, 0.8), (2.0, 1.0)]
+    assert "Table 10" in poe_preset("snli")[2] and "SNLI-hard" in poe_preset("snli")[2]
+    with pytest.raises(ConfigError, match="Did you mean 'snli'"):
+        poe_preset("snil")
+
+
+def _parse_train(argv):
+    from debiased_nli.cli import build_parser
+    from debiased_nli.commands.train import config_from_args
+
+    return config_from_args(build_parser().parse_args(["train", "snli", "--model", "m", "--out", "o", *argv]))
+
+
+def test_train_preset_paper_is_table_9_and_says_so():
+    cfg, sources = _parse_train(["--preset", "paper", "--epochs", "2"])
+    assert (cfg.learning_rate, cfg.batch_size, cfg.adam_epsilon, cfg.adam_betas) == (1e-5, 32, 1e-6, (0.9, 0.999))
+    assert (cfg.lr_scheduler, cfg.warmup_steps, cfg.max_length, cfg.weight_decay) == ("constant_with_warmup", 2000,
+                                                                                      128, 0.0)
+    assert cfg.early_stopping_patience == 3 and cfg.eval_steps is None  # patience in epochs
+    assert 'Table 9: "warm up steps 2000"' in sources["warmup_steps"]
+    assert cfg.epochs == 2 and sources["epochs"].startswith("given")  # an explicit option wins
+    plain, plain_sources = _parse_train([])
+    assert (plain.epochs, plain.lr_scheduler, plain.warmup_ratio) == (3.0, "linear", 0.1)
+    assert "project's choice" in plain_sources["epochs"] and "Table 9" in plain_sources["learning_rate"]
+    poe, poe_sources = _parse_train(["--poe-preset", "snli"])
+    assert poe.poe and (poe.poe_beta, poe.poe_gamma, poe.bias_model) == (2.0, 0.4, "joint")
+    assert "Table 10" in poe_sources["poe_gamma"]
+    fixed, _ = _parse_train(["--poe-preset", "snli", "--bias-model", "tfidf"])
+    assert fixed.bias_model == "tfidf" and fixed.poe_gamma == 0.4
+
+
+def test_joint_bias_head_learns_from_gamma_and_sends_no_gradient_into_the_encoder(tmp_path, snli_small):
+    # Karimi Mahabadi et al. (2020): the bias-only head reads the encoder's hypothesis encoding through
+    # grad_mul_const(., 0.0); gamma * CE(b, y) trains the head and nothing else
+    from debiased_nli.training import _joint_poe_class
+
+    train = snli_small[0].select(range(8))
+    folder = make_tiny_bert(tmp_path / "enc", list(train["premise"]) + list(train["hypothesis"]))
+    tok, model = load_model_for_task(str(folder), get_task("snli"))
+    joint = _joint_poe_class()(model, 3)
+    joint.eval()  # no dropout: the two passes below see the same network
+    enc = tokenize_pairs(train, tok, 32, hypothesis_only=True)
+    batch = PairCollator(tok)([dict(enc[i]) for i in range(len(enc))])
+    labels = batch.pop("labels")
+
+    def grads(beta, gamma):
+        joint.zero_grad()
+        out = joint(**batch)
+        poe_loss(out.logits, torch.log_softmax(out["bias_logits"], -1), labels, beta, gamma).backward()
+        return ({n: p.grad.clone() for n, p in joint.model.named_parameters() if p.grad is not None},
+                joint.bias_head.weight.grad)
+
+    enc_ce, head_none = grads(0.0, 0.0)     # beta = gamma = 0: plain CE of the main model
+    enc_gamma, head_gamma = grads(0.0, 0.4)  # + gamma * CE(b, y)
+    assert head_none is None or head_none.abs().sum() == 0
+    assert head_gamma.abs().sum() > 0         # gamma now has a gradient: it trains the head
+    assert enc_ce.keys() == enc_gamma.keys()
+    for n in enc_ce:                          # ...and only the head
+        torch.testing.assert_close(enc_ce[n], enc_gamma[n])
+    _, head_beta = grads(2.0, 0.0)           # the ensemble term trains the head too (it is not detached)
+    assert head_beta.abs().sum() > 0
+
+
+def test_poe_training_with_the_joint_bias_head_saves_the_main_model_alone(tiny_encoder, snli_small, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    train, dev = snli_small
+    cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "joint"), learning_rate=1e-3,
+                      batch_size=32, max_length=48, epochs=1, seed=1, progress=False, use_cpu=True,
+                      poe=True, poe_beta=2.0, poe_gamma=0.4, bias_model="joint")
+    result = train_classifier(cfg, "snli", train, dev)
+    assert result.bias_model["method"] == "joint-hypothesis-only-head" and result.bias_model["gamma"] == 0.4
+    from safetensors.torch import load_file
+    keys = load_file(str(tmp_path / "joint" / "model.safetensors")).keys()
+    assert "classifier.weight" in keys and not any("bias_head" in k for k in keys)
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "joint")
+    assert model.config.id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+
+
+def test_a_rotated_hypothesis_only_bias_model_gives_the_same_task_ordered_probabilities(tmp_path, snli_small):
+    # hypothesis_only.transformer_predictions gathers the head's outputs into the task's order by name
+    train = snli_small[0].select(range(30))
+    base = make_tiny_bert(tmp_path / "hyp", list(train["hypothesis"]), head=True,
+                          id2label={0: "entailment", 1: "neutral", 2: "contradiction"})
+    rotated = _rotated_copy(base, tmp_path / "hyp_rot", {0: "contradiction", 1: "entailment", 2: "neutral"})
+    a, _ = bias_log_probabilities(train, "snli", str(base), progress=False)
+    b, _ = bias_log_probabilities(train, "snli", str(rotated), progress=False)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    assert not np.allclose(a[:, [1, 2, 0]], a, atol=1e-3)  # the rotation would show if it were mishandled

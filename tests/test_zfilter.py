@@ -120,3 +120,39 @@ def test_empty_result_and_seed_set_of_another_task(snli, shared_data):
     qqp, _ = add_features(qqp, "qqp", hypothesis_only=None)
     with pytest.raises(ConfigError, match="same task"):
         z_filter(snli.select(range(50)), "snli", seed_dataset=qqp, progress=False)
+
+
+def test_an_input_of_one_batch_is_walked_in_smaller_batches_not_kept_whole(snli):
+    # Algorithm 1 checks the first batch against an empty Z: with n <= b every row would be kept
+    sub = snli.select(range(1000))
+    unshrunk = z_filter(sub, "snli", batch_size=1000, min_batches=0, progress=False)
+    assert unshrunk.counts["kept"] == 1000  # the problem: nothing filtered
+    with pytest.warns(UserWarning, match=r"batch_size 1000 shrunk to 50 = ceil\(1000 rows / 20\)"):
+        res = z_filter(sub, "snli", batch_size=1000, progress=False)
+    assert res.params["batch_size"] == 1000 and res.params["batch_size_used"] == 50
+    assert res.counts["batch_size_used"] == 50 and "first batch" in res.counts["batch_size_note"]
+    assert res.outcome.n_batches == 20 and 0 < res.counts["kept"] < 1000
+    # a large enough input keeps the requested batch size; so does a conditional walk (seed set non-empty)
+    big = z_filter(snli.select(range(4000)), "snli", batch_size=200, progress=False)
+    assert big.params["batch_size_used"] == 200 and "batch_size_note" not in big.counts
+    cond = z_filter(sub, "snli", seed_dataset=snli.select(range(1000, 3000)), batch_size=1000, progress=False)
+    assert cond.params["batch_size_used"] == 1000 and cond.outcome.n_batches == 1
+
+
+def test_a_tiny_build_filters_and_says_so_in_the_manifest(tmp_path, shared_data):
+    from pathlib import Path
+
+    from debiased_nli.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "x"
+    with pytest.warns(UserWarning, match="shrunk to 50"):
+        rc = main(["build", str(root / "builders/snli.yaml"), "--data-files",
+                   f"train={shared_data / 'snli/train_sample.parquet'}", "--max-rows", "1000", "--out", str(out),
+                   "--quiet"])
+    assert rc == 0
+    import json
+    manifest = json.loads((out / "manifest.json").read_text())
+    stage = next(s for s in manifest["stages"] if s["stage"].startswith("z_filtered"))
+    assert stage["counts"]["input"] == 1000 and stage["counts"]["kept"] < 1000
+    assert stage["counts"]["batch_size_used"] == 50 and "shrunk" in stage["counts"]["batch_size_note"]

@@ -18,6 +18,12 @@ Parquet file, written under a temporary name and renamed when complete; rerunnin
 skips complete shards (a killed run resumes). Unparseable samples go to rejects-*.parquet with their
 text and reason; generate_report.json has the parse rate, label counts and distinct-2.
 
+By default it samples plainly (top-p 1.0, temperature 1.0): Wu et al. (2022, Sec. 2.1) "randomly sample
+from the trained generator" and give no nucleus mass; --top-p 0.9 gives nucleus sampling. Up to
+--max-new-tokens 128 new tokens, so a row as long as the training sequences (Table 7: "max sequence
+length 128") is not cut and rejected. The values used and their sources are printed first.
+
+On GPUs: `accelerate launch -m debiased_nli.cli generate ...` (see `accelerate config`).
 On CPU with 2 processes: `torchrun --nproc_per_node 2 -m debiased_nli.cli generate ... --cpu`
 (`accelerate launch --cpu --num_processes 2` starts only one process).
 """
@@ -34,9 +40,11 @@ def register(sub) -> None:
     p.add_argument("--shard-size", type=POSITIVE_INT, default=1000)
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
     p.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts per generate call (left-padded)")
-    p.add_argument("--top-p", type=number(float, low=0, high=1, low_open=True), default=0.9, help="nucleus sampling mass")
+    p.add_argument("--top-p", type=number(float, low=0, high=1, low_open=True), default=1.0,
+                   help="nucleus sampling mass (default 1.0: plain sampling, as the paper's 'randomly sample')")
     p.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)
-    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=96)
+    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=128,
+                   help="default 128: covers the generator's training length (Table 7: max sequence length 128)")
     p.add_argument("--condition", choices=["none", "premise", "premise+label"], default="none",
                    help="none: sample whole rows (the paper); premise(+label): prompt with premises from --premises-from")
     p.add_argument("--premises-from", nargs="+", metavar="PATH", help="files with a premise column (for --condition)")
@@ -64,10 +72,20 @@ def run(args) -> int:
             if "premise" not in ds.column_names:
                 raise ConfigError(f"{path} has no 'premise' column (it has {ds.column_names})")
             premises += [p for p in ds["premise"] if isinstance(p, str) and p.strip()]
+    from accelerate import PartialState
+
+    from ..generation import print_values
+    from ..generation.steps import sampling_values
+    from ..tasks import get_task
+
+    if PartialState(cpu=args.cpu).is_main_process:
+        print_values("generate values", *sampling_values(
+            {k: getattr(args, k) for k in ("top_p", "temperature", "max_new_tokens", "num_samples", "batch_size",
+                                           "shard_size", "seed")}, get_task(args.task)))
     report = generate_samples(args.generator, args.out, args.task, args.num_samples, num_shards=args.num_shards,
                               shard_size=args.shard_size, seed=args.seed, batch_size=args.batch_size, top_p=args.top_p,
                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               condition=args.condition, premises=premises, cpu=args.cpu, dtype=args.dtype)
-    if report:
+    if report and PartialState(cpu=args.cpu).is_main_process:  # one report, not one per process
         print(json.dumps(report, indent=2))
     return 0

@@ -12,8 +12,11 @@ file is renamed before it, so a present shard file means the shard is done, and 
 parameters are stored in ``generate_config.json``; a rerun with other parameters into the same
 folder is refused rather than mixing two runs.
 
-Generation is batched with left padding, nucleus sampling (``top_p``) at ``temperature``, up to
-``max_new_tokens``. Prompts are the format's start (unconditional, as Wu et al. 2022 sample whole
+Generation is batched with left padding, up to ``max_new_tokens`` (default 128: a sequence as long as
+the longest the generator was trained on, Table 7's "max sequence length 128", is never cut and
+rejected). By default it is plain ancestral sampling (``top_p=1.0``, ``temperature=1.0``): Wu et al.
+(2022, Sec. 2.1) "randomly sample from the trained generator" and give no nucleus mass; ``top_p < 1``
+gives nucleus sampling. Prompts are the format's start (unconditional, as Wu et al. 2022 sample whole
 examples), or with ``condition="premise"`` / ``"premise+label"`` a premise from a given set (and a
 label, cycling through the task's labels). Every sample is parsed back (see ``format.py``); the
 unparseable ones are kept with their text and reason in ``rejects-*.parquet``. Parsed samples are
@@ -38,7 +41,7 @@ from .format import SequenceFormat
 
 log = logging.getLogger(__name__)
 
-CONDITIONS = ("none", "premise", "premise+label")
+CONDITIONS = ("none", "premise", "premise+label", "prompts")  # prompts: one given prompt per sample
 CONFIG_FILE = "generate_config.json"
 REPORT_FILE = "generate_report.json"
 PROVENANCE = ("generator", "checkpoint", "shard", "seed", "sample_index")
@@ -101,6 +104,8 @@ def prompts_for(fmt: SequenceFormat, indices: Sequence[int], condition: str, pre
                 order: np.ndarray | None) -> list[str]:
     if condition == "none":
         return [fmt.prompt()] * len(indices)
+    if condition == "prompts":
+        return [premises[j] for j in indices]
     assert premises is not None and order is not None
     out = []
     for j in indices:
@@ -112,10 +117,15 @@ def prompts_for(fmt: SequenceFormat, indices: Sequence[int], condition: str, pre
 
 def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_samples: int, *,
                      num_shards: int | None = None, shard_size: int = 1000, seed: int = 0, batch_size: int = 16,
-                     top_p: float = 0.9, temperature: float = 1.0, max_new_tokens: int = 96,
+                     top_p: float = 1.0, temperature: float = 1.0, max_new_tokens: int = 128,
                      condition: str = "none", premises: Sequence[str] | None = None, cpu: bool = False,
-                     dtype: str | None = None, progress: bool = True, stop_after_shards: int | None = None) -> dict:
+                     dtype: str | None = None, progress: bool = True, stop_after_shards: int | None = None,
+                     prompts: Sequence[str] | None = None, parse=None) -> dict:
     """Sample ``num_samples`` rows from ``generator`` into ``out_dir`` (shards + rejects + report).
+
+    ``condition="prompts"`` samples from ``prompts[i]`` for sample i (one per sample) and parses
+    prompt + continuation with ``parse`` (text -> (row, None) or (None, reason)), e.g. a
+    :class:`.conditional.ConditionalFormat`'s.
 
     Run it under ``accelerate launch`` / ``torchrun`` to share the shards between processes.
     ``stop_after_shards`` ends this process's work after that many new shards (what a kill does).
@@ -129,7 +139,10 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     task = get_task(task)
     if condition not in CONDITIONS:
         raise ConfigError(f"condition must be one of {CONDITIONS}, not {condition!r}")
-    if condition != "none" and not premises:
+    if condition == "prompts":
+        if prompts is None or len(prompts) != num_samples or parse is None:
+            raise ConfigError(f"condition='prompts' needs one prompt per sample ({num_samples}) and a parse function")
+    elif condition != "none" and not premises:
         raise ConfigError(f"condition={condition!r} needs premises (--premises-from DATA)")
     if not (0 < top_p <= 1) or temperature <= 0:
         raise ConfigError(f"top_p must be in (0, 1] and temperature > 0; got top_p={top_p}, temperature={temperature}")
@@ -143,6 +156,9 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
               "seed": seed, "batch_size": batch_size, "top_p": top_p, "temperature": temperature,
               "max_new_tokens": max_new_tokens, "condition": condition,
               "premises": None if premises is None else len(premises)}
+    if prompts is not None:
+        import hashlib
+        config["prompts"] = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         cfg_path = out / CONFIG_FILE
@@ -178,6 +194,8 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
         tok.padding_side = "left"
     fmt = SequenceFormat.for_tokenizer(tok, task.labels) if tok is not None else None
     order = (np.random.default_rng(seed).permutation(len(premises)) if premises else None)
+    if condition == "prompts":
+        premises, order = prompts, np.arange(len(prompts))
     bar = tqdm(total=int(sum(sizes[i] for i in todo)), unit="sample", desc=f"generate (rank {state.process_index})",
                disable=not progress, position=state.process_index)
     t0, made, done_now = time.perf_counter(), 0, 0
@@ -195,7 +213,7 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
                                      eos_token_id=tok.eos_token_id)
             texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=False)
             for j, prompt, cont in zip(idx, prompts, texts):
-                row, why = fmt.parse(prompt + cont)
+                row, why = (parse or fmt.parse)(prompt + cont)
                 if row is None:
                     for k, v in (("sample_index", j), ("shard", i), ("seed", s), ("text", prompt + cont), ("reason", why)):
                         rejects[k].append(v)

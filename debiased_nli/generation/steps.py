@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from ..tasks import get_task
-from . import PAPER_DEFAULTS
+from . import GENERATOR_TRAINING, PAPER_DEFAULTS, SAMPLING, print_values, resolve
 
 
 def _p(params: dict, key: str, default: Any = None) -> Any:
@@ -21,12 +21,37 @@ def _p(params: dict, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def train_generator_step(ds, task, params: dict):
+def _is_main_process(cpu: bool = False) -> bool:
+    from accelerate import PartialState
+    return PartialState(cpu=bool(cpu)).is_main_process  # the first state decides: keep --cpu
+
+
+def generator_training_values(params: dict) -> tuple[dict, dict]:
+    """The training values a generator step uses (``params`` where set, else Table 7's) and their sources."""
+    return resolve(GENERATOR_TRAINING, params)
+
+
+def sampling_values(params: dict, task) -> tuple[dict, dict]:
+    """The sampling values a generate step uses and their sources (``num_samples``: Table 8's for
+    SNLI/MNLI, 1,000 for other tasks, the project's choice)."""
+    values, sources = resolve(SAMPLING, params)
+    if values["num_samples"] is None:
+        n = PAPER_DEFAULTS["num_samples"].get(task.name)
+        values["num_samples"] = 1000 if n is None else n
+        if n is None:
+            sources["num_samples"] = f"project's choice (the paper samples SNLI and MNLI only, not {task.name})"
+    return values, sources
+
+
+def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
     from .models import LoraOptions
     from .train import debias_training_set, train_generator
 
     task = get_task(task)
     mode = _p(params, "mode", "generator")
+    v, sources = generator_training_values(params)
+    if show_values and _is_main_process(_p(params, "cpu", False)):
+        print_values(f"train-generator ({mode}) values", v, sources)
     lora = None
     if _p(params, "lora", False):
         lora = LoraOptions(r=_p(params, "lora_r", 8), alpha=_p(params, "lora_alpha", 16),
@@ -42,14 +67,16 @@ def train_generator_step(ds, task, params: dict):
         train_ds = debias_training_set(z.kept, z.rejected)
         zinfo = z.counts
     report = train_generator(
-        train_ds, task, _p(params, "model", PAPER_DEFAULTS["generator"]), params["out"], mode=mode, lora=lora,
-        max_steps=params.get("max_steps"), epochs=_p(params, "epochs", 1), batch_size=_p(params, "batch_size", 8),
-        grad_accum=_p(params, "grad_accum", 1), lr=_p(params, "lr", 5e-5), warmup_steps=_p(params, "warmup_steps", 0),
-        lam=_p(params, "lam", PAPER_DEFAULTS["lambda"]), alpha=_p(params, "alpha", PAPER_DEFAULTS["alpha"]),
-        max_length=_p(params, "max_length", 128), checkpoint_every=_p(params, "checkpoint_every", 500),
-        seed=_p(params, "seed", 0), mixed_precision=_p(params, "mixed_precision", "no"), cpu=_p(params, "cpu", False),
-        merge=_p(params, "merge", False), log_every=_p(params, "log_every", 10))
+        train_ds, task, v["model"], params["out"], mode=mode, lora=lora,
+        max_steps=params.get("max_steps"), epochs=v["epochs"], batch_size=v["batch_size"],
+        grad_accum=v["grad_accum"], lr=v["lr"], eps=v["eps"], betas=tuple(v["betas"]), scheduler=v["scheduler"],
+        warmup_steps=v["warmup_steps"], weight_decay=v["weight_decay"], lam=v["lam"], alpha=v["alpha"],
+        max_length=v["max_length"], checkpoint_every=v["checkpoint_every"], seed=v["seed"],
+        mixed_precision=v["mixed_precision"], cpu=_p(params, "cpu", False),
+        merge=_p(params, "merge", False), log_every=_p(params, "log_every", 10),
+        progress=_p(params, "progress", True))
     report["out"] = params["out"]
+    report["value_sources"] = sources
     if zinfo is not None:
         report["z_filter"] = zinfo
         if int(os.environ.get("RANK", "0")) == 0:  # the card written at save time, now with the z-filter counts
@@ -58,19 +85,21 @@ def train_generator_step(ds, task, params: dict):
     return ds, None, report
 
 
-def generate_step(ds, task, params: dict):
+def generate_step(ds, task, params: dict, *, show_values: bool = False):
     """Samples from ``params["generator"]``; ``ds`` gives the premises when ``condition`` is not none."""
     from .sample import generate_samples, load_generated
 
     task = get_task(task)
+    v, sources = sampling_values(params, task)
+    if show_values and _is_main_process(_p(params, "cpu", False)):
+        print_values("generate values", v, sources)
     condition = _p(params, "condition", "none")
     premises = list(ds["premise"]) if condition != "none" and ds is not None else None
     report = generate_samples(
-        params["generator"], params["out"], task, _p(params, "num_samples", PAPER_DEFAULTS["num_samples"].get(task.name, 1000)),
-        num_shards=params.get("num_shards"), shard_size=_p(params, "shard_size", 1000), seed=_p(params, "seed", 0),
-        batch_size=_p(params, "batch_size", 16), top_p=_p(params, "top_p", PAPER_DEFAULTS["top_p"]),
-        temperature=_p(params, "temperature", 1.0), max_new_tokens=_p(params, "max_new_tokens", 96),
-        condition=condition, premises=premises, cpu=_p(params, "cpu", False), dtype=params.get("dtype"),
+        params["generator"], params["out"], task, v["num_samples"], num_shards=params.get("num_shards"),
+        shard_size=v["shard_size"], seed=v["seed"], batch_size=v["batch_size"], top_p=v["top_p"],
+        temperature=v["temperature"], max_new_tokens=v["max_new_tokens"], condition=condition,
+        premises=premises, cpu=_p(params, "cpu", False), dtype=params.get("dtype"),
         progress=_p(params, "progress", True))
     rows = load_generated(params["out"])
     rejects = load_generated(params["out"], "rejects")
@@ -80,7 +109,7 @@ def generate_step(ds, task, params: dict):
 def confidence_filter_step(ds, task, params: dict):
     from ..confidence import confidence_filter, confidence_report
 
-    tau = _p(params, "tau", PAPER_DEFAULTS["tau"])
+    tau = _p(params, "tau", PAPER_DEFAULTS["tau"])  # Table 8: "data filtering threshold τ 0.95"
     kept, rejected = confidence_filter(ds, _p(params, "model", PAPER_DEFAULTS["confidence_model"]), task, tau,
                                        batch_size=_p(params, "batch_size", 64),
                                        max_length=_p(params, "max_length", 128), progress=_p(params, "progress", True))
@@ -106,13 +135,15 @@ def generator_source(task, params: dict, ctx: dict | None = None):
                        on_invalid=data.get("on_invalid", "error"), max_rows=data.get("max_rows")).dataset
     if generator is None:
         train = dict(params["train"])
-        _, _, reports["train"] = train_generator_step(d0, task, {**train, "mode": "generator"})
+        _, _, reports["train"] = train_generator_step(d0, task, {**train, "mode": "generator"}, show_values=True)
         generator = train["out"]
     if params.get("debias"):
         debias = dict(params["debias"])
-        _, _, reports["debias"] = train_generator_step(d0, task, {"model": generator, **debias, "mode": "debias"})
+        _, _, reports["debias"] = train_generator_step(d0, task, {"model": generator, **debias, "mode": "debias"},
+                                                       show_values=True)
         generator = debias["out"]
-    rows, rejects, reports["generate"] = generate_step(d0, task, {**params["generate"], "generator": generator})
+    rows, rejects, reports["generate"] = generate_step(d0, task, {**params["generate"], "generator": generator},
+                                                       show_values=True)
     if params.get("confidence"):
         rows, dropped, reports["confidence"] = confidence_filter_step(rows, task, dict(params["confidence"]))
         ctx.setdefault("generation", {})["confidence_rejected"] = dropped
