@@ -28,9 +28,7 @@ def setup(tmp_path_factory, shared_data):
     texts = list(train.premise) + list(train.hypothesis) + list(dev.premise) + list(dev.hypothesis)
     texts += list(pd.read_parquet(shared_data / "anli" / "test.parquet").head(300).premise)
     model = make_tiny_bert(tmp / "encoder", texts)
-    recipe = yaml.safe_load((efficacy.ROOT / "builders" / "snli.yaml").read_text())
-    recipe["z_filter"]["batch_size"] = 8  # with the recipe's 1,000 the first batch (all 48 rows) is kept whole
-    (tmp / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    recipe = efficacy.ROOT / "builders" / "snli.yaml"  # z-filtering shrinks its batch to fit 48 rows
     plan = {
         "task": "snli", "model": str(model), "seeds": [0, 1], "runs_dir": str(tmp / "runs"),
         "results_dir": str(tmp / "results" / "efficacy"), "reference": "original",
@@ -38,8 +36,8 @@ def setup(tmp_path_factory, shared_data):
                   "dev_files": [str(tmp / "dev.parquet")], "max_dev_rows": 20, "threads": 1},
         "evaluate": {"sets": ["snli_test_hard", "anli"], "max_length": 48, "batch_size": 16, "max_tokens": 256,
                      "max_examples": 24, "threads": 1},
-        "releases": {"small": {"recipe": str(tmp / "recipe.yaml"), "data_files": [f"train={tmp / 'train.parquet'}"]},
-                     "generated": {"recipe": str(tmp / "recipe.yaml"), "data_files": [f"train={tmp / 'train.parquet'}"],
+        "releases": {"small": {"recipe": str(recipe), "data_files": [f"train={tmp / 'train.parquet'}"]},
+                     "generated": {"recipe": str(recipe), "data_files": [f"train={tmp / 'train.parquet'}"],
                                    "new_rows": [str(tmp / "no-such-generator-run" / "kept.parquet")]}},
         "rows": [
             {"name": "original", "data": {"files": [str(tmp / "train.parquet")]}},
@@ -152,7 +150,7 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
     plan, _ = setup
     efficacy.report(plan)
     table_json = plan.results_dir.with_suffix(".json")
-    build(plan.path.parent / "recipe.yaml", tmp_path / "release", data_files=[f"train={plan.path.parent / 'train.parquet'}"],
+    build(efficacy.ROOT / "builders" / "snli.yaml", tmp_path / "release", data_files=[f"train={plan.path.parent / 'train.parquet'}"],
           progress=False, efficacy=table_json)
     card = (tmp_path / "release" / "README.md").read_text()
     section = card.split("## Does training on it help? (measured)", 1)[1].split("\n## ", 1)[0]
@@ -235,3 +233,15 @@ def test_a_stage_gives_up_the_lock_between_turns_and_resumes(setup, tmp_path, mo
     assert taken.count(fcntl.LOCK_EX) == taken.count(fcntl.LOCK_UN) == 5
     unit = json.loads(p.unit_file("original", 0).read_text())
     assert set(unit["sets"]) == {"snli_test_hard", "anli"}
+
+
+def test_poe_rows_take_wu_et_als_table_10_preset(setup):
+    plan, _ = setup
+    row = {"name": "original_poe", "data": {"files": ["x"]}, "poe": {"preset": "snli", "bias_model": "joint"}}
+    poe = efficacy.poe_settings(row)
+    assert (poe["beta"], poe["gamma"], poe["bias_model"]) == (2.0, 0.4, "joint") and "Table 10" in poe["source"]
+    cfg = efficacy.train_config(plan, row, 0, progress=False)
+    assert cfg.poe and (cfg.poe_beta, cfg.poe_gamma, cfg.bias_model) == (2.0, 0.4, "joint")
+    data = efficacy.RowData(None, {"kind": "files", "files": ["train.parquet"]})
+    args = build_parser().parse_args(__import__("shlex").split(efficacy.train_cli(cfg, data, ["dev.parquet"], "snli"))[1:])
+    assert args.poe and (args.poe_beta, args.poe_gamma, args.bias_model) == (2.0, 0.4, "joint")
