@@ -645,9 +645,7 @@ def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = Non
     """Train and evaluate every unit that has no result file; returns the states (pending rows reported)."""
     cache: dict = {}
     finished = 0
-    for row in plan.rows:
-        if rows and row["name"] not in rows:
-            continue
+    for row in ([plan.row(n) for n in rows] if rows else plan.rows):  # in the order asked for
         todo = [s for s in plan.seeds if (seeds is None or s in seeds) and not plan.unit_file(row["name"], s).exists()]
         if not todo:
             continue
@@ -997,7 +995,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["status", "run", "report", "speed"])
     ap.add_argument("--plan", default=str(DEFAULT_PLAN), help="the rows YAML (default benchmarks/efficacy.yaml)")
-    ap.add_argument("--rows", nargs="+", help="only these rows")
+    ap.add_argument("--rows", nargs="+", help="only these rows, in this order")
     ap.add_argument("--seeds", nargs="+", type=int, help="only these seeds")
     ap.add_argument("--lock", help="take this flock for each stage (build, train, evaluate): /tmp/debiased-heavy.lock")
     ap.add_argument("--runs-dir", help="models and built releases (default: the plan's runs_dir or $EFFICACY_RUNS)")
