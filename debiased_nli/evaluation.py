@@ -98,26 +98,66 @@ def load_classifier(path: str, device: str | None = None, label_order: Sequence[
     return LoadedClassifier(path, model, tok, id2label, record)
 
 
+def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[np.ndarray]:
+    """Row indices in order of length, cut into batches of at most ``batch_size`` rows and (when
+    ``max_tokens`` is given) at most ``max_tokens`` padded tokens (rows x the longest row of the batch).
+
+    Sorting by length keeps the padding small; the token budget lets batches of short rows (the
+    Dasgupta sets, HANS) be large while batches of long rows (MNLI) stay within a fixed amount of work.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(lengths, kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        stop = min(start + batch_size, len(order))
+        if max_tokens:  # sorted ascending: the batch's longest row is its last one
+            while stop - start > 1 and (stop - start) * lengths[order[stop - 1]] > max_tokens:
+                stop = start + max(1, min(stop - start - 1, max_tokens // max(1, int(lengths[order[stop - 1]]))))
+        batches.append(order[start:stop])
+        start = stop
+    return batches
+
+
 def predict_probabilities(clf: LoadedClassifier, premises: Sequence[str], hypotheses: Sequence[str], *,
-                          batch_size: int = 64, max_length: int = 128, desc: str = "predict",
-                          progress: bool = True) -> np.ndarray:
+                          batch_size: int = 64, max_length: int = 128, max_tokens: int | None = None,
+                          desc: str = "predict", progress: bool = True) -> np.ndarray:
     """softmax(f(premise, hypothesis)) for every row, rows x (model outputs), in the model's order.
 
-    Rows are batched in order of length (less padding) and returned in input order.
+    Every row is tokenized once (no padding); rows are then batched in order of token length
+    (:func:`length_batches`) and each batch is padded to its own longest row (dynamic padding), so
+    little compute goes to padding. Rows are returned in input order.
     """
     import torch
     from tqdm.auto import tqdm
 
     n = len(premises)
-    order = np.argsort([len(p) + len(h) for p, h in zip(premises, hypotheses)], kind="stable")
     out = np.zeros((n, len(clf.id2label)), dtype=np.float32)
+    if n == 0:
+        return out
+    tok = clf.tokenizer
+    enc = tok(list(premises), list(hypotheses), truncation=True, max_length=max_length)
+    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
+    lengths = [len(x) for x in enc["input_ids"]]
+    pad_values = {"input_ids": tok.pad_token_id if tok.pad_token_id is not None else 0, "attention_mask": 0,
+                  "token_type_ids": getattr(tok, "pad_token_type_id", 0)}
+    left = getattr(tok, "padding_side", "right") == "left"
     device = next(clf.model.parameters()).device
-    with torch.inference_mode():
-        for start in tqdm(range(0, n, batch_size), desc=desc, disable=not progress):
-            idx = order[start:start + batch_size]
-            enc = clf.tokenizer([premises[i] for i in idx], [hypotheses[i] for i in idx], truncation=True,
-                                max_length=max_length, padding=True, return_tensors="pt").to(device)
-            out[idx] = torch.softmax(clf.model(**enc).logits.float(), dim=-1).cpu().numpy()
+    batches = length_batches(lengths, batch_size, max_tokens)
+    with torch.inference_mode(), tqdm(total=n, desc=desc, disable=not progress, unit="ex") as bar:
+        for idx in batches:
+            width = max(lengths[i] for i in idx)
+            arrays = {}
+            for k in keys:
+                a = np.full((len(idx), width), pad_values[k], dtype=np.int64)
+                for r, i in enumerate(idx):
+                    row = enc[k][i]
+                    if left:
+                        a[r, width - len(row):] = row
+                    else:
+                        a[r, :len(row)] = row
+                arrays[k] = torch.from_numpy(a).to(device)
+            out[idx] = torch.softmax(clf.model(**arrays).logits.float(), dim=-1).cpu().numpy()
+            bar.update(len(idx))
     return out
 
 
@@ -174,6 +214,7 @@ class EvalConfig:
     sample_seed: int = 0
     batch_size: int = 64
     max_length: int = 128
+    max_tokens: int | None = None    # padded tokens per batch (rows x longest row); None: batch_size rows
     data_root: str | None = None
     device: str | None = None
     progress: bool = True
@@ -203,7 +244,7 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
             full, ds = datasets_cache[spec.name]
             start = time.perf_counter()
             probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=cfg.batch_size,
-                                          max_length=cfg.max_length, desc=f"{Path(path).name} / {spec.name}",
+                                          max_length=cfg.max_length, max_tokens=cfg.max_tokens, desc=f"{Path(path).name} / {spec.name}",
                                           progress=cfg.progress)
             pred, label_map = set_predictions(spec, probs, clf.id2label, str(path))
             scores = score_predictions(spec, ds, pred, metric)

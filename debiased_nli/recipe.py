@@ -294,8 +294,9 @@ class BuildResult:
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
-          max_rows: int | None = None, profile: str | None = None) -> BuildResult:
-    """Run a recipe end to end and write the release folder.
+          max_rows: int | None = None, profile: str | None = None, efficacy=None) -> BuildResult:
+    """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
+    (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs.
 
     The target is checked before any work (see :func:`debiased_nli.outputs.check_target`: never the
     current or home folder, a parent of an input, a file, or a folder that is not a release of this
@@ -306,9 +307,14 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
 
     if max_rows is not None and (not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1):
         raise ConfigError(f"max_rows must be a positive integer, got {max_rows!r}")
+    if efficacy is not None:  # a missing or wrong table fails before the work, not after
+        from .efficacy import load_table
+
+        load_table(efficacy)
     if int(os.environ.get("RANK", "0")) != 0:  # under `accelerate launch`: rank 0 checks, locks and writes
         return _build(recipe, out_dir, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
-                      seed=seed, progress=progress, max_rows=max_rows, profile=profile)
+                      seed=seed, progress=progress, max_rows=max_rows, profile=profile,
+                      efficacy=efficacy)
     rec = load_recipe(recipe, profile)
     inputs: list[Any] = [] if isinstance(recipe, Mapping) else [recipe]
     for spec in [data_files if data_files is not None else rec["data"]["data_files"], new_rows_files] + \
@@ -321,14 +327,15 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         clean_stale(target, is_release_folder)
         check_target(target, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
         return _build(recipe, target, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
-                      seed=seed, progress=progress, max_rows=max_rows, profile=profile)
+                      seed=seed, progress=progress, max_rows=max_rows, profile=profile,
+                      efficacy=efficacy)
     finally:
         unlock()
 
 
 def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
            new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
-           max_rows: int | None = None, profile: str | None = None) -> BuildResult:
+           max_rows: int | None = None, profile: str | None = None, efficacy=None) -> BuildResult:
     import datasets
 
     from .data import combine_set_aside, load_task, parse_data_files, require_two_labels
@@ -468,6 +475,10 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
             "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,
             "history": recipe["history"] or [{"version": recipe["release_version"], "notes": "first release"}],
             "extra_citations": recipe["extra_citations"]}
+    if efficacy is not None:
+        from .efficacy import card_markdown
+
+        meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name)
     out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0_f,
                         overwrite=overwrite, set_aside=set_aside)
     return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest)

@@ -512,10 +512,13 @@ def _last_checkpoint(output_dir: str) -> str | None:
     return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
 
 
-def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=None) -> TrainResult:
+def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=None, *,
+                     callbacks: Sequence | None = None) -> TrainResult:
     """Fine-tune ``cfg.model`` on the canonical ``train_ds`` (early stopping on ``dev_ds``) and save
     the best model, its tokenizer (``config.id2label`` = the task's label names) and
-    ``debiased_nli_train.json`` (config, data fingerprints, bias model, timings) in ``cfg.output_dir``."""
+    ``debiased_nli_train.json`` (config, data fingerprints, bias model, timings) in ``cfg.output_dir``.
+    ``callbacks``: extra ``TrainerCallback``s (e.g. one that stops at a checkpoint to share the machine;
+    the next call resumes from it)."""
     import torch
     from transformers import EarlyStoppingCallback, TrainingArguments, set_seed
 
@@ -592,7 +595,7 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     trainer = Trainer(model=model, args=args, train_dataset=train_tok, eval_dataset=dev_tok,
                       data_collator=PairCollator(tok), processing_class=tok,
                       compute_metrics=_accuracy_metric() if has_dev else None,
-                      callbacks=[EarlyStoppingCallback(cfg.early_stopping_patience)] if has_dev else None)
+                      callbacks=([EarlyStoppingCallback(cfg.early_stopping_patience)] if has_dev else []) + list(callbacks or []))
     trainer.poe_beta, trainer.poe_gamma = cfg.poe_beta, cfg.poe_gamma
     resume = _last_checkpoint(cfg.output_dir) if cfg.resume else None
     if resume:

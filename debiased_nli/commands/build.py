@@ -32,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--max-rows", type=POSITIVE_INT, help="use at most this many rows of D0 (quick looks)")
     p.add_argument("--seed", type=NON_NEGATIVE_INT, help="override the recipe's seed")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
+    p.add_argument("--efficacy", metavar="FILE",
+                   help="the efficacy table (benchmarks/results/efficacy.json): the card shows the measured "
+                        "accuracy of a model trained on each config that has a row in it")
     p.set_defaults(func=run)
 
 
@@ -44,7 +47,7 @@ def run(args) -> int:
         print(f"recipe: {recipe}", file=sys.stderr)
     result = build(recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
                    overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
-                   profile=args.profile)
+                   profile=args.profile, efficacy=args.efficacy)
     from .cache import prune_cache
     pruned, size = prune_cache()  # keep the feature cache of earlier builds bounded
     if pruned:

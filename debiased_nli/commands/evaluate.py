@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="other results.json files (or folders) to add as report columns")
     p.add_argument("--max-examples", type=POSITIVE_INT, help="score a seeded random sample of at most N rows per set")
     p.add_argument("--sample-seed", type=NON_NEGATIVE_INT, default=0, help="seed of the --max-examples sample (default 0)")
-    p.add_argument("--batch-size", type=POSITIVE_INT, default=64)
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=64, help="most rows per batch (rows are batched by length)")
+    p.add_argument("--max-tokens", type=POSITIVE_INT,
+                   help="most padded tokens per batch (rows x longest row): short rows get larger batches")
     p.add_argument("--max-length", type=POSITIVE_INT, default=128, help="maximum tokens of premise+hypothesis")
     p.add_argument("--data-root", help="folder holding the challenge-set files (the specs' local: paths)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
@@ -84,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     sets = resolve_sets(args.suite, args.sets)
     compare = _compare_args(args.compare)
     cfg = EvalConfig(max_examples=args.max_examples, sample_seed=args.sample_seed, batch_size=args.batch_size,
-                     max_length=args.max_length, data_root=args.data_root, device=args.device,
-                     label_order=label_order)
+                     max_length=args.max_length, max_tokens=args.max_tokens, data_root=args.data_root,
+                     device=args.device, label_order=label_order)
     results = evaluate_models(args.model, sets, cfg)
     results["suite"] = args.suite
     name = args.name or Path(args.out).name

@@ -1,0 +1,247 @@
+"""The efficacy harness (benchmarks/efficacy.py): units, resumability, pending rows, the report.
+
+A tiny BERT from a config is trained on a few dozen SNLI rows and scored on a few rows of two sets, so
+the harness's bookkeeping is tested end to end without the real model.
+"""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from benchmarks import efficacy
+from debiased_nli.cli import build_parser
+from test_training import make_tiny_bert
+
+N_TRAIN = 48
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, shared_data):
+    tmp = tmp_path_factory.mktemp("efficacy")
+    train = pd.read_parquet(shared_data / "snli" / "train_sample.parquet").head(N_TRAIN)
+    train.to_parquet(tmp / "train.parquet")
+    dev = pd.read_parquet(shared_data / "snli" / "dev.parquet").head(40)
+    dev.to_parquet(tmp / "dev.parquet")
+    texts = list(train.premise) + list(train.hypothesis) + list(dev.premise) + list(dev.hypothesis)
+    texts += list(pd.read_parquet(shared_data / "anli" / "test.parquet").head(300).premise)
+    model = make_tiny_bert(tmp / "encoder", texts)
+    recipe = efficacy.ROOT / "builders" / "snli.yaml"  # z-filtering shrinks its batch to fit 48 rows
+    plan = {
+        "task": "snli", "model": str(model), "seeds": [0, 1], "runs_dir": str(tmp / "runs"),
+        "results_dir": str(tmp / "results" / "efficacy"), "reference": "original",
+        "train": {"learning_rate": 1e-3, "batch_size": 16, "max_length": 48, "epochs": 1, "warmup_ratio": 0.1,
+                  "dev_files": [str(tmp / "dev.parquet")], "max_dev_rows": 20, "threads": 1},
+        "evaluate": {"sets": ["snli_test_hard", "anli"], "max_length": 48, "batch_size": 16, "max_tokens": 256,
+                     "max_examples": 24, "threads": 1},
+        "releases": {"small": {"recipe": str(recipe), "data_files": [f"train={tmp / 'train.parquet'}"]},
+                     "generated": {"recipe": str(recipe), "data_files": [f"train={tmp / 'train.parquet'}"],
+                                   "new_rows": [str(tmp / "no-such-generator-run" / "kept.parquet")]}},
+        "rows": [
+            {"name": "original", "data": {"files": [str(tmp / "train.parquet")]}},
+            {"name": "z_filtered", "data": {"release": "small", "config": "z_filtered"}},
+            {"name": "random_control", "data": {"random_subset_of": "original", "size_of": "z_filtered", "seed": 0}},
+            {"name": "held", "data": {"files": [str(tmp / "train.parquet")]}, "poe": {"beta": 1.0, "gamma": 1.0},
+             "hold": "waiting for a fix"},
+            {"name": "aflite", "data": {"release_dir": str(tmp / "releases" / "aflite-snli"), "config": "aflite"}},
+            {"name": "seq_z", "data": {"release": "generated", "config": "seq_z"}},
+        ],
+    }
+    path = tmp / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    p = efficacy.load_plan(path)
+    states = efficacy.run(p, progress=False)
+    return p, states
+
+
+def test_every_unit_is_trained_scored_and_written_once(setup):
+    plan, states = setup
+    by = {(s["row"], s["seed"]): s for s in states}
+    for row in ("original", "z_filtered", "random_control"):
+        for seed in (0, 1):
+            assert by[(row, seed)]["state"] == "done"
+            unit = json.loads(plan.unit_file(row, seed).read_text())
+            assert unit["row"] == row and unit["seed"] == seed
+            assert set(unit["sets"]) == {"snli_test_hard", "anli"}
+            assert all(0.0 <= v["accuracy"] <= 1.0 and v["n"] == 24 for v in unit["sets"].values())
+            assert unit["train"]["rows"] == unit["data"]["rows"] > 0
+            assert unit["train"]["seconds"] > 0 and unit["evaluation"]["examples_per_second"] > 0
+            assert unit["train"]["git"] and unit["evaluation"]["git"]  # the commit each stage ran at
+            assert unit["data"]["command"]
+    assert not list(plan.results_dir.glob(".*tmp*"))  # written atomically: no partial files left
+
+
+def test_pending_rows_are_reported_with_their_reason_not_dropped(setup):
+    plan, states = setup
+    reasons = {s["row"]: s["reason"] for s in states if s["state"] == "pending"}
+    assert set(reasons) == {"held", "aflite", "seq_z"}
+    assert "waiting for a fix" in reasons["held"]
+    assert "aflite-snli does not exist yet" in reasons["aflite"]
+    assert "no-such-generator-run" in reasons["seq_z"] and "not on disk" in reasons["seq_z"]
+    table = efficacy.report(plan)
+    assert set(table["rows"]) == {r["name"] for r in plan.rows}
+    md = plan.results_dir.with_suffix(".md").read_text()
+    for row in ("held", "aflite", "seq_z"):
+        assert f"| `{row}` | pending |" in md
+    assert "waiting for a fix" in md and plan.results_dir.with_suffix(".png").exists()
+
+
+def test_a_second_run_skips_finished_units(setup, monkeypatch):
+    plan, _ = setup
+    before = {p: p.stat().st_mtime_ns for p in plan.results_dir.glob("*.json")}
+
+    def fail(*a, **k):
+        raise AssertionError("a finished unit was run again")
+
+    monkeypatch.setattr("debiased_nli.training.train_classifier", fail)
+    monkeypatch.setattr("debiased_nli.evaluation.evaluate_models", fail)
+    efficacy.run(plan, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in plan.results_dir.glob("*.json")} == before
+
+
+def test_an_interrupted_unit_continues_from_its_trained_model(setup, monkeypatch):
+    plan, _ = setup
+    unit = plan.unit_file("original", 1)
+    old = json.loads(unit.read_text())
+    unit.unlink()  # as if the run stopped after training, before the evaluation was written
+    monkeypatch.setattr("debiased_nli.training.train_classifier",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
+    efficacy.run(plan, rows=["original"], progress=False)
+    new = json.loads(unit.read_text())
+    assert new["train"] == old["train"]
+    assert new["sets"]["anli"]["accuracy"] == old["sets"]["anli"]["accuracy"]  # the same model, the same rows
+
+
+def test_the_random_control_has_z_filtereds_size_and_the_recorded_command_trains_on_it(setup):
+    plan, _ = setup
+    zf = json.loads(plan.unit_file("z_filtered", 0).read_text())
+    rc = json.loads(plan.unit_file("random_control", 0).read_text())
+    assert rc["train"]["rows"] == zf["train"]["rows"] < N_TRAIN
+    args = build_parser().parse_args(__import__("shlex").split(rc["train"]["command"])[1:])
+    assert args.max_train_rows == zf["train"]["rows"] and args.data_seed == 0
+    assert args.lr == plan.train["learning_rate"] and args.epochs == plan.train["epochs"] and args.seed == 0
+    args = build_parser().parse_args(__import__("shlex").split(zf["train"]["command"])[1:])
+    assert args.config == "z_filtered" and args.release.endswith("releases/small")
+
+
+def test_the_table_is_mean_and_std_over_seeds(setup):
+    plan, _ = setup
+    table = efficacy.summarise(plan)
+    runs = [json.loads(plan.unit_file("original", s).read_text())["sets"]["anli"]["accuracy"] for s in (0, 1)]
+    cell = table["rows"]["original"]["sets"]["anli"]
+    assert cell["mean"] == pytest.approx(sum(runs) / 2)
+    assert cell["std"] == pytest.approx(abs(runs[0] - runs[1]) / 2 ** 0.5)
+    assert set(table["verdict"]) == {"z_filtered", "random_control"}
+
+
+def test_compare_calls_a_difference_only_beyond_two_standard_errors():
+    ref = {"mean": 0.50, "std": 0.01, "n_seeds": 3}
+    assert efficacy.compare({"mean": 0.60, "std": 0.01, "n_seeds": 3}, ref)[2] == "helps"
+    assert efficacy.compare({"mean": 0.40, "std": 0.01, "n_seeds": 3}, ref)[2] == "hurts"
+    assert efficacy.compare({"mean": 0.505, "std": 0.01, "n_seeds": 3}, ref)[2] == "no clear change"
+    assert efficacy.compare({"mean": 0.60, "std": None, "n_seeds": 1}, ref)[2] == "one seed"
+
+
+def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
+    from debiased_nli.recipe import build
+
+    plan, _ = setup
+    efficacy.report(plan)
+    table_json = plan.results_dir.with_suffix(".json")
+    build(efficacy.ROOT / "builders" / "snli.yaml", tmp_path / "release", data_files=[f"train={plan.path.parent / 'train.parquet'}"],
+          progress=False, efficacy=table_json)
+    card = (tmp_path / "release" / "README.md").read_text()
+    section = card.split("## Does training on it help? (measured)", 1)[1].split("\n## ", 1)[0]
+    table = json.loads(table_json.read_text())
+    zf, ref = table["rows"]["z_filtered"]["sets"]["anli"], table["rows"]["original"]["sets"]["anli"]
+    assert "| `original` |" in section and "| `z_filtered` |" in section
+    assert f"{100 * zf['mean']:.1f} ± {100 * zf['std']:.1f} ({100 * (zf['mean'] - ref['mean']):+.1f})" in section
+    assert "| `aflite` |" not in section  # the release has no aflite config
+
+
+# ------------------------------------------------------------------ evaluation batching (evaluation.py)
+
+def test_length_batches_cover_every_row_once_within_the_row_and_token_budgets():
+    import numpy as np
+
+    from debiased_nli.evaluation import length_batches
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 120, size=1000)
+    batches = length_batches(lengths, batch_size=64, max_tokens=1024)
+    order = np.concatenate(batches)
+    assert sorted(order.tolist()) == list(range(1000))
+    assert all(np.diff(lengths[order]) >= 0)  # sorted by length: each batch pads to similar rows
+    for b in batches:
+        assert len(b) <= 64 and (len(b) == 1 or len(b) * lengths[b].max() <= 1024)
+    assert len(length_batches(lengths, 64)) == 16  # no token budget: rows only
+
+
+def test_predictions_do_not_depend_on_the_batching(setup, shared_data):
+    import numpy as np
+
+    from debiased_nli.evaluation import load_classifier, predict_probabilities
+
+    plan, _ = setup
+    clf = load_classifier(str(plan.model_dir("original", 0)), "cpu")
+    df = pd.read_parquet(shared_data / "anli" / "test.parquet").head(40)
+    prem, hyp = list(df.premise), list(df.hypothesis)
+    one = predict_probabilities(clf, prem, hyp, batch_size=1, max_length=48, progress=False)
+    many = predict_probabilities(clf, prem, hyp, batch_size=32, max_length=48, max_tokens=600, progress=False)
+    np.testing.assert_allclose(many, one, atol=1e-5)  # dynamic padding is masked out
+    assert np.allclose(one.sum(axis=1), 1.0)
+
+
+def test_a_release_of_another_branch_is_read_when_it_appears(setup):
+    plan, _ = setup
+    folder = efficacy.release_dir(plan, "small")  # stands in for e.g. /work/releases/aflite-snli
+    row = {"name": "other", "data": {"release_dir": str(folder), "config": "z_filtered"}}
+    data = efficacy.resolve_row(plan, row)
+    zf = json.loads(plan.unit_file("z_filtered", 0).read_text())
+    assert data.info["rows"] == zf["train"]["rows"] and len(data.info["release_manifest_sha256"]) == 64
+    with pytest.raises(efficacy.Pending, match=r"has no config 'aflite' \(it has \['z_filtered'\]\)"):
+        efficacy.resolve_row(plan, {"name": "x", "data": {"release_dir": str(folder), "config": "aflite"}})
+
+
+def test_a_stage_gives_up_the_lock_between_turns_and_resumes(setup, tmp_path, monkeypatch):
+    import fcntl
+
+    plan, _ = setup
+    raw = dict(plan.raw, lock_budget_minutes=0, runs_dir=str(tmp_path / "runs"), results_dir=str(tmp_path / "res"),
+               seeds=[0])
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(raw))
+    p = efficacy.load_plan(tmp_path / "plan.yaml")
+    monkeypatch.setattr(efficacy.LockTurns, "pause_s", 0.0)
+    lock = tmp_path / "heavy.lock"
+    taken = []
+    real_flock = fcntl.flock
+    def flock(fh, op):  # count the heavy lock's calls (datasets' file locks use flock too)
+        if getattr(fh, "name", None) == str(lock):
+            taken.append(op)
+        return real_flock(fh, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    efficacy.run(p, rows=["original"], lock=str(lock), progress=False)
+    train = json.loads((p.model_dir("original", 0) / efficacy.TRAIN_RECORD).read_text())
+    # a budget of 0: every turn ends after one optimizer step; 48 rows in batches of 16 = 3 steps, 3 turns
+    assert [s["stopped_for_the_lock"] for s in train["sessions"]] == [True, True, False]
+    assert train["sessions"][1]["resumed_from"].endswith("checkpoint-1")
+    assert train["result"]["train_rows"] == N_TRAIN and not list(p.model_dir("original", 0).glob("checkpoint-*"))
+    # train: 3 turns; evaluate: one turn per chunk (2 sets of 24 rows); each turn takes and gives up the lock
+    assert taken.count(fcntl.LOCK_EX) == taken.count(fcntl.LOCK_UN) == 5
+    unit = json.loads(p.unit_file("original", 0).read_text())
+    assert set(unit["sets"]) == {"snli_test_hard", "anli"}
+
+
+def test_poe_rows_take_wu_et_als_table_10_preset(setup):
+    plan, _ = setup
+    row = {"name": "original_poe", "data": {"files": ["x"]}, "poe": {"preset": "snli", "bias_model": "joint"}}
+    poe = efficacy.poe_settings(row)
+    assert (poe["beta"], poe["gamma"], poe["bias_model"]) == (2.0, 0.4, "joint") and "Table 10" in poe["source"]
+    cfg = efficacy.train_config(plan, row, 0, progress=False)
+    assert cfg.poe and (cfg.poe_beta, cfg.poe_gamma, cfg.bias_model) == (2.0, 0.4, "joint")
+    data = efficacy.RowData(None, {"kind": "files", "files": ["train.parquet"]})
+    args = build_parser().parse_args(__import__("shlex").split(efficacy.train_cli(cfg, data, ["dev.parquet"], "snli"))[1:])
+    assert args.poe and (args.poe_beta, args.poe_gamma, args.bias_model) == (2.0, 0.4, "joint")
