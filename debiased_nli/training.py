@@ -179,7 +179,7 @@ def describe_config(cfg: TrainConfig, sources: dict | None = None) -> dict[str, 
         "epochs": f"{PROJECT} (Table 9: 5; --preset paper)",
         "warmup_ratio": f"{PROJECT}: 10% of the steps (Table 9: 2000 steps; --preset paper)",
         "lr_scheduler": f'{PROJECT} (Table 9: "constant with warmup"; --preset paper)',
-        "adam_epsilon": f"transformers' default (Table 9: 1e-6; --preset paper)",
+        "adam_epsilon": "transformers' default (Table 9: 1e-6; --preset paper)",
         "weight_decay": f'{PROJECT} (Table 9: "Adam", none; --preset paper)',
     }
     out = {}
