@@ -58,6 +58,7 @@ _FILTER_STEPS: dict[str, FilterStep] = {}
 # steps defined in modules that are imported only when a recipe uses them (heavy dependencies)
 _LAZY_STEPS = {
     "aflite": ("filter", "debiased_nli.aflite", "aflite_step"),
+    "pdd": ("filter", "debiased_nli.pdd.step", "pdd_step"),
     "generator": ("source", "debiased_nli.generation.steps", "generator_source"),
 }
 
