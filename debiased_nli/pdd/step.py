@@ -183,6 +183,7 @@ def build_outputs(ds, task, out):
     """(D, removed) as datasets (see the module docstring)."""
     import datasets
 
+    task = get_task(task)
     state = out.state
     n = state.n_input
     alive = np.asarray(state.alive, dtype=bool)
