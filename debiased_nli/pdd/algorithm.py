@@ -308,7 +308,8 @@ def choose(result: Mapping[str, Any], taken: "set[str] | Callable[[str], bool]",
 @dataclasses.dataclass
 class PDDConfig:
     tau: float = 20.0                      # Table 10, "Threshold τ 20"
-    families: "Sequence[str] | str" = "auto"
+    families: "Sequence[str] | str" = "auto"   # which families ("auto": all three)
+    order: str = "z"                        # "z": decreasing max |z*| (section 4.1); "given": as listed
     overlap_feature: str = "lex-overlap>0.8"
     label_groups: "Sequence[Sequence[str]] | None" = None
     max_passes: int = 20

@@ -114,7 +114,10 @@ def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | 
 
     before = {fam: state.family_z(fam, cfg.overlap_feature, K, p0) for fam in families}
     fam_max = {fam: max((float(np.max(np.abs(z))) for _, z in before[fam].values()), default=0.0) for fam in families}
-    order = fixed or sorted(families, key=lambda f: (-fam_max[f], f))  # section 4.1: "from highest to lowest"
+    if cfg.order not in ("z", "given"):
+        raise ConfigError(f"order must be 'z' or 'given', got {cfg.order!r}")
+    # section 4.1: "The order is determined by ranking the z-value from highest to lowest"
+    order = families if cfg.order == "given" else sorted(families, key=lambda f: (-fam_max[f], f))
     summary_before = _summary(state, families, cfg.overlap_feature, K, p0, cfg.tau)
 
     from tqdm.auto import tqdm

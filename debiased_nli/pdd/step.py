@@ -30,6 +30,7 @@ STEP_DEFAULTS: dict[str, Any] = {
     "teacher": None,              # folder/Hub id of an NLI classifier, or an object with label_probs()
     "tau": 20.0,                  # Table 10: "Threshold τ 20"
     "families": "auto",
+    "order": "z",                 # section 4.1: families "in descending order of z-value"; "given": as listed
     "overlap_feature": "lex-overlap>0.8",
     "overlap_extractor": None,
     "label_groups": None,
@@ -85,7 +86,7 @@ def pdd_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str
                       max_length=p["teacher_max_length"]) if isinstance(p["teacher"], str) else p["teacher"]
     filler = p["filler"] or MaskFiller.from_pretrained(p["mlm"], candidates=p["candidates"],
                                                        batch_size=p["mlm_batch_size"], max_length=p["mlm_max_length"])
-    cfg = PDDConfig(tau=float(p["tau"]), families=p["families"], overlap_feature=p["overlap_feature"],
+    cfg = PDDConfig(tau=float(p["tau"]), families=p["families"], order=p["order"], overlap_feature=p["overlap_feature"],
                     label_groups=p["label_groups"], max_passes=int(p["max_passes"]), max_sweeps=int(p["max_sweeps"]),
                     batch_size=int(p["batch_size"]), seed=int(p["seed"]), checkpoint_every=int(p["checkpoint_every"]))
     fingerprint = {"input": _fingerprint(ds), "rows": len(ds), "mlm": p["mlm"] if p["filler"] is None else None,
