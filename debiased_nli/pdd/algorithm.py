@@ -471,6 +471,7 @@ class Algorithm1:
         self.log: list[dict] = []
         self.computed = 0          # perturbations run (not from the cache)
         self.discarded = 0         # results computed ahead and then not used
+        self.n_applied = self.n_failed = 0   # the failure rate that sizes the speculation
         self.progress = progress
         self._bar = None
 
@@ -524,6 +525,8 @@ class Algorithm1:
                 ok = True
         entry["z_after"] = round(float(z_star(counts, self.p0)[g]), 4)
         self.log.append(entry)
+        self.n_applied += 1
+        self.n_failed += not ok
         if ok:
             if req.case == KEEP:
                 rec.keep_ops += 1
@@ -560,7 +563,11 @@ class Algorithm1:
             q += 1
         z_real = _z_list([int(c) for c in counts], p0)
         active = {g: (KEEP if z_real[g] < 0 else LOSE) for g in range(self.K) if abs(z_real[g]) > tau}
-        while q < len(order) and fresh < self.cfg.batch_size and active:
+        # as many speculative requests as the failures seen so far predict among the new planned ones, plus
+        # one; none when the plan is all in the cache (a replay after a restart computes nothing extra)
+        rate = (self.n_failed + 1) / (self.n_applied + 2)
+        budget = min(self.cfg.batch_size, fresh + math.ceil(fresh * rate / max(1e-6, 1 - rate)) + 1) if fresh else 0
+        while q < len(order) and fresh < budget and active:
             r = order[q]
             g = s.group(r)
             if s.alive[r] and g in active:
