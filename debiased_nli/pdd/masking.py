@@ -1,5 +1,16 @@
 """Feature-specific masking (Guo et al. 2023, section 3.3.1, Table 9, Table 14).
 
+Section 3.3.1: for p_hat < p0, "x should be retained when masking words. To be specific, for unigrams,
+we skip the biased words and randomly mask the rest of the words to a fixed percentage. For lexical
+overlap, we retain the overlapped words in the premise and the hypothesis and randomly mask the rest.
+For hypothesis-only predictions, we retain the hypothesis and randomly mask the premise." For p_hat >
+p0, "x should be eliminated in the masking stage. Specifically, for unigrams, we mask the biased word
+and the rest randomly to a fixed percentage. For lexical overlap, we mask the overlapped words and the
+rest to a fixed percentage. In terms of the hypothesis-only predictions, we randomly mask the
+hypothesis." Table 14's overlap examples mask only shared words (p_hat > p0: "Randomly mask words
+shared by P and H") or only unique words (p_hat < p0: "Randomly mask unique words in P and H"); the
+rules below follow Table 14.
+
 Masking is word-level: the words are those of :func:`debiased_nli.features.tokenize` (runs of
 letters, digits and apostrophes, lower-cased for matching), and each chosen word is replaced by ONE
 mask (the fill puts one word back). "All the masking rules derive from a random masking strategy: we
