@@ -13,6 +13,9 @@ Built-in extractors (a row carries each feature at most once; ``n`` counts rows)
 
 ========================  =====================================================================
 ``unigram_v1``            ``<token>@premise``, ``<token>@hypothesis``
+``unigram_pair_v1``       ``<token>@pair``: a token of the premise or the hypothesis, not tagged by side
+                          (PDD's unigrams, Guo et al. 2023: its Table 14 debiases ``carry``, a
+                          premise word)
 ``bigram_v1``             ``<token> <token>@premise``, ``<token> <token>@hypothesis`` (adjacent)
 ``hypo_len_v1``           hypothesis length in tokens: ``hypo-len<5``, ``hypo-len5-9``,
                           ``hypo-len10-14``, ``hypo-len15-19``, ``hypo-len>=20``
@@ -227,6 +230,15 @@ def _unigrams(batch: FeatureBatch) -> pa.ListArray:
         toks = batch.tokens(side)
         parts.append((pc.list_parent_indices(toks).to_numpy(), _tag(pc.list_flatten(toks), side)))
     return _merge_rows(parts, len(batch))
+
+
+@register_extractor("unigram_pair_v1", doc="<token>@pair: the tokens of premise and hypothesis together (PDD)")
+def _unigrams_pair(batch: FeatureBatch) -> pa.ListArray:
+    parts = []
+    for side in ("premise", "hypothesis"):
+        toks = batch.tokens(side)
+        parts.append((pc.list_parent_indices(toks).to_numpy(), _tag(pc.list_flatten(toks), "pair")))
+    return _merge_rows(parts, len(batch))  # a token in both sides is one feature (extract_table dedups)
 
 
 def _bigram_values(toks: pa.ListArray) -> tuple[np.ndarray, pa.Array]:

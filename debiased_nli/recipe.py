@@ -60,6 +60,7 @@ _FILTER_STEPS: dict[str, FilterStep] = {}
 # steps defined in modules that are imported only when a recipe uses them (heavy dependencies)
 _LAZY_STEPS = {
     "aflite": ("filter", "debiased_nli.aflite", "aflite_step"),
+    "pdd": ("filter", "debiased_nli.pdd.step", "pdd_step"),
     "generator": ("source", "debiased_nli.generation.steps", "generator_source"),
     "ibadr": ("filter", "debiased_nli.ibadr.step", "ibadr_step"),
     "ibadr_rows": ("source", "debiased_nli.ibadr.step", "ibadr_rows"),

@@ -51,7 +51,11 @@ CONFIG_DESCRIPTIONS = {
     "aflite": "AFLite (Le Bras et al. 2020): the original rows that an ensemble of linear models on embeddings "
               "does not predict too easily",
     "ibadr": "IBADR (Wang et al. 2023): the original rows plus the pseudo samples of an iterative bias-aware generator",
+    "pdd": "PDD (Guo et al. 2023): the original rows with masked-LM perturbations added or swapped in until every "
+           "biased feature's z is under the threshold",
 }
+# provenance of new rows that a config's data keeps when its train split has them (PDD's perturbed rows)
+DATA_EXTRA_COLUMNS = ("source_uid", "teacher_confidence")
 CANONICAL = ("premise", "hypothesis", "label") + PROVENANCE_COLUMNS
 ROWS_PER_SHARD = 500_000
 
@@ -95,6 +99,20 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
 def canonical_only(ds, extra: Sequence[str] = ()):
     keep = [c for c in list(CANONICAL) + list(extra) if c in ds.column_names]
     return ds.select_columns(keep)
+
+
+def _data_extra(c: "ConfigData") -> list[str]:
+    train = c.splits.get("train")
+    return [col for col in DATA_EXTRA_COLUMNS if train is not None and col in train.column_names]
+
+
+def _config_split(ds, extra: Sequence[str], like=None):
+    """The columns a config publishes; a split without the extra columns gets them empty (one schema per config)."""
+    out = canonical_only(ds, extra)
+    for col in extra:
+        if col not in out.column_names:
+            out = out.add_column(col, [None] * len(out)).cast_column(col, like.features[col])
+    return out
 
 
 def _write_parquet(ds, folder: Path, split: str) -> list[dict]:
@@ -167,7 +185,7 @@ def _dataset_card_yaml(task: TaskSpec, configs: Sequence[ConfigData], written: M
         configs=config_entries)
     infos = {}
     for c in configs:
-        feats = canonical_only(next(iter(c.splits.values()))).features
+        feats = canonical_only(c.splits.get("train", next(iter(c.splits.values()))), _data_extra(c)).features
         splits = datasets.SplitDict()
         for split, files in written[c.name].items():
             splits.add(datasets.SplitInfo(name=split, num_bytes=sum(f["arrow_bytes"] for f in files),
@@ -309,8 +327,9 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         for c in configs:
             written[c.name] = {}
             labels[c.name] = {}
+            extra = _data_extra(c)
             for split, ds in c.splits.items():
-                ds = canonical_only(ds).flatten_indices()
+                ds = _config_split(ds, extra, c.splits.get("train")).flatten_indices()
                 files = _write_parquet(ds, tmp / "data" / c.name, split)
                 for f in files:
                     f["path"] = Path(f["path"]).relative_to(tmp).as_posix()
@@ -327,7 +346,8 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
                         methods = ds.data.column("method").to_numpy(zero_copy_only=False)[new]
                         new_rows["methods"] |= set(map(str, np.unique(methods)))
             if c.rejected is not None and len(c.rejected):
-                extra = [col for col in (REJECTED_BY, "reason", "aflite_score", "aflite_round", "stage")
+                extra = [col for col in (REJECTED_BY, "reason", "aflite_score", "aflite_round", "stage", "replaced_by",
+                                        *DATA_EXTRA_COLUMNS)
                          if col in c.rejected.column_names]
                 _write_parquet(canonical_only(c.rejected, extra), tmp / "rejected" / c.name, "train")
             train = c.splits.get("train")

@@ -135,11 +135,45 @@ def top_k_ids(scores: np.ndarray, k: int, valid: np.ndarray | None = None) -> np
     return out
 
 
+def group_labels(label_names: Sequence[str], label_groups: "Sequence[Sequence[str]] | None"
+                 ) -> tuple[np.ndarray, tuple[str, ...]]:
+    """(group of each label, group names) for ``label_groups``, e.g. FEVER's ``[["SUPPORTS"],
+    ["REFUTES", "NOT ENOUGH INFO"]]`` (Guo et al. 2023, section 4.2: "we view 'refutes' and 'not enough
+    information' as one class when computing z-values"). A group is named by its labels joined with
+    ``+``; ``None`` keeps every label its own group. Every label must be in exactly one group."""
+    names = [str(n) for n in label_names]
+    if not label_groups:
+        return np.arange(len(names), dtype=np.int64), tuple(names)
+    group_of = np.full(len(names), -1, dtype=np.int64)
+    for g, group in enumerate(label_groups):
+        if isinstance(group, str) or not len(group):
+            raise ConfigError(f"label_groups must be a list of non-empty label lists, got {list(label_groups)}")
+        for name in group:
+            if str(name) not in names:
+                raise ConfigError(f"label_groups: {name!r} is not one of the labels {names}")
+            if group_of[names.index(str(name))] >= 0:
+                raise ConfigError(f"label_groups: {name!r} is in two groups")
+            group_of[names.index(str(name))] = g
+    missing = [n for n, g in zip(names, group_of) if g < 0]
+    if missing:
+        raise ConfigError(f"label_groups leaves out the label(s) {missing}; every label needs a group")
+    if len(label_groups) < 2:
+        raise ConfigError("label_groups needs at least two groups")
+    return group_of, tuple("+".join(str(n) for n in group) for group in label_groups)
+
+
 def compute_zstats(fm: FeatureMatrix, labels: np.ndarray, label_names: Sequence[str],
-                   p0: "str | float | Sequence[float] | None" = "uniform", rows: np.ndarray | None = None) -> ZStats:
-    """z-statistics of every feature and label (optionally over a boolean row mask)."""
-    K = len(label_names)
+                   p0: "str | float | Sequence[float] | None" = "uniform", rows: np.ndarray | None = None,
+                   label_groups: "Sequence[Sequence[str]] | None" = None) -> ZStats:
+    """z-statistics of every feature and label (optionally over a boolean row mask).
+
+    With ``label_groups`` (see :func:`group_labels`) the statistics are over the groups: K is the
+    number of groups and ``label_names`` of the result are the group names."""
     labels = np.asarray(labels, dtype=np.int64)
+    if label_groups:
+        group_of, label_names = group_labels(label_names, label_groups)
+        labels = group_of[labels]
+    K = len(label_names)
     counts = count_matrix(fm, labels, K, rows)
     sel = labels if rows is None else labels[np.asarray(rows, bool)]
     label_counts = np.bincount(sel, minlength=K)

@@ -1,0 +1,213 @@
+"""Label-prompted filling with any masked LM (Guo et al. 2023, section 3.3.2 "Prompt-Based Filling").
+
+"We map 'entailment' to 'Yes', 'neutral' to 'Maybe', and 'contradiction' to 'No'. We feed the
+connected input 'P_mask ?[w]. H_mask' into the MLM". The input here is ``f"{P_mask} ? {w} . {H_mask}"``
+(the spacing is the project's choice), every mask one ``tokenizer.mask_token``, encoded in one piece
+and filled in one forward pass (all masks at once; the paper does not say whether it fills
+iteratively). Candidates ("For each masked sample, we generate various candidates", the number is not
+given; default 8, the project's choice): candidate 1 is the argmax at every mask; each further one
+samples every mask from its top-10 tokens (probabilities renormalised over those 10), with a seeded
+generator per request, so a request's candidates do not depend on the batch it is in. Duplicate
+candidates are dropped. Only *fill tokens* may be chosen: tokens that start a word and spell an
+alphabetic word (WordPiece: not ``##``; SentencePiece: ``▁`` prefix; byte-level BPE: ``Ġ`` prefix),
+never special tokens, so that one mask becomes one whole word. A request may ban words (the unigram
+lose case bans x itself).
+
+:class:`MaskFiller` works with any ``AutoModelForMaskedLM`` (the paper's is ``xlm-roberta-large``).
+For speed it projects only the masked positions onto the vocabulary when the model exposes its head
+(``cls`` for BERT, ``lm_head`` for RoBERTa/XLM-R); otherwise it reads the full logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from .masking import MASK
+
+# Guo et al. 2023, section 3.3.2: "We map 'entailment' to 'Yes', 'neutral' to 'Maybe', and
+# 'contradiction' to 'No'". FEVER and QQP words are the project's choice (the paper gives none).
+DEFAULT_PROMPT_WORDS = {
+    "entailment": "Yes", "neutral": "Maybe", "contradiction": "No",
+    "SUPPORTS": "Yes", "REFUTES": "No", "NOT ENOUGH INFO": "Maybe",
+    "duplicate": "Yes", "not_duplicate": "No",
+}
+TOP_K_SAMPLING = 10  # the project's choice: candidates 2.. sample each mask from its top-10 fill tokens
+
+
+def prompt_words_for(labels: Sequence[str], given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The prompt word of every label: ``given`` first, then the defaults; an unknown label is an error."""
+    out = {}
+    for name in labels:
+        word = (given or {}).get(name, DEFAULT_PROMPT_WORDS.get(name))
+        if not word:
+            raise ConfigError(f"no prompt word for label {name!r}; pass prompt_words (e.g. "
+                              f"--prompt-words {name}=Yes,...)")
+        out[name] = str(word)
+    return out
+
+
+def prompt_text(premise_masked: str, word: str, hypothesis_masked: str) -> str:
+    return f"{premise_masked} ? {word} . {hypothesis_masked}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FillRequest:
+    premise_masked: str      # with masking.MASK placeholders
+    hypothesis_masked: str
+    n_masks: int
+    prompt_word: str
+    seed: int
+    banned: tuple[str, ...] = ()
+
+
+def _scheme(tokens: Sequence[str]) -> str:
+    if sum(t.startswith("▁") for t in tokens) > len(tokens) // 10:
+        return "sentencepiece"
+    if sum(t.startswith("Ġ") for t in tokens) > len(tokens) // 10:
+        return "bytebpe"
+    return "wordpiece"
+
+
+def token_words(tokenizer) -> list[str | None]:
+    """For every token id, the whole word it spells when it can fill a mask, else None."""
+    n = len(tokenizer)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
+    tokens = [t if isinstance(t, str) else "" for t in tokens]
+    scheme = _scheme(tokens)
+    special = set(tokenizer.all_special_ids)
+    out: list[str | None] = []
+    for i, t in enumerate(tokens):
+        word = None
+        if i not in special:
+            if scheme == "sentencepiece":
+                word = t[1:] if t.startswith("▁") else None
+            elif scheme == "bytebpe":
+                word = t[1:] if t.startswith("Ġ") else None
+            else:
+                word = None if t.startswith("##") else t
+        out.append(word if word and word.isalpha() else None)
+    return out
+
+
+def fill_vocabulary(tokenizer) -> np.ndarray:
+    """Boolean mask over token ids: the tokens a fill may use (see the module docstring)."""
+    return np.array([w is not None for w in token_words(tokenizer)], dtype=bool)
+
+
+class MaskFiller:
+    """Fill :class:`FillRequest` s with a masked LM: per request, up to ``candidates`` word lists."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, candidates: int = 8, batch_size: int = 32,
+                 max_length: int = 256, device: str | None = None):
+        import torch
+
+        if tokenizer.mask_token is None:
+            raise ConfigError("the fill model's tokenizer has no mask token; PDD needs a masked LM")
+        if candidates < 1:
+            raise ConfigError(f"candidates must be >= 1, got {candidates}")
+        self.model, self.tokenizer = model, tokenizer
+        self.candidates, self.batch_size, self.max_length = candidates, batch_size, max_length
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model.to(self.device).eval()
+        self.words = token_words(tokenizer)
+        allowed = np.array([w is not None for w in self.words], dtype=bool)
+        vocab_size = int(getattr(model.config, "vocab_size", len(allowed)))
+        if vocab_size > len(allowed):
+            allowed = np.concatenate([allowed, np.zeros(vocab_size - len(allowed), bool)])
+            self.words = self.words + [None] * (vocab_size - len(self.words))
+        if not allowed.any():
+            raise ConfigError("the fill model's vocabulary has no whole-word alphabetic token")
+        self.allowed = torch.tensor(allowed[:vocab_size])
+        self._word_ids: dict[str, list[int]] = {}
+        for i, w in enumerate(self.words):
+            if w is not None:
+                self._word_ids.setdefault(w.lower(), []).append(i)
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs) -> "MaskFiller":
+        from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+        try:
+            model = AutoModelForMaskedLM.from_pretrained(path)
+            tok = AutoTokenizer.from_pretrained(path)
+        except OSError as err:
+            raise ConfigError(f"cannot load a masked LM from {path!r} ({err}); give a Hub id (the paper's is "
+                              f"xlm-roberta-large) or a folder with an AutoModelForMaskedLM") from err
+        return cls(model, tok, **kwargs)
+
+    def describe(self) -> dict:
+        return {"model": type(self.model).__name__, "name_or_path": getattr(self.model, "name_or_path", None),
+                "candidates": self.candidates, "top_k_sampling": TOP_K_SAMPLING}
+
+    def _mask_logits(self, enc, positions):
+        head = getattr(self.model, "cls", None) or getattr(self.model, "lm_head", None)
+        base = getattr(self.model, "base_model", None)
+        if head is not None and base is not None and base is not self.model:
+            hidden = base(**enc).last_hidden_state
+            return head(hidden[positions])
+        return self.model(**enc).logits[positions]
+
+    def fill(self, requests: Sequence[FillRequest]) -> list[list[list[str]] | None]:
+        """Per request: the distinct candidates (each a word per mask), or None if the prompt lost masks
+        to truncation."""
+        import torch
+
+        out: list[list[list[str]] | None] = [None] * len(requests)
+        mask = self.tokenizer.mask_token
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].premise_masked)
+                       + len(requests[i].hypothesis_masked))
+        for s in range(0, len(order), self.batch_size):
+            idx = order[s:s + self.batch_size]
+            texts = [prompt_text(requests[i].premise_masked.replace(MASK, mask), requests[i].prompt_word,
+                                 requests[i].hypothesis_masked.replace(MASK, mask)) for i in idx]
+            enc = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=True,
+                                 return_tensors="pt")
+            enc = {k: v.to(self.device) for k, v in enc.items()}
+            positions = enc["input_ids"] == self.tokenizer.mask_token_id
+            with torch.no_grad():
+                logits = self._mask_logits(enc, positions).float().cpu()
+            logits = logits[:, : len(self.allowed)].masked_fill(~self.allowed[: logits.shape[1]], float("-inf"))
+            per_row = positions.sum(dim=1).tolist()
+            start = 0
+            for i, m in zip(idx, per_row):
+                rows = logits[start:start + m]
+                start += m
+                if m != requests[i].n_masks:
+                    continue  # truncated
+                out[i] = self._candidates(rows, requests[i])
+        return out
+
+    def _candidates(self, logits, req: FillRequest) -> list[list[str]]:
+        import torch
+
+        if req.banned:
+            logits = logits.clone()
+            for w in req.banned:
+                ids = self._word_ids.get(w.lower(), [])
+                if ids:
+                    logits[:, ids] = float("-inf")
+        rng = np.random.default_rng(req.seed)
+        top = torch.topk(logits, k=min(TOP_K_SAMPLING, logits.shape[1]), dim=-1)
+        probs = torch.softmax(top.values, dim=-1).numpy().astype(np.float64)
+        ids = top.indices.numpy()
+        finite = np.isfinite(top.values.numpy())
+        cands, seen = [], set()
+        first = tuple(int(ids[j, 0]) for j in range(len(ids)))
+        for c in range(self.candidates):
+            if c == 0:
+                pick = first
+            else:
+                pick = []
+                for j in range(len(ids)):
+                    p = np.where(finite[j], probs[j], 0.0)
+                    p = p / p.sum()
+                    pick.append(int(ids[j, rng.choice(len(p), p=p)]))
+                pick = tuple(pick)
+            if pick in seen:
+                continue
+            seen.add(pick)
+            cands.append([self.words[t] for t in pick])
+        return cands
