@@ -58,17 +58,30 @@ OVERLAP_NAMES = ("lex-overlap<0.2", "lex-overlap0.2-0.4", "lex-overlap0.4-0.6", 
 # tokenisation and list helpers (vectorised with pyarrow; no Python loop per row)
 
 def tokenize_arrow(texts: pa.Array | pa.ChunkedArray) -> pa.ListArray:
-    """Tokenise a string array (see the module docstring for the rules)."""
+    """Tokenise a string array (see the module docstring for the rules).
+
+    Each distinct string is tokenised once (premises repeat: SNLI has about three hypotheses per
+    premise) and the token lists are then gathered for every row.
+    """
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
     if not pa.types.is_string(texts.type):  # large_string (e.g. parquet written by pandas), dictionary, ...
         texts = texts.cast(pa.string())
-    t = pc.utf8_lower(texts.fill_null(""))
+    texts = texts.fill_null("")
+    enc = pc.dictionary_encode(texts)
+    if len(enc.dictionary) < 0.8 * len(texts):
+        return _tokenize_distinct(enc.dictionary).take(enc.indices)
+    return _tokenize_distinct(texts)
+
+
+def _tokenize_distinct(texts: pa.Array) -> pa.ListArray:
+    t = pc.utf8_lower(texts)
     t = pc.replace_substring_regex(t, r"[^\pL\pN']+", " ")
     t = pc.replace_substring_regex(t, r"(^| )'+|'+( |$)", " ")
     t = pc.utf8_trim_whitespace(t)
-    split = pc.split_pattern_regex(t, " +")
-    # "" splits into [""]: drop empty tokens
+    # the text is now tokens separated by spaces (one, or two where an apostrophe run was cut out):
+    # a plain split, then the empty tokens are dropped
+    split = pc.split_pattern(t, " ")
     flat = pc.list_flatten(split)
     keep = pc.greater(pc.utf8_length(flat), 0)
     if pc.all(keep).as_py() is not False:
@@ -99,6 +112,8 @@ def _singletons(names: Sequence[str], codes: np.ndarray) -> pa.ListArray:
 
 def _unique_per_row(lists: pa.ListArray) -> pa.ListArray:
     """Drop repeated values inside each row, keeping first occurrences in order."""
+    import pandas as pd
+
     n_rows = len(lists)
     flat = pc.list_flatten(lists)
     if len(flat) == 0:
@@ -107,9 +122,10 @@ def _unique_per_row(lists: pa.ListArray) -> pa.ListArray:
     enc = pc.dictionary_encode(flat)
     codes = enc.indices.to_numpy().astype(np.int64)
     key = parents * len(enc.dictionary) + codes
-    _, first = np.unique(key, return_index=True)
-    first.sort()
-    return _lists_from_parents(flat.take(pa.array(first)), parents[first], n_rows)
+    first = ~pd.Series(key).duplicated().to_numpy()  # a hash table, in input order: no sort
+    if first.all():
+        return lists
+    return _lists_from_parents(flat.filter(pa.array(first)), parents[first], n_rows)
 
 
 def _tag(values: pa.Array, side: str) -> pa.Array:
@@ -147,6 +163,8 @@ class FeatureBatch:
     def overlap_share(self) -> np.ndarray:
         """Share of hypothesis tokens (occurrences) that also occur in the premise (0 if none)."""
         if "overlap" not in self._cache:
+            import pandas as pd
+
             p, h = self.tokens("premise"), self.tokens("hypothesis")
             pf, hf = pc.list_flatten(p), pc.list_flatten(h)
             enc = pc.dictionary_encode(pa.concat_arrays([pf, hf]))
@@ -155,7 +173,7 @@ class FeatureBatch:
             pkey = pc.list_parent_indices(p).to_numpy().astype(np.int64) * v + codes[: len(pf)]
             hpar = pc.list_parent_indices(h).to_numpy().astype(np.int64)
             hkey = hpar * v + codes[len(pf):]
-            found = np.isin(hkey, pkey)
+            found = pd.Series(hkey).isin(pkey).to_numpy()  # hashed; np.isin sorts
             n_found = np.bincount(hpar, weights=found, minlength=len(self)) if len(hpar) else np.zeros(len(self))
             n_h = self.n_tokens("hypothesis")
             self._cache["overlap"] = np.divide(n_found, n_h, out=np.zeros(len(self)), where=n_h > 0)
@@ -240,11 +258,15 @@ def _bigrams(batch: FeatureBatch) -> pa.ListArray:
 
 
 def _merge_rows(parts: list[tuple[np.ndarray, pa.Array]], n_rows: int) -> pa.ListArray:
-    """Concatenate per-row lists of several parts (each given as parents + flat values)."""
-    parents = np.concatenate([p for p, _ in parts]).astype(np.int64)
+    """Concatenate per-row lists of several parts (each given as parents + flat values; each part's
+    parents non-decreasing): row r gets part 0's values of r, then part 1's, ..."""
+    lengths = [np.bincount(np.asarray(p, np.int64), minlength=n_rows) if len(p) else np.zeros(n_rows, np.int64)
+               for p, _ in parts]
+    indptr, slots = interleave_columns(lengths, [np.arange(len(p), dtype=np.int64) + sum(len(q) for q, _ in parts[:i])
+                                                 for i, (p, _) in enumerate(parts)])
     values = pa.concat_arrays([v.cast(pa.string()) for _, v in parts])
-    order = np.argsort(parents, kind="stable")
-    return _lists_from_parents(values.take(pa.array(order)), parents[order], n_rows)
+    # slots[j] = which concatenated value goes to entry j
+    return pa.ListArray.from_arrays(pa.array(indptr.astype(np.int32)), values.take(pa.array(slots)))
 
 
 def _bin(values: np.ndarray, bins: Sequence[tuple[float, str]]) -> pa.ListArray:
@@ -487,3 +509,166 @@ def build_feature_matrix(ds, columns: Sequence[str] | None = None) -> FeatureMat
 
 def describe_extractors(names: Iterable[str]) -> Mapping[str, str]:
     return {n: get_extractor(n).doc for n in names}
+
+
+# ---------------------------------------------------------------------------------------------
+# chunked featurisation: feature strings live one chunk at a time, the rest is integer codes
+
+def interleave_columns(lengths: Sequence[np.ndarray], codes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """CSR ``(indptr, indices)`` of rows whose entries are column 0's, then column 1's, ...
+
+    ``lengths[j][r]`` is how many entries column j has in row r; ``codes[j]`` holds column j's
+    entries in row order. This is the layout :func:`build_feature_matrices` gives a dataset's
+    ``feat_*`` columns (each row: its features column after column, in the column's order).
+    """
+    n = len(lengths[0]) if lengths else 0
+    total_per_row = np.zeros(n, np.int64)
+    for ln in lengths:
+        total_per_row += ln
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(total_per_row, out=indptr[1:])
+    indices = np.empty(int(indptr[-1]), np.int32)
+    filled = indptr[:-1].copy()
+    for ln, c in zip(lengths, codes):
+        ln = ln.astype(np.int64, copy=False)
+        if len(c):
+            # the entry's slot: its row's next free slot plus its rank among the column's entries of that row
+            first = np.cumsum(ln) - ln
+            shift = np.repeat(filled - first, ln)
+            indices[shift + np.arange(len(c))] = c
+        filled += ln
+    return indptr, indices
+
+
+@dataclasses.dataclass
+class _Chunk:
+    n_rows: int
+    lengths: list[np.ndarray]       # per column: entries per row (int32)
+    codes: list[np.ndarray]         # per column: entry codes (into ``dictionary`` until finalised)
+    dictionary: pa.Array | None     # the chunk's own feature strings (None once finalised)
+
+
+class ChunkedFeatures:
+    """Feature columns of many rows, added a chunk at a time and held as integer codes.
+
+    Each chunk's feature strings are dictionary-encoded when the chunk is added and only the chunk's
+    distinct strings are kept; :meth:`finalize` merges those into one vocabulary in the lexicographic
+    order of the strings (the order :func:`build_feature_matrices` gives, so ids and tie-breaks are
+    the same) and rewrites every chunk's codes as vocabulary ids. :meth:`matrix` then assembles the
+    CSR of any run of chunks. Extra columns (e.g. the hypothesis-only prediction, known only after a
+    model is fitted on the lexical features) can be put in at their place with :meth:`set_column`.
+    """
+
+    def __init__(self, columns: Sequence[str]):
+        self.columns = list(columns)
+        self.chunks: list[_Chunk] = []
+        self.vocab: np.ndarray | None = None
+        self._index: dict[str, int] | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return sum(c.n_rows for c in self.chunks)
+
+    def add(self, table: pa.Table, columns: Sequence[str] | None = None) -> int:
+        """Add a chunk of rows from a table of ``feat_*`` list<string> columns; returns its number.
+
+        ``columns`` (default: all) are read from the table; the others stay empty until set.
+        """
+        return self.append(self.encode(table, self.columns, columns))
+
+    def append(self, chunk: "_Chunk") -> int:
+        """Add a chunk made by :meth:`encode` (e.g. in a worker process)."""
+        if self.vocab is not None:
+            raise ConfigError("ChunkedFeatures is finalised; add every chunk before finalize()")
+        self.chunks.append(chunk)
+        return len(self.chunks) - 1
+
+    @staticmethod
+    def encode(table: pa.Table, all_columns: Sequence[str], columns: Sequence[str] | None = None) -> "_Chunk":
+        """A chunk's feature columns as integer codes into the chunk's own dictionary of strings."""
+        present = list(columns) if columns is not None else list(all_columns)
+        n = table.num_rows
+        flats, lengths, codes = [], [], []
+        for col in all_columns:
+            if col in present:
+                lists = table.column(col)
+                lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+                flats.append(pc.list_flatten(lists))
+                lengths.append(pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int32))
+            else:
+                flats.append(None)
+                lengths.append(np.zeros(n, np.int32))
+        values = [f.cast(pa.string()) for f in flats if f is not None]
+        enc = pc.dictionary_encode(pa.concat_arrays(values) if values else pa.array([], pa.string()))
+        all_codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+        pos = 0
+        for f in flats:
+            m = 0 if f is None else len(f)
+            codes.append(all_codes[pos:pos + m])
+            pos += m
+        return _Chunk(n, lengths, codes, enc.dictionary)
+
+    def finalize(self, extra: Sequence[str] = ()) -> np.ndarray:
+        """One vocabulary (strings in lexicographic order) for every chunk, plus ``extra`` strings."""
+        dicts = [c.dictionary for c in self.chunks] + [pa.array(list(extra), pa.string())]
+        enc = pc.dictionary_encode(pa.concat_arrays(dicts))
+        order = pc.sort_indices(enc.dictionary).to_numpy()
+        rank = np.empty(len(order), np.int32)
+        rank[order] = np.arange(len(order), dtype=np.int32)
+        to_vocab = rank[enc.indices.to_numpy(zero_copy_only=False)]
+        pos = 0
+        for c in self.chunks:
+            m = len(c.dictionary)
+            local = to_vocab[pos:pos + m]
+            c.codes = [local[x] for x in c.codes]
+            c.dictionary = None
+            pos += m
+        self.vocab = np.array(enc.dictionary.take(pa.array(order)).to_pylist(), dtype=object)
+        return self.vocab
+
+    def feature_id(self, name: str) -> int:
+        if self.vocab is None:
+            raise ConfigError("finalize() first")
+        j = int(np.searchsorted(self.vocab, name))
+        if j >= len(self.vocab) or self.vocab[j] != name:
+            raise KeyError(f"feature {name!r} is not in the vocabulary")
+        return j
+
+    def set_column(self, column: str, chunk: int, lengths: np.ndarray, ids: np.ndarray) -> None:
+        """Set one column of one chunk from vocabulary ids (after :meth:`finalize`)."""
+        if self.vocab is None:
+            raise ConfigError("finalize() first")
+        j = self.columns.index(column)
+        c = self.chunks[chunk]
+        if len(lengths) != c.n_rows or int(np.sum(lengths)) != len(ids):
+            raise ConfigError(f"column {column!r} of chunk {chunk}: {len(lengths)} rows and {len(ids)} entries "
+                              f"for a chunk of {c.n_rows} rows")
+        c.lengths[j] = np.asarray(lengths, np.int32)
+        c.codes[j] = np.asarray(ids, np.int32)
+
+    def matrix(self, chunks: Sequence[int] | None = None, columns: Sequence[str] | None = None,
+               release: bool = False) -> FeatureMatrix:
+        """The CSR matrix of the given chunks (default: all), in chunk order.
+
+        ``columns`` limits the matrix to some columns (in the stored order); ``release`` frees each
+        chunk's codes once they are copied (for the last matrix built from them).
+        """
+        if self.vocab is None:
+            raise ConfigError("finalize() first")
+        ids = list(range(len(self.chunks))) if chunks is None else list(chunks)
+        cols = [j for j, c in enumerate(self.columns) if columns is None or c in columns]
+        per_chunk = [sum(int(self.chunks[i].codes[j].shape[0]) for j in cols) for i in ids]
+        n = sum(self.chunks[i].n_rows for i in ids)
+        indptr = np.zeros(n + 1, np.int64)
+        indices = np.empty(sum(per_chunk), np.int32)
+        row, pos = 0, 0
+        for i, size in zip(ids, per_chunk):
+            c = self.chunks[i]
+            ptr, ind = interleave_columns([c.lengths[j] for j in cols], [c.codes[j] for j in cols])
+            indptr[row + 1:row + c.n_rows + 1] = ptr[1:] + pos
+            indices[pos:pos + size] = ind
+            row += c.n_rows
+            pos += size
+            if release:
+                c.codes = [np.zeros(0, np.int32) for _ in c.codes]
+        return FeatureMatrix(indptr, indices, self.vocab)

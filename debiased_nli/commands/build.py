@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--max-rows", type=int, help="use at most this many rows of D0 (quick looks)")
     p.add_argument("--seed", type=int, help="override the recipe's seed")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
+    p.add_argument("--timings", action="store_true",
+                   help="record each stage's seconds in manifest.json (the release is then no longer the same "
+                        "byte for byte from run to run)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -35,7 +38,7 @@ def run(args) -> int:
 
     result = build(args.recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
                    overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
-                   profile=args.profile)
+                   profile=args.profile, timings=args.timings)
     print(f"wrote {result.out_dir}", file=sys.stderr)
     for name, n in result.configs.items():
         print(f"  {name}: {n:,} train rows", file=sys.stderr)
