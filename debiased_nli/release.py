@@ -126,8 +126,9 @@ def z_filtered_original(d0, task: "str | TaskSpec", *, hypothesis_only="tfidf", 
     from .featurize import featurize_build
 
     feats = featurize_build(d0, None, task, hypothesis_only=hypothesis_only, folds=folds, seed=seed, progress=progress)
-    return compose(d0, None, task, top_k=top_k, batch_size=batch_size, seed=seed, p0=p0, configs=["z_filtered"],
-                   progress=progress, features=(feats.d0, None))["z_filtered"]
+    r = compose(d0, None, task, top_k=top_k, batch_size=batch_size, seed=seed, p0=p0, configs=["z_filtered"],
+                progress=progress, features=(feats.d0, None))["z_filtered"]
+    return dataclasses.replace(r, kept=materialize(r.kept), rejected=materialize(r.rejected))
 
 
 def canonical_only(ds, extra: Sequence[str] = ()):
