@@ -2,8 +2,12 @@
 
 A feature is a string; each extractor writes one column ``feat_<name>`` (a list of strings per row),
 so a stored feature column says exactly what produced it (dolma's ``char_length_v1`` idea). Features
-are computed once with ``datasets.map`` (cached by fingerprint for file-backed datasets) and every
-later stage reads them through a :class:`FeatureMatrix` (CSR over integer ids into a vocabulary).
+are computed once and every later stage reads them through a :class:`FeatureMatrix` (CSR over integer
+ids into a vocabulary whose ids follow the strings' order). Two ways to compute them, with the same
+result: ``datasets.map`` into ``feat_*`` columns (cached by fingerprint for file-backed datasets;
+:func:`add_feature_columns`, then :func:`build_feature_matrices`), or a chunk of rows at a time into
+:class:`ChunkedFeatures`, which keeps integer codes and only each chunk's distinct strings (the
+build's path, for millions of rows).
 
 Tokenisation (``tokenize``): lower-case (Unicode); every run of characters that are not letters,
 digits or apostrophes separates tokens; apostrophes at the start or end of a token are dropped, so

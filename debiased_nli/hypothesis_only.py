@@ -1,15 +1,29 @@
 """The hypothesis-only model behind the ``hypo-only-pred=<label>`` feature.
 
-It must never predict a row it was trained on, so the default is **out-of-fold** prediction: the
-rows are split into k stratified folds (seeded) and each fold is predicted by a TF-IDF + logistic
-regression model fitted on the other k-1 folds. Its input is the hypothesis unigram and bigram
-features already in the feature matrix (``*@hypothesis``; features seen in fewer than ``min_df``
-rows are ignored), with sublinear TF-IDF weighting, so nothing is tokenised twice. For FEVER this
-is the claim-only model (the claim is the hypothesis).
+Wu et al. (2022), appendix B, Table 11: "We train a hypothesis-only model on the original dataset and
+use its prediction as a feature"; section 3.1 names "a BERT-base (Devlin et al., 2019)
+hypothesis-only model". It must never predict a row it was trained on, so D0's rows get
+**out-of-fold** predictions: the rows are split into k stratified folds (seeded) and each fold is
+predicted by a model fitted on the other k-1 folds. New rows D_G are predicted by one model fitted
+on every row of D0 (``full_model``), never on D_G itself, so Z(D0) is a function of D0 alone.
 
-The other option is a fine-tuned ``transformers`` sequence classifier (a folder or Hub id) applied
-to the hypothesis alone; its ``id2label`` is mapped onto the task's labels. That model should have
-been trained on other data: it is not out-of-fold.
+Models:
+
+* **TF-IDF + logistic regression** (the default, :func:`out_of_fold_tfidf`): its input is the
+  hypothesis unigram and bigram features already in the feature matrix (``*@hypothesis``; features
+  seen in fewer than ``min_df`` rows of D0 are ignored), sublinear TF-IDF weighting with D0's idf, so
+  nothing is tokenised twice. This is the project's cheap stand-in for the paper's BERT-base.
+* **A transformer fine-tuned out of fold** (:func:`out_of_fold_transformer`; in a recipe
+  ``features: {hypothesis_only: {model: PATH, folds: 5, epochs: 1}}``): trained with the project's
+  own ``train`` on rows whose premise is empty, so the classifier reads ``[CLS] [SEP] hypothesis
+  [SEP]``: the hypothesis in the segment it has in a full pair, and nothing of the premise. Each
+  fold is a resumable unit. Its epochs, length, batch size and learning rate are the project's
+  choices (the paper gives none for this model).
+* **An already fine-tuned classifier** (a folder or Hub id, :func:`transformer_predictions`) applied
+  to the hypothesis alone; its ``id2label`` is mapped onto the task's labels. It should have been
+  trained on other data: it is not out of fold.
+
+For FEVER this is the claim-only model (the claim is the hypothesis).
 """
 from __future__ import annotations
 
