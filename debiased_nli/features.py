@@ -123,9 +123,12 @@ def _unique_per_row(lists: pa.ListArray) -> pa.ListArray:
     if len(flat) == 0:
         return lists
     parents = pc.list_parent_indices(lists).to_numpy().astype(np.int64)
-    enc = pc.dictionary_encode(flat)
-    codes = enc.indices.to_numpy().astype(np.int64)
-    key = parents * len(enc.dictionary) + codes
+    if pa.types.is_dictionary(flat.type) and len(pc.unique(flat.dictionary)) == len(flat.dictionary):
+        codes, size = flat.indices.to_numpy(zero_copy_only=False).astype(np.int64), len(flat.dictionary)
+    else:
+        enc = pc.dictionary_encode(flat.cast(pa.string()) if pa.types.is_dictionary(flat.type) else flat)
+        codes, size = enc.indices.to_numpy().astype(np.int64), len(enc.dictionary)
+    key = parents * size + codes
     first = ~pd.Series(key).duplicated().to_numpy()  # a hash table, in input order: no sort
     if first.all():
         return lists
@@ -164,19 +167,30 @@ class FeatureBatch:
     def n_tokens(self, side: str) -> np.ndarray:
         return pc.list_value_length(self.tokens(side)).to_numpy(zero_copy_only=False).astype(np.int64)
 
+    def token_codes(self) -> tuple[pa.Array, dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """The batch's distinct tokens (both sides) and, per side, (row, token code) of every token in
+        order: integer work for the n-gram and overlap extractors, one hash pass over the tokens."""
+        if "codes" not in self._cache:
+            p, h = self.tokens("premise"), self.tokens("hypothesis")
+            pf, hf = pc.list_flatten(p), pc.list_flatten(h)
+            enc = pc.dictionary_encode(pa.concat_arrays([pf.cast(pa.string()), hf.cast(pa.string())]))
+            codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            self._cache["codes"] = (enc.dictionary, {
+                "premise": (pc.list_parent_indices(p).to_numpy().astype(np.int64), codes[:len(pf)]),
+                "hypothesis": (pc.list_parent_indices(h).to_numpy().astype(np.int64), codes[len(pf):])})
+        return self._cache["codes"]  # type: ignore[return-value]
+
     def overlap_share(self) -> np.ndarray:
         """Share of hypothesis tokens (occurrences) that also occur in the premise (0 if none)."""
         if "overlap" not in self._cache:
             import pandas as pd
 
-            p, h = self.tokens("premise"), self.tokens("hypothesis")
-            pf, hf = pc.list_flatten(p), pc.list_flatten(h)
-            enc = pc.dictionary_encode(pa.concat_arrays([pf, hf]))
-            codes = enc.indices.to_numpy().astype(np.int64)
-            v = max(len(enc.dictionary), 1)
-            pkey = pc.list_parent_indices(p).to_numpy().astype(np.int64) * v + codes[: len(pf)]
-            hpar = pc.list_parent_indices(h).to_numpy().astype(np.int64)
-            hkey = hpar * v + codes[len(pf):]
+            dictionary, sides = self.token_codes()
+            v = max(len(dictionary), 1)
+            ppar, pcodes = sides["premise"]
+            hpar, hcodes = sides["hypothesis"]
+            pkey = ppar * v + pcodes
+            hkey = hpar * v + hcodes
             found = pd.Series(hkey).isin(pkey).to_numpy()  # hashed; np.isin sorts
             n_found = np.bincount(hpar, weights=found, minlength=len(self)) if len(hpar) else np.zeros(len(self))
             n_h = self.n_tokens("hypothesis")
@@ -234,31 +248,65 @@ def list_extractors() -> list[str]:
 
 @register_extractor("unigram_v1", doc="<token>@premise and <token>@hypothesis")
 def _unigrams(batch: FeatureBatch) -> pa.ListArray:
-    parts = []
-    for side in ("premise", "hypothesis"):
-        toks = batch.tokens(side)
-        parts.append((pc.list_parent_indices(toks).to_numpy(), _tag(pc.list_flatten(toks), side)))
-    return _merge_rows(parts, len(batch))
+    dictionary, sides = batch.token_codes()
+    T = len(dictionary)
+    parts = [(sides[side][0], sides[side][1] + i * T) for i, side in enumerate(("premise", "hypothesis"))]
+    tagged = pa.concat_arrays([_tag(dictionary, side) for side in ("premise", "hypothesis")])
+    return _coded_rows(parts, len(batch), tagged)
 
 
-def _bigram_values(toks: pa.ListArray) -> tuple[np.ndarray, pa.Array]:
-    flat = pc.list_flatten(toks)
-    parents = pc.list_parent_indices(toks).to_numpy()
-    if len(flat) < 2:
-        return np.zeros(0, np.int64), pa.array([], pa.string())
-    same = parents[:-1] == parents[1:]
-    idx = np.nonzero(same)[0]
-    left, right = flat.take(pa.array(idx)), flat.take(pa.array(idx + 1))
-    return parents[idx], pc.binary_join_element_wise(left, right, " ")
+def _bigram_codes(parents: np.ndarray, codes: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, left code * T + right code) of every adjacent token pair inside a row."""
+    if len(codes) < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    idx = np.nonzero(parents[:-1] == parents[1:])[0]
+    return parents[idx], codes[idx] * T + codes[idx + 1]
 
 
 @register_extractor("bigram_v1", doc="adjacent token pairs '<a> <b>@premise' and '<a> <b>@hypothesis'")
 def _bigrams(batch: FeatureBatch) -> pa.ListArray:
-    parts = []
-    for side in ("premise", "hypothesis"):
-        parents, values = _bigram_values(batch.tokens(side))
-        parts.append((parents, _tag(values, side)))
-    return _merge_rows(parts, len(batch))
+    import pandas as pd
+
+    dictionary, sides = batch.token_codes()
+    T = max(len(dictionary), 1)
+    pairs = [_bigram_codes(*sides[side], T) for side in ("premise", "hypothesis")]
+    keys = np.concatenate([k + i * T * T for i, (_, k) in enumerate(pairs)])
+    codes, uniques = pd.factorize(keys)  # the batch's distinct (side, left, right), in order of appearance
+    side, rest = np.divmod(np.asarray(uniques, np.int64), T * T)
+    left, right = np.divmod(rest, T)
+    names = _bigram_names(dictionary, left, right, side)
+    split = len(pairs[0][1])
+    return _coded_rows([(pairs[0][0], codes[:split]), (pairs[1][0], codes[split:])], len(batch), names)
+
+
+def _bigram_names(dictionary: pa.Array, left: np.ndarray, right: np.ndarray, side: np.ndarray) -> pa.Array:
+    """'<a> <b>@<side>' for each (left, right, side) code triple."""
+    pair = pc.binary_join_element_wise(dictionary.take(pa.array(left)), dictionary.take(pa.array(right)), " ")
+    tag = pa.DictionaryArray.from_arrays(pa.array(side.astype(np.int32)),
+                                         pa.array(["premise", "hypothesis"])).cast(pa.string())
+    return pc.binary_join_element_wise(pair, tag, "@")
+
+
+def _coded_rows(parts: list[tuple[np.ndarray, np.ndarray]], n_rows: int, dictionary: pa.Array) -> pa.ListArray:
+    """Per-row lists of dictionary-coded features: row r gets part 0's codes of r, then part 1's, ...
+    (each part as its entries' rows, non-decreasing, and codes into ``dictionary``), repeats within a
+    row dropped (first occurrences kept) and the dictionary cut to the codes used. The values stay
+    dictionary-encoded: strings are built once per distinct feature of the batch, not per entry."""
+    import pandas as pd
+
+    lengths = [np.bincount(p, minlength=n_rows) if len(p) else np.zeros(n_rows, np.int64) for p, _ in parts]
+    indptr, codes = interleave_columns(lengths, [c for _, c in parts])
+    if len(codes):
+        rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(indptr))
+        first = ~pd.Series(rows * len(dictionary) + codes).duplicated().to_numpy()
+        if not first.all():
+            codes, rows = codes[first], rows[first]
+            np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
+    used = np.zeros(len(dictionary), bool)
+    used[codes] = True
+    remap = np.cumsum(used, dtype=np.int64) - 1
+    values = pa.DictionaryArray.from_arrays(pa.array(remap[codes].astype(np.int32)), dictionary.filter(pa.array(used)))
+    return pa.ListArray.from_arrays(pa.array(indptr.astype(np.int32)), values)
 
 
 def _merge_rows(parts: list[tuple[np.ndarray, pa.Array]], n_rows: int) -> pa.ListArray:
@@ -325,22 +373,36 @@ def _null(batch: FeatureBatch) -> pa.ListArray:
 # computing feature columns
 
 def _as_list_array(out: object, n_rows: int, name: str) -> pa.ListArray:
+    """An extractor's output as list<string>, or list<dictionary<int32, string>> when it gave
+    dictionary-encoded values (kept: the chunked path reads their codes)."""
     if isinstance(out, pa.ChunkedArray):
         out = out.combine_chunks()
     if not isinstance(out, (pa.ListArray, pa.LargeListArray)):
         out = pa.array(list(out), pa.list_(pa.string()))  # type: ignore[arg-type]
     if len(out) != n_rows:
         raise ConfigError(f"extractor {name!r} returned {len(out)} rows for a batch of {n_rows}")
+    if pa.types.is_dictionary(out.type.value_type) and pa.types.is_string(out.type.value_type.value_type):
+        return out.cast(pa.list_(pa.dictionary(pa.int32(), pa.string())))
     return out.cast(pa.list_(pa.string()))
 
 
-def extract_table(table: pa.Table, extractors: Sequence[str], labels: Sequence[str]) -> pa.Table:
-    """Feature columns (``feat_<name>``, list<string>, unique per row) for a batch of rows."""
+def _decoded(lists: pa.ListArray) -> pa.ListArray:
+    return lists.cast(pa.list_(pa.string())) if pa.types.is_dictionary(lists.type.value_type) else lists
+
+
+def extract_table(table: pa.Table, extractors: Sequence[str], labels: Sequence[str], *,
+                  keep_dictionary: bool = False) -> pa.Table:
+    """Feature columns (``feat_<name>``, list<string>, unique per row) for a batch of rows.
+
+    ``keep_dictionary``: leave the values an extractor dictionary-encoded (the n-gram extractors do)
+    as list<dictionary<int32, string>>; the strings are the same.
+    """
     batch = FeatureBatch(table, labels)
     out = {}
     for name in extractors:
         ex = get_extractor(name)
-        out[ex.column] = _unique_per_row(_as_list_array(ex.fn(batch), len(batch), name))
+        col = _unique_per_row(_as_list_array(ex.fn(batch), len(batch), name))
+        out[ex.column] = col if keep_dictionary else _decoded(col)
     return pa.table(out)
 
 
@@ -592,25 +654,24 @@ class ChunkedFeatures:
         """A chunk's feature columns as integer codes into the chunk's own dictionary of strings."""
         present = list(columns) if columns is not None else list(all_columns)
         n = table.num_rows
-        flats, lengths, codes = [], [], []
+        lengths, codes, dicts, size = [], [], [], 0
         for col in all_columns:
-            if col in present:
-                lists = table.column(col)
-                lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
-                flats.append(pc.list_flatten(lists))
-                lengths.append(pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int32))
-            else:
-                flats.append(None)
+            if col not in present:
                 lengths.append(np.zeros(n, np.int32))
-        values = [f.cast(pa.string()) for f in flats if f is not None]
-        enc = pc.dictionary_encode(pa.concat_arrays(values) if values else pa.array([], pa.string()))
-        all_codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-        pos = 0
-        for f in flats:
-            m = 0 if f is None else len(f)
-            codes.append(all_codes[pos:pos + m])
-            pos += m
-        return _Chunk(n, lengths, codes, enc.dictionary)
+                codes.append(np.zeros(0, np.int32))
+                continue
+            lists = table.column(col)
+            lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+            flat = pc.list_flatten(lists)
+            lengths.append(pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int32))
+            if not pa.types.is_dictionary(flat.type):
+                flat = pc.dictionary_encode(flat.cast(pa.string()))
+            # each column's codes point into its own dictionary, placed after the previous ones';
+            # a string in two dictionaries gets one id when the chunks are merged (finalize)
+            codes.append(flat.indices.to_numpy(zero_copy_only=False).astype(np.int32) + size)
+            dicts.append(flat.dictionary.cast(pa.string()))
+            size += len(flat.dictionary)
+        return _Chunk(n, lengths, codes, pa.concat_arrays(dicts) if dicts else pa.array([], pa.string()))
 
     def finalize(self, extra: Sequence[str] = ()) -> np.ndarray:
         """One vocabulary (strings in lexicographic order) for every chunk, plus ``extra`` strings."""

@@ -177,7 +177,7 @@ def _encode_chunk(job):
     """Features of rows [start, stop) of one input, encoded (runs in the main or a forked process)."""
     key, start, stop = job
     table = _WORK["views"][key][start:stop]  # zero-copy slice of a memory-mapped dataset
-    feats = extract_table(table, _WORK["extractors"], _WORK["labels"])
+    feats = extract_table(table, _WORK["extractors"], _WORK["labels"], keep_dictionary=True)
     return ChunkedFeatures.encode(feats, _WORK["columns"], _WORK["present"])
 
 
