@@ -324,8 +324,6 @@ def materialize(ds, rows: np.ndarray | None = None):
         positions = rows if positions is None else positions[rows]
     if positions is None:
         return ds
-    if any(col.num_chunks > 1 for col in table.columns):
-        table = table.combine_chunks()  # one copy, so that take does not concatenate per call
     out = table.take(pa.array(positions, pa.int64())) if len(positions) else table.slice(0, 0)
     return datasets.Dataset(out, info=ds.info.copy(), split=ds.split)
 
