@@ -96,18 +96,20 @@ def render_audit_md(report: dict, title: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _stacked(x: np.ndarray, y: np.ndarray, alpha: float):
-    """Each distinct point once, with the opacity of its k copies drawn on top of each other
-    (1 - (1 - alpha)^k): the same picture, drawn in time linear in the distinct points (millions of
-    features share a few thousand (n, p_hat) points)."""
+def _stacked(n: np.ndarray, counts: np.ndarray, alpha: float):
+    """Each distinct point (n, count / n) once, with the opacity of its k copies drawn on top of each
+    other (1 - (1 - alpha)^k): the same picture, drawn in time linear in the distinct points (millions
+    of features share a few thousand points). Returns x, y and the alpha of each point."""
     import pandas as pd
 
-    if len(x) == 0:
-        return x, y, alpha
-    k = pd.DataFrame({"x": x, "y": y}).value_counts(sort=False)
-    xs = k.index.get_level_values(0).to_numpy()
-    ys = k.index.get_level_values(1).to_numpy()
-    return xs, ys, 1 - (1 - alpha) ** k.to_numpy()
+    if len(n) == 0:
+        return n.astype(float), n.astype(float), alpha
+    n, counts = n.astype(np.int64), counts.astype(np.int64)
+    base = int(n.max()) + 1
+    k = pd.Series(n * base + counts).value_counts(sort=False)  # integer keys: one hash pass
+    keys = k.index.to_numpy()
+    xs, cs = np.divmod(keys, base)
+    return xs, cs / xs, 1 - (1 - alpha) ** k.to_numpy()
 
 
 def plot_zstats(zs: ZStats, threshold: float, path: "str | Path", title: str = "", annotate: int = 6) -> None:
@@ -127,9 +129,10 @@ def plot_zstats(zs: ZStats, threshold: float, path: "str | Path", title: str = "
         p = zs.p_hat[present, l]
         z = zs.z[present, l]
         sig = np.abs(z) > threshold
-        xs, ys, a = _stacked(n[~sig], p[~sig], 0.25)
+        c = zs.counts[present, l]
+        xs, ys, a = _stacked(n[~sig], c[~sig], 0.25)
         ax.scatter(xs, ys, alpha=a, s=4, color="0.5", lw=0, label="|z| <= threshold")
-        xs, ys, a = _stacked(n[sig], p[sig], 0.7)
+        xs, ys, a = _stacked(n[sig], c[sig], 0.7)
         ax.scatter(xs, ys, alpha=a, s=6, color="C3", lw=0, label="|z| > threshold")
         p0 = zs.p0[l]
         band = threshold * np.sqrt(p0 * (1 - p0) / xs)

@@ -450,6 +450,14 @@ class FeatureMatrix:
     indptr: np.ndarray
     indices: np.ndarray
     vocab: np.ndarray  # object array of str
+    # the same strings as an Arrow array, when the builder has it (saves converting millions of strings)
+    vocab_arrow: pa.Array | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def vocab_array(self) -> pa.Array:
+        """The vocabulary as an Arrow string array."""
+        if self.vocab_arrow is None:
+            self.vocab_arrow = pa.array(self.vocab.tolist(), pa.string())
+        return self.vocab_arrow
 
     @property
     def n_rows(self) -> int:
@@ -492,11 +500,11 @@ class FeatureMatrix:
             a, b = indptr[lo], indptr[hi]
             pos = np.repeat(starts[lo:hi] - indptr[lo:hi], lengths[lo:hi]) + np.arange(a, b)
             indices[a:b] = self.indices[pos]
-        return FeatureMatrix(indptr, indices, self.vocab)
+        return FeatureMatrix(indptr, indices, self.vocab, self.vocab_arrow)
 
     def feature_mask(self, predicate: Callable[[pa.Array], pa.Array]) -> np.ndarray:
         """Boolean mask over the vocabulary, e.g. ``lambda v: pc.ends_with(v, "@hypothesis")``."""
-        return predicate(pa.array(self.vocab.tolist(), pa.string())).to_numpy(zero_copy_only=False)
+        return predicate(self.vocab_array()).to_numpy(zero_copy_only=False)
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -547,7 +555,8 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
     order = pc.sort_indices(dictionary).to_numpy()
     rank = np.empty(len(order), np.int32)
     rank[order] = np.arange(len(order), dtype=np.int32)
-    vocab = np.array(dictionary.take(pa.array(order)).to_pylist(), dtype=object)
+    vocab_arrow = dictionary.take(pa.array(order))
+    vocab = np.array(vocab_arrow.to_pylist(), dtype=object)
     chunk_codes = [rank[c.indices.to_numpy()] for c in encoded.chunks]
     out, k = [], 0
     for cols_layout, n in layout:
@@ -565,7 +574,7 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
                 first = np.cumsum(ln) - ln  # where each row's entries start inside this column
                 indices[filled[r] + np.arange(len(r)) - first[r]] = c
             filled += ln
-        out.append(FeatureMatrix(indptr, indices, vocab))
+        out.append(FeatureMatrix(indptr, indices, vocab, vocab_arrow))
     return out
 
 
@@ -629,7 +638,7 @@ class ChunkedFeatures:
         self.columns = list(columns)
         self.chunks: list[_Chunk] = []
         self.vocab: np.ndarray | None = None
-        self._index: dict[str, int] | None = None
+        self.vocab_arrow: pa.Array | None = None
 
     @property
     def n_rows(self) -> int:
@@ -688,7 +697,8 @@ class ChunkedFeatures:
             c.codes = [local[x] for x in c.codes]
             c.dictionary = None
             pos += m
-        self.vocab = np.array(enc.dictionary.take(pa.array(order)).to_pylist(), dtype=object)
+        self.vocab_arrow = enc.dictionary.take(pa.array(order))
+        self.vocab = np.array(self.vocab_arrow.to_pylist(), dtype=object)
         return self.vocab
 
     def feature_id(self, name: str) -> int:
@@ -736,4 +746,4 @@ class ChunkedFeatures:
             pos += size
             if release:
                 c.codes = [np.zeros(0, np.int32) for _ in c.codes]
-        return FeatureMatrix(indptr, indices, self.vocab)
+        return FeatureMatrix(indptr, indices, self.vocab, self.vocab_arrow)

@@ -87,7 +87,7 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
         fm0, fmg = features
     labels0 = labels_of(d0)
     labels_g = labels_of(dg) if has_new else None
-    vocab = pa.array(fm0.vocab.tolist(), pa.string())  # once, for every composition's rejected_by
+    vocab = fm0.vocab_array()  # once, for every composition's rejected_by
     kw = dict(top_k=top_k, batch_size=batch_size, seed=seed, p0=p0, progress=progress)
     params = {"top_k": top_k, "batch_size": batch_size, "seed": seed, "p0": p0, "min_z": 0.0}
 
