@@ -197,7 +197,7 @@ def _map_chunks(jobs, num_proc: "int | str | None"):
 
 def featurize_build(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str | dict | None" = "tfidf",
                     folds: int = 5, seed: int = 0, chunk_rows: int = 100_000, num_proc: int | None = None,
-                    n_jobs: int | None = None, cache_dir: "str | Path | None" = None,
+                    n_jobs: "int | str | None" = None, cache_dir: "str | Path | None" = None,
                     progress: bool = True) -> BuildFeatures:
     """The task's features of D0 and (optionally) D_G as integer-id matrices over one vocabulary.
 

@@ -28,6 +28,7 @@ For FEVER this is the claim-only model (the claim is the hypothesis).
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -84,7 +85,7 @@ class TfidfHypothesisOnly:
 
 def out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, folds: int = 5,
                       seed: int = 0, C: float = 1.0, min_df: int = 2, max_iter: int = 300,
-                      progress: bool = True, full_model: bool = False, n_jobs: int | None = None
+                      progress: bool = True, full_model: bool = False, n_jobs: "int | str | None" = None
                       ) -> "HypothesisOnlyResult | tuple[HypothesisOnlyResult, TfidfHypothesisOnly]":
     """Out-of-fold predictions of TF-IDF + logistic regression on the hypothesis n-grams.
 
@@ -141,14 +142,18 @@ def _fit_one(X, y, C: float, max_iter: int, seed: int):
 
 
 def _fit_logregs(X, labels: np.ndarray, row_sets: Sequence[np.ndarray], *, C: float, max_iter: int, seed: int,
-                 n_jobs: int | None, progress: bool) -> list:
-    """One logistic regression per row set (same settings), sequentially or in ``n_jobs`` processes."""
+                 n_jobs: "int | str | None", progress: bool) -> list:
+    """One logistic regression per row set (same settings), sequentially or in ``n_jobs`` processes
+    (``"auto"``: the usable CPUs, at most 4, for 50,000 rows or more). Each fit is the same either way."""
     from tqdm.auto import tqdm
 
-    if n_jobs is not None and n_jobs > 1 and len(row_sets) > 1:
+    if n_jobs == "auto":  # parallel only where it pays for starting the processes
+        n_jobs = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) \
+            if X.shape[0] >= 50_000 else 1
+    if n_jobs is not None and int(n_jobs) > 1 and len(row_sets) > 1:
         from joblib import Parallel, delayed
 
-        return Parallel(n_jobs=n_jobs)(delayed(_fit_one)(X[r], labels[r], C, max_iter, seed) for r in row_sets)
+        return Parallel(n_jobs=int(n_jobs))(delayed(_fit_one)(X[r], labels[r], C, max_iter, seed) for r in row_sets)
     return [_fit_one(X[r], labels[r], C, max_iter, seed)
             for r in tqdm(row_sets, desc="hypothesis-only (out-of-fold)", disable=not progress)]
 

@@ -42,9 +42,10 @@ DEFAULTS: dict[str, Any] = {
              "revision": None},
     # hypothesis_only: "tfidf", a fine-tuned classifier (folder or Hub id), {model: PATH, folds, epochs, ...}
     # (a transformer fine-tuned out of fold on D0), or null; chunk_rows: rows featurised at a time;
-    # num_proc: processes for the feature extraction ("auto": the usable CPUs, at most 4); n_jobs: processes for the TF-IDF model's folds; storage: "chunked" (integer ids, text read a chunk at a
-    # time) or "columns" (every row's feature strings as in-memory columns: the reference, small inputs)
-    "features": {"hypothesis_only": "tfidf", "folds": 5, "chunk_rows": 100_000, "num_proc": "auto", "n_jobs": None,
+    # num_proc: processes for the feature extraction, n_jobs: for the TF-IDF model's folds ("auto": the
+    # usable CPUs, at most 4); storage: "chunked" (integer ids, text read a chunk at a time) or
+    # "columns" (every row's feature strings as in-memory columns: the reference, for small inputs)
+    "features": {"hypothesis_only": "tfidf", "folds": 5, "chunk_rows": 100_000, "num_proc": "auto", "n_jobs": "auto",
                  "storage": "chunked"},
     "z_filter": {"top_k": 20, "batch_size": 1000, "p0": "uniform", "min_z": 0.0},
     "new_rows": [],
