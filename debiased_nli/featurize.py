@@ -148,7 +148,10 @@ def require_features(ds, what: str = "this stage") -> None:
 
 def _transformer_dir(cache: Path, d0, params: dict, seed: int) -> Path:
     """Where the out-of-fold transformer keeps its folds: one folder per (D0, settings, seed)."""
-    return cache / f"hypo-only-transformer-{_hash([d0._fingerprint, dict(params), seed, __version__])}"
+    from .hypothesis_only import TRANSFORMER_RUNTIME_KEYS, transformer_params
+
+    key = {k: v for k, v in transformer_params(params).items() if k not in TRANSFORMER_RUNTIME_KEYS}
+    return cache / f"hypo-only-transformer-{_hash([d0._fingerprint, key, seed, __version__])}"
 
 
 # ---------------------------------------------------------------------------------------------

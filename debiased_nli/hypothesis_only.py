@@ -169,7 +169,10 @@ TRANSFORMER_DEFAULTS = {
     "learning_rate": 5e-5,  # project choice for a one-epoch fine-tune (Devlin et al. 2019 try 5e-5, 3e-5, 2e-5)
     "eval_batch_size": 256,
     "num_threads": None,
+    "checkpoint_steps": 200,  # a fold interrupted mid-epoch resumes from its last checkpoint
 }
+# settings that do not change the predictions (left out of the cache key)
+TRANSFORMER_RUNTIME_KEYS = ("eval_batch_size", "num_threads", "checkpoint_steps")
 
 
 def transformer_params(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -211,7 +214,7 @@ def _train_and_predict(params: Mapping[str, Any], task, train_hyps: Sequence[str
     cfg = TrainConfig(model=str(params["model"]), output_dir=str(model_dir), learning_rate=float(params["learning_rate"]),
                       batch_size=int(params["batch_size"]), eval_batch_size=int(params["eval_batch_size"]),
                       max_length=int(params["max_length"]), epochs=float(params["epochs"]), seed=seed,
-                      num_threads=params["num_threads"], progress=progress)
+                      num_threads=params["num_threads"], eval_steps=params["checkpoint_steps"], progress=progress)
     train_classifier(cfg, task, _hypothesis_only_rows(train_hyps, train_labels, task))
     clf = load_classifier(str(model_dir))
     order = map_model_labels(clf.id2label, task.labels, str(model_dir))
