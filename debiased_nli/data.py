@@ -421,6 +421,25 @@ def column_numpy(ds, name: str) -> np.ndarray:
     return col.to_numpy()
 
 
+def materialize(ds, rows: np.ndarray | None = None):
+    """The rows of ``ds`` (all, or the given positions, in that order) as a dataset without an indices
+    mapping, gathered with one vectorised Arrow ``take``. (``select`` + ``flatten_indices`` gathers a
+    row at a time: about 1,000 rows/s on a large in-memory table.) The result is held in memory."""
+    import datasets
+
+    table = ds.data.table if hasattr(ds.data, "table") else ds.data
+    positions = None
+    if ds._indices is not None:
+        positions = ds._indices.column(0).to_numpy()
+    if rows is not None:
+        rows = np.asarray(rows, dtype=np.int64)
+        positions = rows if positions is None else positions[rows]
+    if positions is None:
+        return ds
+    out = table.take(pa.array(positions, pa.int64())) if len(positions) else table.slice(0, 0)
+    return datasets.Dataset(out, info=ds.info.copy(), split=ds.split)
+
+
 def labels_of(ds) -> np.ndarray:
     return column_numpy(ds, "label").astype(np.int64)
 

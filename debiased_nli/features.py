@@ -2,8 +2,12 @@
 
 A feature is a string; each extractor writes one column ``feat_<name>`` (a list of strings per row),
 so a stored feature column says exactly what produced it (dolma's ``char_length_v1`` idea). Features
-are computed once with ``datasets.map`` (cached by fingerprint for file-backed datasets) and every
-later stage reads them through a :class:`FeatureMatrix` (CSR over integer ids into a vocabulary).
+are computed once and every later stage reads them through a :class:`FeatureMatrix` (CSR over integer
+ids into a vocabulary whose ids follow the strings' order). Two ways to compute them, with the same
+result: ``datasets.map`` into ``feat_*`` columns (cached by fingerprint for file-backed datasets;
+:func:`add_feature_columns`, then :func:`build_feature_matrices`), or a chunk of rows at a time into
+:class:`ChunkedFeatures`, which keeps integer codes and only each chunk's distinct strings (the
+build's path, for millions of rows).
 
 Tokenisation (``tokenize``): lower-case (Unicode); every run of characters that are not letters,
 digits or apostrophes separates tokens; apostrophes at the start or end of a token are dropped, so
@@ -71,17 +75,30 @@ FULL_OVERLAP = "full-lex-overlap"
 # tokenisation and list helpers (vectorised with pyarrow; no Python loop per row)
 
 def tokenize_arrow(texts: pa.Array | pa.ChunkedArray) -> pa.ListArray:
-    """Tokenise a string array (see the module docstring for the rules)."""
+    """Tokenise a string array (see the module docstring for the rules).
+
+    Each distinct string is tokenised once (premises repeat: SNLI has about three hypotheses per
+    premise) and the token lists are then gathered for every row.
+    """
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
     if not pa.types.is_string(texts.type):  # large_string (e.g. parquet written by pandas), dictionary, ...
         texts = texts.cast(pa.string())
-    t = pc.utf8_lower(texts.fill_null(""))
+    texts = texts.fill_null("")
+    enc = pc.dictionary_encode(texts)
+    if len(enc.dictionary) < 0.8 * len(texts):
+        return _tokenize_distinct(enc.dictionary).take(enc.indices)
+    return _tokenize_distinct(texts)
+
+
+def _tokenize_distinct(texts: pa.Array) -> pa.ListArray:
+    t = pc.utf8_lower(texts)
     t = pc.replace_substring_regex(t, r"[^\pL\pN']+", " ")
     t = pc.replace_substring_regex(t, r"(^| )'+|'+( |$)", " ")
     t = pc.utf8_trim_whitespace(t)
-    split = pc.split_pattern_regex(t, " +")
-    # "" splits into [""]: drop empty tokens
+    # the text is now tokens separated by spaces (one, or two where an apostrophe run was cut out):
+    # a plain split, then the empty tokens are dropped
+    split = pc.split_pattern(t, " ")
     flat = pc.list_flatten(split)
     keep = pc.greater(pc.utf8_length(flat), 0)
     if pc.all(keep).as_py() is not False:
@@ -112,17 +129,23 @@ def _singletons(names: Sequence[str], codes: np.ndarray) -> pa.ListArray:
 
 def _unique_per_row(lists: pa.ListArray) -> pa.ListArray:
     """Drop repeated values inside each row, keeping first occurrences in order."""
+    import pandas as pd
+
     n_rows = len(lists)
     flat = pc.list_flatten(lists)
     if len(flat) == 0:
         return lists
     parents = pc.list_parent_indices(lists).to_numpy().astype(np.int64)
-    enc = pc.dictionary_encode(flat)
-    codes = enc.indices.to_numpy().astype(np.int64)
-    key = parents * len(enc.dictionary) + codes
-    _, first = np.unique(key, return_index=True)
-    first.sort()
-    return _lists_from_parents(flat.take(pa.array(first)), parents[first], n_rows)
+    if pa.types.is_dictionary(flat.type) and len(pc.unique(flat.dictionary)) == len(flat.dictionary):
+        codes, size = flat.indices.to_numpy(zero_copy_only=False).astype(np.int64), len(flat.dictionary)
+    else:
+        enc = pc.dictionary_encode(flat.cast(pa.string()) if pa.types.is_dictionary(flat.type) else flat)
+        codes, size = enc.indices.to_numpy().astype(np.int64), len(enc.dictionary)
+    key = parents * size + codes
+    first = ~pd.Series(key).duplicated().to_numpy()  # a hash table, in input order: no sort
+    if first.all():
+        return lists
+    return _lists_from_parents(flat.filter(pa.array(first)), parents[first], n_rows)
 
 
 def _tag(values: pa.Array, side: str) -> pa.Array:
@@ -157,18 +180,31 @@ class FeatureBatch:
     def n_tokens(self, side: str) -> np.ndarray:
         return pc.list_value_length(self.tokens(side)).to_numpy(zero_copy_only=False).astype(np.int64)
 
+    def token_codes(self) -> tuple[pa.Array, dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """The batch's distinct tokens (both sides) and, per side, (row, token code) of every token in
+        order: integer work for the n-gram and overlap extractors, one hash pass over the tokens."""
+        if "codes" not in self._cache:
+            p, h = self.tokens("premise"), self.tokens("hypothesis")
+            pf, hf = pc.list_flatten(p), pc.list_flatten(h)
+            enc = pc.dictionary_encode(pa.concat_arrays([pf.cast(pa.string()), hf.cast(pa.string())]))
+            codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            self._cache["codes"] = (enc.dictionary, {
+                "premise": (pc.list_parent_indices(p).to_numpy().astype(np.int64), codes[:len(pf)]),
+                "hypothesis": (pc.list_parent_indices(h).to_numpy().astype(np.int64), codes[len(pf):])})
+        return self._cache["codes"]  # type: ignore[return-value]
+
     def overlap_share(self) -> np.ndarray:
         """Share of hypothesis tokens (occurrences) that also occur in the premise (0 if none)."""
         if "overlap" not in self._cache:
-            p, h = self.tokens("premise"), self.tokens("hypothesis")
-            pf, hf = pc.list_flatten(p), pc.list_flatten(h)
-            enc = pc.dictionary_encode(pa.concat_arrays([pf, hf]))
-            codes = enc.indices.to_numpy().astype(np.int64)
-            v = max(len(enc.dictionary), 1)
-            pkey = pc.list_parent_indices(p).to_numpy().astype(np.int64) * v + codes[: len(pf)]
-            hpar = pc.list_parent_indices(h).to_numpy().astype(np.int64)
-            hkey = hpar * v + codes[len(pf):]
-            found = np.isin(hkey, pkey)
+            import pandas as pd
+
+            dictionary, sides = self.token_codes()
+            v = max(len(dictionary), 1)
+            ppar, pcodes = sides["premise"]
+            hpar, hcodes = sides["hypothesis"]
+            pkey = ppar * v + pcodes
+            hkey = hpar * v + hcodes
+            found = pd.Series(hkey).isin(pkey).to_numpy()  # hashed; np.isin sorts
             n_found = np.bincount(hpar, weights=found, minlength=len(self)) if len(hpar) else np.zeros(len(self))
             n_h = self.n_tokens("hypothesis")
             self._cache["overlap"] = np.divide(n_found, n_h, out=np.zeros(len(self)), where=n_h > 0)
@@ -225,11 +261,11 @@ def list_extractors() -> list[str]:
 
 @register_extractor("unigram_v1", doc="<token>@premise and <token>@hypothesis")
 def _unigrams(batch: FeatureBatch) -> pa.ListArray:
-    parts = []
-    for side in ("premise", "hypothesis"):
-        toks = batch.tokens(side)
-        parts.append((pc.list_parent_indices(toks).to_numpy(), _tag(pc.list_flatten(toks), side)))
-    return _merge_rows(parts, len(batch))
+    dictionary, sides = batch.token_codes()
+    T = len(dictionary)
+    parts = [(sides[side][0], sides[side][1] + i * T) for i, side in enumerate(("premise", "hypothesis"))]
+    tagged = pa.concat_arrays([_tag(dictionary, side) for side in ("premise", "hypothesis")])
+    return _coded_rows(parts, len(batch), tagged)
 
 
 @register_extractor("unigram_pair_v1", doc="<token>@pair: the tokens of premise and hypothesis together (PDD)")
@@ -241,32 +277,70 @@ def _unigrams_pair(batch: FeatureBatch) -> pa.ListArray:
     return _merge_rows(parts, len(batch))  # a token in both sides is one feature (extract_table dedups)
 
 
-def _bigram_values(toks: pa.ListArray) -> tuple[np.ndarray, pa.Array]:
-    flat = pc.list_flatten(toks)
-    parents = pc.list_parent_indices(toks).to_numpy()
-    if len(flat) < 2:
-        return np.zeros(0, np.int64), pa.array([], pa.string())
-    same = parents[:-1] == parents[1:]
-    idx = np.nonzero(same)[0]
-    left, right = flat.take(pa.array(idx)), flat.take(pa.array(idx + 1))
-    return parents[idx], pc.binary_join_element_wise(left, right, " ")
+def _bigram_codes(parents: np.ndarray, codes: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, left code * T + right code) of every adjacent token pair inside a row."""
+    if len(codes) < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    idx = np.nonzero(parents[:-1] == parents[1:])[0]
+    return parents[idx], codes[idx] * T + codes[idx + 1]
 
 
 @register_extractor("bigram_v1", doc="adjacent token pairs '<a> <b>@premise' and '<a> <b>@hypothesis'")
 def _bigrams(batch: FeatureBatch) -> pa.ListArray:
-    parts = []
-    for side in ("premise", "hypothesis"):
-        parents, values = _bigram_values(batch.tokens(side))
-        parts.append((parents, _tag(values, side)))
-    return _merge_rows(parts, len(batch))
+    import pandas as pd
+
+    dictionary, sides = batch.token_codes()
+    T = max(len(dictionary), 1)
+    pairs = [_bigram_codes(*sides[side], T) for side in ("premise", "hypothesis")]
+    keys = np.concatenate([k + i * T * T for i, (_, k) in enumerate(pairs)])
+    codes, uniques = pd.factorize(keys)  # the batch's distinct (side, left, right), in order of appearance
+    side, rest = np.divmod(np.asarray(uniques, np.int64), T * T)
+    left, right = np.divmod(rest, T)
+    names = _bigram_names(dictionary, left, right, side)
+    split = len(pairs[0][1])
+    return _coded_rows([(pairs[0][0], codes[:split]), (pairs[1][0], codes[split:])], len(batch), names)
+
+
+def _bigram_names(dictionary: pa.Array, left: np.ndarray, right: np.ndarray, side: np.ndarray) -> pa.Array:
+    """'<a> <b>@<side>' for each (left, right, side) code triple."""
+    pair = pc.binary_join_element_wise(dictionary.take(pa.array(left)), dictionary.take(pa.array(right)), " ")
+    tag = pa.DictionaryArray.from_arrays(pa.array(side.astype(np.int32)),
+                                         pa.array(["premise", "hypothesis"])).cast(pa.string())
+    return pc.binary_join_element_wise(pair, tag, "@")
+
+
+def _coded_rows(parts: list[tuple[np.ndarray, np.ndarray]], n_rows: int, dictionary: pa.Array) -> pa.ListArray:
+    """Per-row lists of dictionary-coded features: row r gets part 0's codes of r, then part 1's, ...
+    (each part as its entries' rows, non-decreasing, and codes into ``dictionary``), repeats within a
+    row dropped (first occurrences kept) and the dictionary cut to the codes used. The values stay
+    dictionary-encoded: strings are built once per distinct feature of the batch, not per entry."""
+    import pandas as pd
+
+    lengths = [np.bincount(p, minlength=n_rows) if len(p) else np.zeros(n_rows, np.int64) for p, _ in parts]
+    indptr, codes = interleave_columns(lengths, [c for _, c in parts])
+    if len(codes):
+        rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(indptr))
+        first = ~pd.Series(rows * len(dictionary) + codes).duplicated().to_numpy()
+        if not first.all():
+            codes, rows = codes[first], rows[first]
+            np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
+    used = np.zeros(len(dictionary), bool)
+    used[codes] = True
+    remap = np.cumsum(used, dtype=np.int64) - 1
+    values = pa.DictionaryArray.from_arrays(pa.array(remap[codes].astype(np.int32)), dictionary.filter(pa.array(used)))
+    return pa.ListArray.from_arrays(pa.array(indptr.astype(np.int32)), values)
 
 
 def _merge_rows(parts: list[tuple[np.ndarray, pa.Array]], n_rows: int) -> pa.ListArray:
-    """Concatenate per-row lists of several parts (each given as parents + flat values)."""
-    parents = np.concatenate([p for p, _ in parts]).astype(np.int64)
+    """Concatenate per-row lists of several parts (each given as parents + flat values; each part's
+    parents non-decreasing): row r gets part 0's values of r, then part 1's, ..."""
+    lengths = [np.bincount(np.asarray(p, np.int64), minlength=n_rows) if len(p) else np.zeros(n_rows, np.int64)
+               for p, _ in parts]
+    indptr, slots = interleave_columns(lengths, [np.arange(len(p), dtype=np.int64) + sum(len(q) for q, _ in parts[:i])
+                                                 for i, (p, _) in enumerate(parts)])
     values = pa.concat_arrays([v.cast(pa.string()) for _, v in parts])
-    order = np.argsort(parents, kind="stable")
-    return _lists_from_parents(values.take(pa.array(order)), parents[order], n_rows)
+    # slots[j] = which concatenated value goes to entry j
+    return pa.ListArray.from_arrays(pa.array(indptr.astype(np.int32)), values.take(pa.array(slots)))
 
 
 def _bin(values: np.ndarray, bins: Sequence[tuple[float, str]]) -> pa.ListArray:
@@ -330,22 +404,36 @@ def _null(batch: FeatureBatch) -> pa.ListArray:
 # computing feature columns
 
 def _as_list_array(out: object, n_rows: int, name: str) -> pa.ListArray:
+    """An extractor's output as list<string>, or list<dictionary<int32, string>> when it gave
+    dictionary-encoded values (kept: the chunked path reads their codes)."""
     if isinstance(out, pa.ChunkedArray):
         out = out.combine_chunks()
     if not isinstance(out, (pa.ListArray, pa.LargeListArray)):
         out = pa.array(list(out), pa.list_(pa.string()))  # type: ignore[arg-type]
     if len(out) != n_rows:
         raise ConfigError(f"extractor {name!r} returned {len(out)} rows for a batch of {n_rows}")
+    if pa.types.is_dictionary(out.type.value_type) and pa.types.is_string(out.type.value_type.value_type):
+        return out.cast(pa.list_(pa.dictionary(pa.int32(), pa.string())))
     return out.cast(pa.list_(pa.string()))
 
 
-def extract_table(table: pa.Table, extractors: Sequence[str], labels: Sequence[str]) -> pa.Table:
-    """Feature columns (``feat_<name>``, list<string>, unique per row) for a batch of rows."""
+def _decoded(lists: pa.ListArray) -> pa.ListArray:
+    return lists.cast(pa.list_(pa.string())) if pa.types.is_dictionary(lists.type.value_type) else lists
+
+
+def extract_table(table: pa.Table, extractors: Sequence[str], labels: Sequence[str], *,
+                  keep_dictionary: bool = False) -> pa.Table:
+    """Feature columns (``feat_<name>``, list<string>, unique per row) for a batch of rows.
+
+    ``keep_dictionary``: leave the values an extractor dictionary-encoded (the n-gram extractors do)
+    as list<dictionary<int32, string>>; the strings are the same.
+    """
     batch = FeatureBatch(table, labels)
     out = {}
     for name in extractors:
         ex = get_extractor(name)
-        out[ex.column] = _unique_per_row(_as_list_array(ex.fn(batch), len(batch), name))
+        col = _unique_per_row(_as_list_array(ex.fn(batch), len(batch), name))
+        out[ex.column] = col if keep_dictionary else _decoded(col)
     return pa.table(out)
 
 
@@ -393,6 +481,14 @@ class FeatureMatrix:
     indptr: np.ndarray
     indices: np.ndarray
     vocab: np.ndarray  # object array of str
+    # the same strings as an Arrow array, when the builder has it (saves converting millions of strings)
+    vocab_arrow: pa.Array | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def vocab_array(self) -> pa.Array:
+        """The vocabulary as an Arrow string array."""
+        if self.vocab_arrow is None:
+            self.vocab_arrow = pa.array(self.vocab.tolist(), pa.string())
+        return self.vocab_arrow
 
     @property
     def n_rows(self) -> int:
@@ -435,11 +531,11 @@ class FeatureMatrix:
             a, b = indptr[lo], indptr[hi]
             pos = np.repeat(starts[lo:hi] - indptr[lo:hi], lengths[lo:hi]) + np.arange(a, b)
             indices[a:b] = self.indices[pos]
-        return FeatureMatrix(indptr, indices, self.vocab)
+        return FeatureMatrix(indptr, indices, self.vocab, self.vocab_arrow)
 
     def feature_mask(self, predicate: Callable[[pa.Array], pa.Array]) -> np.ndarray:
         """Boolean mask over the vocabulary, e.g. ``lambda v: pc.ends_with(v, "@hypothesis")``."""
-        return predicate(pa.array(self.vocab.tolist(), pa.string())).to_numpy(zero_copy_only=False)
+        return predicate(self.vocab_array()).to_numpy(zero_copy_only=False)
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -490,7 +586,8 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
     order = pc.sort_indices(dictionary).to_numpy()
     rank = np.empty(len(order), np.int32)
     rank[order] = np.arange(len(order), dtype=np.int32)
-    vocab = np.array(dictionary.take(pa.array(order)).to_pylist(), dtype=object)
+    vocab_arrow = dictionary.take(pa.array(order))
+    vocab = np.array(vocab_arrow.to_pylist(), dtype=object)
     # dictionary_encode drops empty chunks (a column with no value in some chunk, e.g. overlap_v2 where
     # no row passes a threshold): split the codes by the pieces' own lengths, not by encoded.chunks
     codes = rank[np.concatenate([c.indices.to_numpy() for c in encoded.chunks])] if encoded.num_chunks \
@@ -512,7 +609,7 @@ def build_feature_matrices(datasets: Sequence, columns: Sequence[str] | None = N
                 first = np.cumsum(ln) - ln  # where each row's entries start inside this column
                 indices[filled[r] + np.arange(len(r)) - first[r]] = c
             filled += ln
-        out.append(FeatureMatrix(indptr, indices, vocab))
+        out.append(FeatureMatrix(indptr, indices, vocab, vocab_arrow))
     return out
 
 
@@ -522,3 +619,166 @@ def build_feature_matrix(ds, columns: Sequence[str] | None = None) -> FeatureMat
 
 def describe_extractors(names: Iterable[str]) -> Mapping[str, str]:
     return {n: get_extractor(n).doc for n in names}
+
+
+# ---------------------------------------------------------------------------------------------
+# chunked featurisation: feature strings live one chunk at a time, the rest is integer codes
+
+def interleave_columns(lengths: Sequence[np.ndarray], codes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """CSR ``(indptr, indices)`` of rows whose entries are column 0's, then column 1's, ...
+
+    ``lengths[j][r]`` is how many entries column j has in row r; ``codes[j]`` holds column j's
+    entries in row order. This is the layout :func:`build_feature_matrices` gives a dataset's
+    ``feat_*`` columns (each row: its features column after column, in the column's order).
+    """
+    n = len(lengths[0]) if lengths else 0
+    total_per_row = np.zeros(n, np.int64)
+    for ln in lengths:
+        total_per_row += ln
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(total_per_row, out=indptr[1:])
+    indices = np.empty(int(indptr[-1]), np.int32)
+    filled = indptr[:-1].copy()
+    for ln, c in zip(lengths, codes):
+        ln = ln.astype(np.int64, copy=False)
+        if len(c):
+            # the entry's slot: its row's next free slot plus its rank among the column's entries of that row
+            first = np.cumsum(ln) - ln
+            shift = np.repeat(filled - first, ln)
+            indices[shift + np.arange(len(c))] = c
+        filled += ln
+    return indptr, indices
+
+
+@dataclasses.dataclass
+class _Chunk:
+    n_rows: int
+    lengths: list[np.ndarray]       # per column: entries per row (int32)
+    codes: list[np.ndarray]         # per column: entry codes (into ``dictionary`` until finalised)
+    dictionary: pa.Array | None     # the chunk's own feature strings (None once finalised)
+
+
+class ChunkedFeatures:
+    """Feature columns of many rows, added a chunk at a time and held as integer codes.
+
+    Each chunk's feature strings are dictionary-encoded when the chunk is added and only the chunk's
+    distinct strings are kept; :meth:`finalize` merges those into one vocabulary in the lexicographic
+    order of the strings (the order :func:`build_feature_matrices` gives, so ids and tie-breaks are
+    the same) and rewrites every chunk's codes as vocabulary ids. :meth:`matrix` then assembles the
+    CSR of any run of chunks. Extra columns (e.g. the hypothesis-only prediction, known only after a
+    model is fitted on the lexical features) can be put in at their place with :meth:`set_column`.
+    """
+
+    def __init__(self, columns: Sequence[str]):
+        self.columns = list(columns)
+        self.chunks: list[_Chunk] = []
+        self.vocab: np.ndarray | None = None
+        self.vocab_arrow: pa.Array | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return sum(c.n_rows for c in self.chunks)
+
+    def add(self, table: pa.Table, columns: Sequence[str] | None = None) -> int:
+        """Add a chunk of rows from a table of ``feat_*`` list<string> columns; returns its number.
+
+        ``columns`` (default: all) are read from the table; the others stay empty until set.
+        """
+        return self.append(self.encode(table, self.columns, columns))
+
+    def append(self, chunk: "_Chunk") -> int:
+        """Add a chunk made by :meth:`encode` (e.g. in a worker process)."""
+        if self.vocab is not None:
+            raise ConfigError("ChunkedFeatures is finalised; add every chunk before finalize()")
+        self.chunks.append(chunk)
+        return len(self.chunks) - 1
+
+    @staticmethod
+    def encode(table: pa.Table, all_columns: Sequence[str], columns: Sequence[str] | None = None) -> "_Chunk":
+        """A chunk's feature columns as integer codes into the chunk's own dictionary of strings."""
+        present = list(columns) if columns is not None else list(all_columns)
+        n = table.num_rows
+        lengths, codes, dicts, size = [], [], [], 0
+        for col in all_columns:
+            if col not in present:
+                lengths.append(np.zeros(n, np.int32))
+                codes.append(np.zeros(0, np.int32))
+                continue
+            lists = table.column(col)
+            lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+            flat = pc.list_flatten(lists)
+            lengths.append(pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int32))
+            if not pa.types.is_dictionary(flat.type):
+                flat = pc.dictionary_encode(flat.cast(pa.string()))
+            # each column's codes point into its own dictionary, placed after the previous ones';
+            # a string in two dictionaries gets one id when the chunks are merged (finalize)
+            codes.append(flat.indices.to_numpy(zero_copy_only=False).astype(np.int32) + size)
+            dicts.append(flat.dictionary.cast(pa.string()))
+            size += len(flat.dictionary)
+        return _Chunk(n, lengths, codes, pa.concat_arrays(dicts) if dicts else pa.array([], pa.string()))
+
+    def finalize(self, extra: Sequence[str] = ()) -> np.ndarray:
+        """One vocabulary (strings in lexicographic order) for every chunk, plus ``extra`` strings."""
+        dicts = [c.dictionary for c in self.chunks] + [pa.array(list(extra), pa.string())]
+        enc = pc.dictionary_encode(pa.concat_arrays(dicts))
+        order = pc.sort_indices(enc.dictionary).to_numpy()
+        rank = np.empty(len(order), np.int32)
+        rank[order] = np.arange(len(order), dtype=np.int32)
+        to_vocab = rank[enc.indices.to_numpy(zero_copy_only=False)]
+        pos = 0
+        for c in self.chunks:
+            m = len(c.dictionary)
+            local = to_vocab[pos:pos + m]
+            c.codes = [local[x] for x in c.codes]
+            c.dictionary = None
+            pos += m
+        self.vocab_arrow = enc.dictionary.take(pa.array(order))
+        self.vocab = np.array(self.vocab_arrow.to_pylist(), dtype=object)
+        return self.vocab
+
+    def feature_id(self, name: str) -> int:
+        if self.vocab is None:
+            raise ConfigError("finalize() first")
+        j = int(np.searchsorted(self.vocab, name))
+        if j >= len(self.vocab) or self.vocab[j] != name:
+            raise KeyError(f"feature {name!r} is not in the vocabulary")
+        return j
+
+    def set_column(self, column: str, chunk: int, lengths: np.ndarray, ids: np.ndarray) -> None:
+        """Set one column of one chunk from vocabulary ids (after :meth:`finalize`)."""
+        if self.vocab is None:
+            raise ConfigError("finalize() first")
+        j = self.columns.index(column)
+        c = self.chunks[chunk]
+        if len(lengths) != c.n_rows or int(np.sum(lengths)) != len(ids):
+            raise ConfigError(f"column {column!r} of chunk {chunk}: {len(lengths)} rows and {len(ids)} entries "
+                              f"for a chunk of {c.n_rows} rows")
+        c.lengths[j] = np.asarray(lengths, np.int32)
+        c.codes[j] = np.asarray(ids, np.int32)
+
+    def matrix(self, chunks: Sequence[int] | None = None, columns: Sequence[str] | None = None,
+               release: bool = False) -> FeatureMatrix:
+        """The CSR matrix of the given chunks (default: all), in chunk order.
+
+        ``columns`` limits the matrix to some columns (in the stored order); ``release`` frees each
+        chunk's codes once they are copied (for the last matrix built from them).
+        """
+        if self.vocab is None:
+            raise ConfigError("finalize() first")
+        ids = list(range(len(self.chunks))) if chunks is None else list(chunks)
+        cols = [j for j, c in enumerate(self.columns) if columns is None or c in columns]
+        per_chunk = [sum(int(self.chunks[i].codes[j].shape[0]) for j in cols) for i in ids]
+        n = sum(self.chunks[i].n_rows for i in ids)
+        indptr = np.zeros(n + 1, np.int64)
+        indices = np.empty(sum(per_chunk), np.int32)
+        row, pos = 0, 0
+        for i, size in zip(ids, per_chunk):
+            c = self.chunks[i]
+            ptr, ind = interleave_columns([c.lengths[j] for j in cols], [c.codes[j] for j in cols])
+            indptr[row + 1:row + c.n_rows + 1] = ptr[1:] + pos
+            indices[pos:pos + size] = ind
+            row += c.n_rows
+            pos += size
+            if release:
+                c.codes = [np.zeros(0, np.int32) for _ in c.codes]
+        return FeatureMatrix(indptr, indices, self.vocab, self.vocab_arrow)

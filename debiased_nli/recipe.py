@@ -21,6 +21,7 @@ import inspect
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -40,7 +41,13 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "data": {"data_files": None, "split": "train", "eval_splits": [], "on_invalid": "error", "max_rows": None,
              "revision": None},
-    "features": {"hypothesis_only": "tfidf", "folds": 5},
+    # hypothesis_only: "tfidf", a fine-tuned classifier (folder or Hub id), {model: PATH, folds, epochs, ...}
+    # (a transformer fine-tuned out of fold on D0), or null; chunk_rows: rows featurised at a time;
+    # num_proc: processes for the feature extraction, n_jobs: for the TF-IDF model's folds ("auto": the
+    # usable CPUs, at most 4); storage: "chunked" (integer ids, text read a chunk at a time) or
+    # "columns" (every row's feature strings as in-memory columns: the reference, for small inputs)
+    "features": {"hypothesis_only": "tfidf", "folds": 5, "chunk_rows": 100_000, "num_proc": "auto", "n_jobs": "auto",
+                 "storage": "chunked"},
     "z_filter": {"top_k": 20, "batch_size": 1000, "p0": "uniform", "min_z": 0.0},
     "new_rows": [],
     "filters": [],
@@ -111,13 +118,29 @@ def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     method = params.get("method", f"files:{Path(str(files if isinstance(files, str) else files[0])).name}")
     loaded = load_task(task, "train", data_files={"train": files}, on_invalid=params.get("on_invalid", "error"))
     ds = loaded.dataset
-    # new rows are named by their content, as new_rows() names them (see the card's column table)
+    # new rows are named by their content, as new_rows() names them (see the card's column table);
+    # a chunk of rows at a time, so that no Python string outlives its chunk
+    import datasets
+    import pyarrow as pa
+    from datasets.fingerprint import Hasher
+
     names = task.labels
-    cols = ds.select_columns(["premise", "hypothesis", "label"]).to_dict()
-    uids = [content_uid(p, h, names[lab], prefix=f"{method}:")
-            for p, h, lab in zip(cols["premise"], cols["hypothesis"], cols["label"])]
-    ds = ds.remove_columns(["uid", "origin", "method"]).add_column("uid", uids) \
-        .add_column("origin", [origin] * len(ds)).add_column("method", [method] * len(ds))
+    table = ds.data.table if hasattr(ds.data, "table") else ds.data
+    if ds._indices is not None:
+        table = ds.with_format("arrow")[:]
+    uids = []
+    for batch in table.select(["premise", "hypothesis", "label"]).to_batches(max_chunksize=100_000):
+        labels = [names[i] for i in batch.column(2).to_numpy(zero_copy_only=False)]
+        uids.append(pa.array([content_uid(p, h, lab, prefix=f"{method}:") for p, h, lab in
+                              zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), labels)], pa.string()))
+    n = table.num_rows
+    out = pa.table({"premise": table.column("premise"), "hypothesis": table.column("hypothesis"),
+                    "label": table.column("label"),
+                    "uid": pa.chunked_array(uids, pa.string()) if uids else pa.array([], pa.string()),
+                    "origin": pa.repeat(pa.scalar(origin, pa.string()), n),
+                    "method": pa.repeat(pa.scalar(method, pa.string()), n)})
+    ds = datasets.Dataset(out.cast(ds.features.arrow_schema), info=ds.info.copy(),
+                          fingerprint=Hasher.hash([ds._fingerprint, "files_source", origin, method]))
     ctx["sources"].append(loaded.source)
     ctx["set_aside"].append((f"new_rows:{method}", loaded.set_aside))
     return ds
@@ -181,9 +204,15 @@ SCHEMA: dict[str, Any] = {
         "revision": _OPT_STR,
     },
     "features": {
-        "hypothesis_only": _Kind("'tfidf', a classifier folder or Hub id, or null/'none'",
-                                 lambda v: v is None or isinstance(v, str) and v.strip() != ""),
+        "hypothesis_only": _Kind("'tfidf', a classifier folder or Hub id, null/'none', or a mapping "
+                                 "{model: PATH, folds: 5, epochs: ...} (a transformer fine-tuned out of fold)",
+                                 lambda v: v is None or isinstance(v, str) and v.strip() != ""
+                                 or isinstance(v, Mapping) and isinstance(v.get("model"), str)),
         "folds": _Kind("an integer >= 2", lambda v: _is_int(v) and v >= 2),
+        "chunk_rows": _Kind("a positive integer", lambda v: _is_int(v) and v >= 1),
+        "num_proc": _Kind("'auto' or a positive integer", lambda v: v == "auto" or _is_int(v) and v >= 1),
+        "n_jobs": _Kind("'auto' or a positive integer", lambda v: v == "auto" or _is_int(v) and v >= 1),
+        "storage": _Kind("'chunked' or 'columns'", lambda v: v in ("chunked", "columns")),
     },
     "z_filter": {
         "top_k": _Kind("a positive integer", lambda v: _is_int(v) and v >= 1),
@@ -295,9 +324,12 @@ class BuildResult:
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
-          max_rows: int | None = None, profile: str | None = None, efficacy=None) -> BuildResult:
+          max_rows: int | None = None, profile: str | None = None, efficacy=None,
+          timings: bool = False) -> BuildResult:
     """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
     (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs.
+    ``timings`` adds each stage's wall-clock ``seconds`` to the manifest's stages (then the release
+    is no longer the same byte for byte from run to run).
 
     The target is checked before any work (see :func:`debiased_nli.outputs.check_target`: never the
     current or home folder, a parent of an input, a file, or a folder that is not a release of this
@@ -315,7 +347,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     if int(os.environ.get("RANK", "0")) != 0:  # under `accelerate launch`: rank 0 checks, locks and writes
         return _build(recipe, out_dir, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy)
+                      efficacy=efficacy, timings=timings)
     rec = load_recipe(recipe, profile)
     inputs: list[Any] = [] if isinstance(recipe, Mapping) else [recipe]
     for spec in [data_files if data_files is not None else rec["data"]["data_files"], new_rows_files] + \
@@ -329,22 +361,28 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         check_target(target, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
         return _build(recipe, target, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy)
+                      efficacy=efficacy, timings=timings)
     finally:
         unlock()
 
 
 def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
            new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
-           max_rows: int | None = None, profile: str | None = None, efficacy=None) -> BuildResult:
+           max_rows: int | None = None, profile: str | None = None, efficacy=None,
+           timings: bool = False) -> BuildResult:
     import datasets
 
-    from .data import combine_set_aside, load_task, parse_data_files, require_two_labels
+    from .data import combine_set_aside, labels_of, load_task, parse_data_files, require_two_labels
     from .features import describe_extractors
-    from .featurize import add_features
+    from .features import FEATURE_PREFIX
+    from .featurize import add_features, add_features_pair, featurize_build
     from .release import ConfigData, compose, write_release
 
+    from .hypothesis_only import transformer_params
+
     recipe = load_recipe(recipe, profile)
+    if isinstance(recipe["features"]["hypothesis_only"], Mapping):
+        recipe["features"]["hypothesis_only"] = transformer_params(recipe["features"]["hypothesis_only"])
     if seed is not None:
         recipe["seed"] = seed
     if max_rows is not None:
@@ -359,10 +397,14 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     ctx: dict[str, Any] = {"sources": [], "set_aside": [], "seed": seed_, "recipe": recipe}
     stages: list[dict] = []
 
+    def stage(name: str, since: float, **fields) -> None:
+        stages.append({"stage": name, **fields, **({"seconds": round(time.perf_counter() - since, 3)} if timings else {})})
+
+    clock = time.perf_counter()
     loaded = load_task(task, d["split"], data_files=files, on_invalid=d["on_invalid"], revision=d["revision"],
                        max_rows=d["max_rows"])
     ctx["sources"].append(loaded.source)
-    stages.append({"stage": "load", "detail": f"{task.name} split {d['split']!r}", "counts": loaded.counts})
+    stage("load", clock, detail=f"{task.name} split {d['split']!r}", counts=loaded.counts)
     d0 = loaded.dataset
     if len(d0) == 0:
         raise EmptyResultError(f"no usable rows in {task.name!r} split {d['split']!r} after loading "
@@ -377,18 +419,20 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
                     "into every config", split, list(d["eval_splits"]))
     eval_splits = {}
     for split in list(d["eval_splits"]) + ignored:
+        clock = time.perf_counter()
         ev = load_task(task, split, data_files=files, on_invalid=d["on_invalid"], revision=d["revision"])
         ctx["sources"].append(ev.source)
         ctx["set_aside"].append((f"eval:{split}", ev.set_aside))
         eval_splits[split] = ev.dataset
-        stages.append({"stage": f"load {split}", "detail": "copied unchanged into every config", "counts": ev.counts})
+        stage(f"load {split}", clock, detail="copied unchanged into every config", counts=ev.counts)
 
     dg = None
     parts = []
     for step in recipe["new_rows"]:
+        clock = time.perf_counter()
         params = {k: v for k, v in step.items() if k != "step"}
         rows = _step("source", step["step"])(task, params, ctx)  # source steps: (task, params, ctx)
-        stages.append({"stage": f"new rows: {step['step']}", "counts": {"rows": len(rows)}})
+        stage(f"new rows: {step['step']}", clock, counts={"rows": len(rows)})
         parts.append(rows)
     if parts:
         dg = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
@@ -401,43 +445,80 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         if not state.is_main_process:
             return BuildResult(Path(out_dir), {}, {"rank": state.process_index})
 
-    # features of D0 and D_G together: one vocabulary, one out-of-fold hypothesis-only model
+    # features of D0 and D_G over one vocabulary, a chunk of rows at a time; the hypothesis-only
+    # model is fitted on D0 alone (out of fold) and predicts D_G, so Z(D0) depends on D0 alone
     feat_cfg = recipe["features"]
-    both = d0 if dg is None else datasets.concatenate_datasets([d0, dg.cast(d0.features)])
-    both_f, hyp = add_features(both, task, hypothesis_only=feat_cfg["hypothesis_only"],
-                               hypo_only_folds=feat_cfg["folds"], seed=seed_, progress=progress)
-    d0_f = both_f.select(range(len(d0)))
-    dg_f = both_f.select(range(len(d0), len(both_f))) if dg is not None else None
-    stages.append({"stage": "features", "detail": ", ".join(task.features),
-                   "counts": {"rows": len(both_f)} | ({"hypothesis_only_accuracy": round(hyp.accuracy, 4)} if hyp else {})})
+    if dg is not None and dg.features != d0.features:
+        dg = dg.cast(d0.features)
+    clock = time.perf_counter()
+    counts = {"rows": len(d0) + (len(dg) if dg is not None else 0)}
+    if feat_cfg["storage"] == "columns":
+        # every row's feature strings as columns, in memory (the reference for the chunked path)
+        d0, dg, hyp = add_features_pair(d0, dg, task, hypothesis_only=feat_cfg["hypothesis_only"],
+                                        folds=feat_cfg["folds"], seed=seed_, progress=progress)
+        matrices, by_part = None, {}
+    elif feat_cfg["storage"] == "chunked":
+        feats = featurize_build(d0, dg, task, hypothesis_only=feat_cfg["hypothesis_only"], folds=feat_cfg["folds"],
+                                seed=seed_, chunk_rows=int(feat_cfg["chunk_rows"]), num_proc=feat_cfg["num_proc"],
+                                n_jobs=feat_cfg["n_jobs"], progress=progress)
+        hyp, matrices, by_part = feats.hypothesis_only, (feats.d0, feats.dg), feats.seconds
+    else:
+        raise ConfigError(f"features.storage must be 'chunked' or 'columns', not {feat_cfg['storage']!r}")
+    if hyp:
+        counts["hypothesis_only_accuracy"] = round(hyp.accuracy, 4)
+    stage("features", clock, detail=", ".join(task.features), counts=counts,
+          **({"seconds_by_part": by_part} if timings and by_part else {}))
+    labels0 = labels_of(d0)
+
+    def parts(kept0=None, kept_g=None, all0=False):
+        """The rows of a config as (matrix, labels, rows) parts, for its z-statistics (chunked storage)."""
+        if matrices is None:
+            return None
+        out = [(matrices[0], labels0, None if all0 else kept0)] if all0 or kept0 is not None else []
+        if kept_g is not None:
+            out.append((matrices[1], labels_of(dg), kept_g))
+        return out
 
     zc = recipe["z_filter"]
     wanted = None if recipe["configs"] == "auto" else [c for c in recipe["configs"] if c in Z_CONFIGS]
-    results = compose(d0_f, dg_f, task, top_k=zc["top_k"], batch_size=zc["batch_size"], seed=seed_,
-                      p0=zc["p0"], configs=wanted, progress=progress) if wanted != [] else {}
+    z_seconds: dict[str, float] = {}
+    results = compose(d0, dg, task, top_k=zc["top_k"], batch_size=zc["batch_size"], seed=seed_,
+                      p0=zc["p0"], configs=wanted, progress=progress, features=matrices,
+                      seconds=z_seconds) if wanted != [] else {}
     configs: list[ConfigData] = []
     if "z_filtered" in results and (wanted is None or "z_filtered" in wanted):
         r = results["z_filtered"]
-        configs.append(ConfigData("z_filtered", {"train": r.kept, **eval_splits}, r.rejected))
+        configs.append(ConfigData("z_filtered", {"train": r.kept, **eval_splits}, r.rejected,
+                                  features=parts(kept0=r.outcome.kept)))
         stages.append({"stage": "z_filtered = Z(D0)", "detail": f"top_k={zc['top_k']}, batch_size={zc['batch_size']}",
                        "counts": r.counts})
     if "z_aug" in results:
         r = results["z_aug"]
-        configs.append(ConfigData("z_aug", {"train": r.kept, **eval_splits}, r.rejected))
+        configs.append(ConfigData("z_aug", {"train": r.kept, **eval_splits}, r.rejected,
+                                  features=parts(all0=True, kept_g=r.outcome.kept)))
         stages.append({"stage": "z_aug = Z(D_G | D0)", "counts": r.counts})
     if "par_z_new" in results:
         r, z0 = results["par_z_new"], results["z_filtered"]
         train = datasets.concatenate_datasets([z0.kept, r.kept])
         rejected = datasets.concatenate_datasets([z0.rejected, r.rejected])
-        configs.append(ConfigData("par_z", {"train": train, **eval_splits}, rejected))
+        configs.append(ConfigData("par_z", {"train": train, **eval_splits}, rejected,
+                                  features=parts(kept0=z0.outcome.kept, kept_g=r.outcome.kept)))
         stages.append({"stage": "par_z = Z(D0) ∪ Z(D_G)", "counts": {"Z(D0)": len(z0.kept), "Z(D_G)": len(r.kept),
                                                                      "output": len(train)}})
     if "seq_z" in results:
         r, z0 = results["seq_z"], results["z_filtered"]
         # its dropped rows: the original rows Z(D0) rejected, then the new rows rejected given Z(D0)
         rejected = datasets.concatenate_datasets([z0.rejected, r.rejected])
-        configs.append(ConfigData("seq_z", {"train": r.kept, **eval_splits}, rejected))
+        configs.append(ConfigData("seq_z", {"train": r.kept, **eval_splits}, rejected,
+                                  features=parts(kept0=z0.outcome.kept, kept_g=r.outcome.kept)))
         stages.append({"stage": "seq_z = Z(D_G | Z(D0))", "counts": r.counts})
+    if timings:
+        by_config = {"z_filtered": "z_filtered", "z_aug": "z_aug", "par_z_new": "par_z", "seq_z": "seq_z"}
+        for st in stages:
+            for key, label in by_config.items():
+                if st["stage"].startswith(label + " ") and key in z_seconds:
+                    st["seconds"] = round(z_seconds[key], 3)
+    d0_filters = None
     for step in recipe["filters"]:
         name = step.get("config", step["step"])
         if wanted is not None and recipe["configs"] != "auto" and name not in recipe["configs"]:
@@ -445,15 +526,23 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         params = {k: v for k, v in step.items() if k not in ("step", "config")}
         params.setdefault("seed", seed_)
         fn = _step("filter", step["step"])
+        clock = time.perf_counter()
+        if d0_filters is None:
+            # filter steps (AFLite, PDD, IBADR) get D0 with its feature columns and return their rows with
+            # them, so that the card shows their z-statistics; the chunked path keeps none, so they are
+            # computed here for D0 alone (cached; the same features and hypothesis-only model as above)
+            d0_filters = d0
+            if not any(c.startswith(FEATURE_PREFIX) for c in d0.column_names):
+                d0_filters, _ = add_features(d0, task, hypothesis_only=feat_cfg["hypothesis_only"],
+                                             hypo_only_folds=feat_cfg["folds"], seed=seed_, progress=progress)
         accepts_ctx = len(inspect.signature(fn).parameters) >= 4
-        kept, removed, report = fn(d0_f, task, params, ctx) if accepts_ctx else fn(d0_f, task, params)
+        kept, removed, report = fn(d0_filters, task, params, ctx) if accepts_ctx else fn(d0_filters, task, params)
         section = getattr(sys.modules[fn.__module__], f"render_{step['step']}_md", None)
         configs.append(ConfigData(name, {"train": kept, **eval_splits}, removed,
                                   card_section=section(report) if section else None))
-        stages.append({"stage": f"{name}: {step['step']}", "counts": {"kept": len(kept), "removed": len(removed)},
-                       "report": report})
+        stage(f"{name}: {step['step']}", clock, counts={"kept": len(kept), "removed": len(removed)}, report=report)
     if recipe["configs"] != "auto" and "original" in recipe["configs"]:
-        configs.insert(0, ConfigData("original", {"train": d0_f, **eval_splits}))
+        configs.insert(0, ConfigData("original", {"train": d0, **eval_splits}, features=parts(all0=True)))
     if not configs:
         raise ConfigError("the recipe produced no config; check `configs`")
     default = recipe["default_config"]
@@ -480,6 +569,6 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         from .efficacy import card_markdown
 
         meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name)
-    out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0_f,
-                        overwrite=overwrite, set_aside=set_aside)
+    out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0,
+                        overwrite=overwrite, set_aside=set_aside, original_features=parts(all0=True), timings=timings)
     return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest)

@@ -26,20 +26,23 @@ import dataclasses
 import json
 import os
 import shutil
+import warnings
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from . import __version__
-from .data import PROVENANCE_COLUMNS, labels_of
+from .data import PROVENANCE_COLUMNS, labels_of, materialize
 from .errors import ConfigError
 from .outputs import (TOOL, WRITTEN_BY_KEY, check_target, clean_stale, is_release_folder, lock_target,
                       replace_folder, temp_folder, write_error)
-from .features import build_feature_matrix
+from .features import FeatureMatrix, build_feature_matrices, build_feature_matrix
 from .tasks import TaskSpec, get_task
-from .zfilter import REJECTED_BY, ZFilterResult, z_filter
-from .zstats import ZStats, compute_zstats
+from .zfilter import MIN_BATCHES, REJECTED_BY, ZFilterResult, batch_size_for, z_filter_matrix, z_filter_result
+from .zstats import ZStats, compute_zstats, compute_zstats_parts
 
 CONFIG_DESCRIPTIONS = {
     "original": "the input D0, unchanged (for comparison)",
@@ -70,30 +73,83 @@ class ConfigData:
     description: str = ""
     stages: list[dict] = dataclasses.field(default_factory=list)
     card_section: str | None = None  # markdown a filter step adds to the card (e.g. AFLite's audit)
+    # the train split's features as parts (matrix, labels, rows or None) of matrices sharing one
+    # vocabulary, for its z-statistics; without them they are read from the split's feat_* columns
+    features: list | None = None
 
 
 def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
-            p0="uniform", configs: Sequence[str] | None = None, progress: bool = True) -> dict[str, ZFilterResult]:
+            p0="uniform", configs: Sequence[str] | None = None, progress: bool = True,
+            features: "tuple[FeatureMatrix, FeatureMatrix | None] | None" = None,
+            seconds: dict | None = None) -> dict[str, ZFilterResult]:
     """The z-filtering compositions available for D0 (and D_G when given), keyed by config name.
 
-    Both inputs must carry feature columns computed together (same extractors, one
-    hypothesis-only model), e.g. by featurising their concatenation.
+    ``features``: the feature matrices of D0 and D_G over one vocabulary (e.g. from
+    :func:`~debiased_nli.featurize.featurize_build`); otherwise both inputs must carry feature columns
+    computed together (same extractors, one hypothesis-only model), and their matrices are built
+    here, once. Every composition is z-filtered from these matrices: Z-Aug is seeded with D0's
+    rows, Seq-Z with Z(D0)'s (the counts of a seed set do not depend on its order). ``seconds``, when
+    given, receives each composition's wall time.
     """
     task = get_task(task)
     wanted = set(configs) if configs else None
-    kw = dict(top_k=top_k, batch_size=batch_size, seed=seed, p0=p0, progress=progress)
+    has_new = dg is not None and len(dg) > 0
+    if features is None:
+        fm0, fmg = build_feature_matrices([d0, dg]) if has_new else (build_feature_matrix(d0), None)
+    else:
+        fm0, fmg = features
+    labels0 = labels_of(d0)
+    labels_g = labels_of(dg) if has_new else None
+    vocab = fm0.vocab_array()  # once, for every composition's rejected_by
+    kw = dict(top_k=top_k, seed=seed, p0=p0, progress=progress)
+    params = {"top_k": top_k, "batch_size": batch_size, "seed": seed, "p0": p0, "min_z": 0.0,
+              "min_batches": MIN_BATCHES}
+
+    def run(ds, fm, labels, seed_ds=None, seed_fm=None, seed_labels=None, allow_empty=True):
+        # an unconditional walk of a small input goes in smaller batches (see zfilter.batch_size_for)
+        used, note = batch_size_for(len(labels), batch_size, conditional=seed_ds is not None and len(seed_ds) > 0)
+        if note:
+            warnings.warn(f"z-filtering {task.name!r}: {note}", stacklevel=3)
+        out = z_filter_matrix(fm, labels, task.num_labels, seed_fm=seed_fm, seed_labels=seed_labels,
+                              batch_size=used, **kw)
+        p = {**params, "batch_size_used": used, "conditional": seed_ds is not None}
+        if note:
+            p["batch_size_note"] = note
+        return z_filter_result(ds, out, vocab, task, p, seed_dataset=seed_ds, allow_empty=allow_empty, lazy=True)
+
+    def timed(name, *args, **kwargs):
+        start = time.perf_counter()
+        out[name] = run(*args, **kwargs)
+        if seconds is not None:
+            seconds[name] = time.perf_counter() - start
+
     out: dict[str, ZFilterResult] = {}
     need_z0 = wanted is None or wanted & {"z_filtered", "par_z", "seq_z"}
     if need_z0:
-        out["z_filtered"] = z_filter(d0, task, **kw)
-    if dg is not None and len(dg):
+        timed("z_filtered", d0, fm0, labels0, allow_empty=False)
+    if has_new:
         if wanted is None or "z_aug" in wanted:
-            out["z_aug"] = z_filter(dg, task, seed_dataset=d0, allow_empty=True, **kw)
+            timed("z_aug", dg, fmg, labels_g, d0, fm0, labels0)
         if wanted is None or "par_z" in wanted:
-            out["par_z_new"] = z_filter(dg, task, allow_empty=True, **kw)
+            timed("par_z_new", dg, fmg, labels_g)
         if wanted is None or "seq_z" in wanted:
-            out["seq_z"] = z_filter(dg, task, seed_dataset=out["z_filtered"].kept, allow_empty=True, **kw)
+            kept0 = out["z_filtered"].outcome.kept
+            timed("seq_z", dg, fmg, labels_g, out["z_filtered"].kept, fm0.select(kept0), labels0[kept0])
     return out
+
+
+def z_filtered_original(d0, task: "str | TaskSpec", *, hypothesis_only="tfidf", folds: int = 5, seed: int = 0,
+                        top_k: int = 20, batch_size: int = 1000, p0="uniform", progress: bool = True) -> ZFilterResult:
+    """Z(D0) exactly as ``debiased-nli build`` makes its ``z_filtered`` config from a recipe with these
+    ``features`` and ``z_filter`` settings and this seed (the hypothesis-only model's folds and the
+    walk both use ``seed``). Z(D0) depends on D0 alone, so this is also the Z(D0) of a build with new
+    rows; the generator's G* step uses it."""
+    from .featurize import featurize_build
+
+    feats = featurize_build(d0, None, task, hypothesis_only=hypothesis_only, folds=folds, seed=seed, progress=progress)
+    r = compose(d0, None, task, top_k=top_k, batch_size=batch_size, seed=seed, p0=p0, configs=["z_filtered"],
+                progress=progress, features=(feats.d0, None))["z_filtered"]
+    return dataclasses.replace(r, kept=materialize(r.kept), rejected=materialize(r.rejected))
 
 
 def canonical_only(ds, extra: Sequence[str] = ()):
@@ -128,10 +184,14 @@ def _write_parquet(ds, folder: Path, split: str) -> list[dict]:
     return files
 
 
-def zstats_summary(ds, task: TaskSpec, reference: ZStats | None = None, top_k: int = 10) -> tuple[dict, ZStats]:
+def zstats_summary(ds, task: TaskSpec, reference: ZStats | None = None, top_k: int = 10,
+                   parts: list | None = None) -> tuple[dict, ZStats]:
     """Top features per label of ``ds`` (and the reference's top features with their z in ``ds``),
-    for cards. Returns the summary and the z-statistics of ``ds``."""
-    zs = compute_zstats(build_feature_matrix(ds), labels_of(ds), task.labels)
+    for cards. Returns the summary and the z-statistics of ``ds``. ``parts``: ``ds``'s features as
+    (matrix, labels, rows) parts (see :func:`~debiased_nli.zstats.compute_zstats_parts`) instead of
+    its ``feat_*`` columns."""
+    zs = compute_zstats_parts(parts, task.labels) if parts is not None else \
+        compute_zstats(build_feature_matrix(ds), labels_of(ds), task.labels)
     summary = {"n_rows": zs.n_rows, "max_abs_z": round(zs.max_abs_z(exclude=("<null>",)), 3),
                "top": zs.top_records(top_k)}
     if reference is not None:
@@ -282,8 +342,13 @@ def _sha256(path: Path) -> str:
 
 def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequence[ConfigData], *, default: str,
                   manifest: Mapping[str, Any], meta: Mapping[str, Any], original=None, overwrite: bool = False,
-                  top_k_card: int = 10, set_aside=None) -> Path:
-    """Write a Hub-layout release folder atomically (temporary name, then rename)."""
+                  top_k_card: int = 10, set_aside=None, original_features: list | None = None,
+                  timings: bool = False) -> Path:
+    """Write a Hub-layout release folder atomically (temporary name, then rename).
+
+    ``original_features``: the original's features as (matrix, labels, rows) parts, for its
+    z-statistics (otherwise read from its ``feat_*`` columns). ``timings`` adds a ``write release``
+    stage with its seconds (Parquet; z-statistics and plots) to the manifest."""
     task = get_task(task)
     out = Path(out_dir).resolve()
     names = [c.name for c in configs]
@@ -313,23 +378,30 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         from .audit import plot_zstats
         from .zstats import bonferroni_threshold
 
-        def summarise(name: str, ds, reference: ZStats | None) -> ZStats:
-            summary, zs = zstats_summary(ds, task, reference=reference, top_k=top_k_card)
+        clock = {"parquet": 0.0, "z-statistics and plots": 0.0}
+
+        def summarise(name: str, ds, reference: ZStats | None, parts=None) -> ZStats:
+            start = time.perf_counter()
+            summary, zs = zstats_summary(ds, task, reference=reference, top_k=top_k_card, parts=parts)
             thr = bonferroni_threshold(int((zs.n > 0).sum()) * task.num_labels)
             plot_zstats(zs, thr, tmp / "images" / f"zstats_{name}.png", title=f"{name} ({len(ds):,} rows)")
             summaries[name] = summary
+            clock["z-statistics and plots"] += time.perf_counter() - start
             return zs
 
         # the original's statistics are computed once and are the "before" of every config
-        original_zs = summarise("original", original, None) if original is not None else None
+        original_zs = None
+        if original is not None:
+            original_zs = summarise("original", original, None, original_features)
         labels: dict[str, dict[str, dict[str, int]]] = {}
         new_rows: dict[str, Any] = {"rows": 0, "methods": set(), "perturbed": False}
         for c in configs:
+            start = time.perf_counter()
             written[c.name] = {}
             labels[c.name] = {}
             extra = _data_extra(c)
             for split, ds in c.splits.items():
-                ds = _config_split(ds, extra, c.splits.get("train")).flatten_indices()
+                ds = materialize(_config_split(ds, extra, c.splits.get("train")))
                 files = _write_parquet(ds, tmp / "data" / c.name, split)
                 for f in files:
                     f["path"] = Path(f["path"]).relative_to(tmp).as_posix()
@@ -349,9 +421,12 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
                 extra = [col for col in (REJECTED_BY, "reason", "aflite_score", "aflite_round", "stage", "replaced_by",
                                         *DATA_EXTRA_COLUMNS)
                          if col in c.rejected.column_names]
-                _write_parquet(canonical_only(c.rejected, extra), tmp / "rejected" / c.name, "train")
+                _write_parquet(materialize(canonical_only(c.rejected, extra)), tmp / "rejected" / c.name, "train")
+            clock["parquet"] += time.perf_counter() - start
             train = c.splits.get("train")
-            if train is not None and any(col.startswith("feat_") for col in train.column_names):
+            if c.features is not None:
+                summarise(c.name, train, original_zs, c.features)
+            elif train is not None and any(col.startswith("feat_") for col in train.column_names):
                 summarise(c.name, train, original_zs)
         if set_aside is not None and len(set_aside):
             (tmp / "rejected").mkdir(exist_ok=True)
@@ -363,6 +438,10 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         manifest["repo_id"] = meta.get("repo_id")
         manifest["history"] = [dict(h) for h in meta.get("history") or []]
         manifest["label_distribution"] = labels
+        if timings:
+            manifest["stages"] = list(manifest.get("stages", [])) + [
+                {"stage": "write release", "detail": "Parquet of every config; z-statistics and plots",
+                 "seconds": round(sum(clock.values()), 3), "seconds_by_part": {k: round(v, 3) for k, v in clock.items()}}]
         manifest["files"] = {c: {s: [{k: v for k, v in f.items() if k != "arrow_bytes"} for f in fs]
                                  for s, fs in sp.items()} for c, sp in written.items()}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")

@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import labels_of
+from .data import labels_of, materialize
 from .errors import ConfigError, EmptyResultError
 from .features import FeatureMatrix, build_feature_matrices
 from .tasks import TaskSpec, get_task
@@ -313,25 +313,52 @@ def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1
     labels = labels_of(ds)
     out = z_filter_matrix(fm, labels, task.num_labels, top_k=top_k, batch_size=batch_size, seed=seed,
                           seed_fm=seed_fm, seed_labels=seed_labels, p0=p0, min_z=min_z, progress=progress)
-    if len(out.kept) == 0 and not allow_empty:
-        raise EmptyResultError(
-            f"z-filtering rejected every one of the {len(labels):,} rows of {task.name!r} (top_k={top_k}, "
-            f"batch_size={batch_size}); try a smaller top_k or a larger batch, or check the input")
-    import datasets
-
-    kept = ds.select(out.kept)
-    if seed_dataset is not None and include_seed:
-        cols = [c for c in kept.column_names if c in seed_dataset.column_names]
-        kept = datasets.concatenate_datasets([seed_dataset.select_columns(cols), kept.select_columns(cols)])
-    rejected = ds.select(out.rejected)
-    import pyarrow as pa
-    names = pa.array(fm.vocab.tolist(), pa.string()).take(pa.array(out.rejected_by_ids))
-    by = pa.ListArray.from_arrays(pa.array(out.rejected_by_indptr.astype(np.int32)), names)
-    rejected = rejected.add_column(REJECTED_BY, by, feature=datasets.Sequence(datasets.Value("string")))
     params = {"top_k": top_k, "batch_size": requested, "batch_size_used": batch_size, "seed": seed, "p0": p0,
               "min_z": min_z, "conditional": seed_dataset is not None, "min_batches": min_batches}
     if note:
         params["batch_size_note"] = note
+    return z_filter_result(ds, out, fm.vocab, task, params, seed_dataset=seed_dataset if include_seed else None,
+                           allow_empty=allow_empty)
+
+
+def z_filter_result(ds, out: ZFilterOutcome, vocab, task: TaskSpec, params: dict, *, seed_dataset=None,
+                    allow_empty: bool = False, lazy: bool = False) -> ZFilterResult:
+    """The datasets of an index-level outcome: ``kept`` (``seed_dataset``'s rows, if given, then the kept
+    rows of ``ds``) and ``rejected`` with ``rejected_by``. ``vocab``: the matrix's vocabulary (strings,
+    as a numpy or Arrow array). ``lazy`` leaves both as selections of ``ds`` (nothing copied);
+    otherwise they are gathered into tables of their own."""
+    import datasets
+    import pyarrow as pa
+
+    if len(out.kept) == 0 and not allow_empty:
+        raise EmptyResultError(
+            f"z-filtering rejected every one of the {len(ds):,} rows of {task.name!r} (top_k={params['top_k']}, "
+            f"batch_size={params.get('batch_size_used', params['batch_size'])}); try a smaller top_k or a larger batch, or check the input")
+    kept = ds.select(out.kept)
+    if seed_dataset is not None:
+        cols = [c for c in kept.column_names if c in seed_dataset.column_names]
+        kept = datasets.concatenate_datasets([seed_dataset.select_columns(cols), kept.select_columns(cols)])
+    # rejected_by as a column over every input row (empty where kept), then the rejected rows as a
+    # selection: no row is copied until the release writes them
+    n = len(ds)
+    seg = np.diff(out.rejected_by_indptr)
+    by_pos = np.argsort(out.rejected, kind="stable")
+    lens = seg[by_pos]
+    gather = np.repeat(out.rejected_by_indptr[:-1][by_pos] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+    lengths = np.zeros(n, np.int64)
+    lengths[out.rejected] = seg
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    names_all = vocab if isinstance(vocab, pa.Array) else pa.array(vocab.tolist(), pa.string())
+    by = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), names_all.take(pa.array(out.rejected_by_ids[gather])))
+    from datasets.fingerprint import Hasher
+
+    base = ds if ds._indices is None else materialize(ds)
+    fp = Hasher.hash([ds._fingerprint, REJECTED_BY, params, out.rejected, out.rejected_by_ids])
+    rejected = base.add_column(REJECTED_BY, by, feature=datasets.Sequence(datasets.Value("string")),
+                               new_fingerprint=fp).select(out.rejected)
+    if not lazy:
+        kept, rejected = materialize(kept), materialize(rejected)
     return ZFilterResult(kept, rejected, out, params)
 
 

@@ -22,16 +22,35 @@ from .errors import ConfigError
 from .features import FeatureMatrix
 
 
-def count_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, rows: np.ndarray | None = None) -> np.ndarray:
-    """counts[x, l] = number of rows (optionally only ``rows``, a boolean mask) with feature x and label l."""
+def count_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, rows: np.ndarray | None = None,
+                 block_rows: int = 1 << 19) -> np.ndarray:
+    """counts[x, l] = number of rows (optionally only ``rows``: a boolean mask, or row positions) with
+    feature x and label l. Counted over blocks of rows, so the temporary keys stay small."""
     labels = np.asarray(labels, dtype=np.int64)
     if len(labels) != fm.n_rows:
         raise ConfigError(f"{len(labels)} labels for a feature matrix of {fm.n_rows} rows")
-    entry_label = np.repeat(labels, np.diff(fm.indptr))
-    keys = fm.indices.astype(np.int64) * num_labels + entry_label
+    mask = None
     if rows is not None:
-        keys = keys[np.repeat(np.asarray(rows, bool), np.diff(fm.indptr))]
-    return np.bincount(keys, minlength=fm.n_features * num_labels).reshape(fm.n_features, num_labels)
+        rows = np.asarray(rows)
+        mask = rows.astype(bool) if rows.dtype == bool else np.zeros(fm.n_rows, bool)
+        if rows.dtype != bool:
+            mask[rows] = True
+    size = fm.n_features * num_labels
+    counts = np.zeros(size, np.int64)
+    lens = np.diff(fm.indptr)
+    for lo in range(0, fm.n_rows, block_rows):
+        hi = min(lo + block_rows, fm.n_rows)
+        ln = lens[lo:hi]
+        lab = labels[lo:hi]
+        if mask is not None:
+            ln = np.where(mask[lo:hi], ln, 0)
+            entry_keep = np.repeat(mask[lo:hi], lens[lo:hi])
+            ids = fm.indices[fm.indptr[lo]:fm.indptr[hi]][entry_keep]
+        else:
+            ids = fm.indices[fm.indptr[lo]:fm.indptr[hi]]
+        keys = ids.astype(np.int64) * num_labels + np.repeat(lab, ln)
+        counts += np.bincount(keys, minlength=size)
+    return counts.reshape(fm.n_features, num_labels)
 
 
 def resolve_p0(p0: "str | float | Sequence[float] | None", num_labels: int, label_counts: np.ndarray) -> np.ndarray:
@@ -180,6 +199,33 @@ def compute_zstats(fm: FeatureMatrix, labels: np.ndarray, label_names: Sequence[
     p0_arr = resolve_p0(p0, K, label_counts)
     n, p_hat, z = z_from_counts(counts, p0_arr)
     return ZStats(fm.vocab, tuple(label_names), counts, n, p_hat, z, p0_arr, int(len(sel)))
+
+
+def compute_zstats_parts(parts: Sequence[tuple[FeatureMatrix, np.ndarray, "np.ndarray | None"]],
+                         label_names: Sequence[str], p0: "str | float | Sequence[float] | None" = "uniform") -> ZStats:
+    """z-statistics of the union of several row sets, each ``(matrix, labels, rows or None)``; the
+    matrices share one vocabulary (e.g. D0's and D_G's from one build). Same numbers as
+    :func:`compute_zstats` over the concatenated rows, without building that matrix."""
+    if not parts:
+        raise ConfigError("compute_zstats_parts needs at least one part")
+    K = len(label_names)
+    vocab = parts[0][0].vocab
+    counts = np.zeros((len(vocab), K), np.int64)
+    label_counts = np.zeros(K, np.int64)
+    for fm, labels, rows in parts:
+        if fm.vocab is not vocab and (len(fm.vocab) != len(vocab) or not np.array_equal(fm.vocab, vocab)):
+            raise ConfigError("the parts' feature matrices must share one vocabulary")
+        labels = np.asarray(labels, dtype=np.int64)
+        counts += count_matrix(fm, labels, K, rows)
+        if rows is None:
+            sel = labels
+        else:
+            rows = np.asarray(rows)
+            sel = labels[rows]
+        label_counts += np.bincount(sel, minlength=K)
+    p0_arr = resolve_p0(p0, K, label_counts)
+    n, p_hat, z = z_from_counts(counts, p0_arr)
+    return ZStats(vocab, tuple(label_names), counts, n, p_hat, z, p0_arr, int(label_counts.sum()))
 
 
 def z_only_label(n: int, p0: float) -> float:

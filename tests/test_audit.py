@@ -42,3 +42,16 @@ def test_audit_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "row 1" in err and "'label'" in err and "-1" in err and "no gold label" in err
     assert main(["audit", "snlii", "--out", str(tmp_path / "o")]) == 2
     assert "Did you mean 'snli'" in capsys.readouterr().err
+
+
+def test_the_picture_draws_each_distinct_point_once_with_the_opacity_of_its_copies():
+    import numpy as np
+
+    from debiased_nli.audit import _stacked
+
+    n = np.array([1, 1, 1, 5, 1, 5])
+    counts = np.array([1, 1, 0, 1, 1, 1])  # p_hat = counts / n
+    xs, ys, alpha = _stacked(n, counts, 0.25)
+    got = {(int(x), float(y)): round(float(a), 6) for x, y, a in zip(xs, ys, alpha)}
+    # three copies of (1, 1.0) drawn at alpha 0.25 leave (1 - 0.25)^3 of the background: one draw at 1 - 0.75^3
+    assert got == {(1, 1.0): round(1 - 0.75 ** 3, 6), (1, 0.0): 0.25, (5, 0.2): round(1 - 0.75 ** 2, 6)}

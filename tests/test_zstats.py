@@ -60,3 +60,29 @@ def test_bad_p0_and_label_count():
         compute_zstats(fm, np.array([0]), ["x", "y"], p0=1.5)
     with pytest.raises(ConfigError):
         compute_zstats(fm, np.array([0, 1]), ["x", "y"])
+
+
+def test_counts_over_parts_and_row_blocks_are_the_counts_of_the_union():
+    from debiased_nli.zstats import compute_zstats_parts, count_matrix
+
+    rng = np.random.default_rng(1)
+    rows = [sorted(set(rng.integers(0, 9, size=4).tolist())) for _ in range(300)]
+    labels = rng.integers(0, 3, size=300)
+    fm = matrix(rows, [f"f{i}" for i in range(9)])
+    # blocks of 7 rows, a boolean mask and a list of positions all count the same rows
+    mask = rng.random(300) < 0.4
+    np.testing.assert_array_equal(count_matrix(fm, labels, 3, mask, block_rows=7), count_matrix(fm, labels, 3, mask))
+    np.testing.assert_array_equal(count_matrix(fm, labels, 3, np.nonzero(mask)[0]), count_matrix(fm, labels, 3, mask))
+    # D0's rows 0..199 plus the new rows 200..299 kept by a mask: the z-statistics of their union
+    d0 = fm.select(np.arange(200))
+    dg = fm.select(np.arange(200, 300))
+    keep_g = mask[200:]
+    parts = compute_zstats_parts([(d0, labels[:200], None), (dg, labels[200:], np.nonzero(keep_g)[0])], ["a", "b", "c"])
+    union = np.concatenate([np.arange(200), 200 + np.nonzero(keep_g)[0]])
+    whole = compute_zstats(fm.select(union), labels[union], ["a", "b", "c"])
+    np.testing.assert_array_equal(parts.counts, whole.counts)
+    np.testing.assert_allclose(parts.z, whole.z)
+    assert parts.n_rows == whole.n_rows == len(union)
+    other = matrix(rows, [f"g{i}" for i in range(9)])
+    with pytest.raises(ConfigError, match="share one vocabulary"):
+        compute_zstats_parts([(d0, labels[:200], None), (other, labels, None)], ["a", "b", "c"])

@@ -35,6 +35,9 @@ def register(sub) -> None:
     p.add_argument("--efficacy", metavar="FILE",
                    help="the efficacy table (benchmarks/results/efficacy.json): the card shows the measured "
                         "accuracy of a model trained on each config that has a row in it")
+    p.add_argument("--timings", action="store_true",
+                   help="record each stage's seconds in manifest.json (the release is then no longer the same "
+                        "byte for byte from run to run)")
     p.set_defaults(func=run)
 
 
@@ -47,7 +50,7 @@ def run(args) -> int:
         print(f"recipe: {recipe}", file=sys.stderr)
     result = build(recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
                    overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
-                   profile=args.profile, efficacy=args.efficacy)
+                   profile=args.profile, efficacy=args.efficacy, timings=args.timings)
     from .cache import prune_cache
     pruned, size = prune_cache()  # keep the feature cache of earlier builds bounded
     if pruned:

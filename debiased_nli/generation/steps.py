@@ -59,11 +59,12 @@ def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
                            target_modules=_p(params, "lora_targets", "all-linear"))
     train_ds, zinfo = ds, None
     if mode == "debias":
-        from ..featurize import add_features
-        from ..zfilter import z_filter
-        feats, _ = add_features(ds, task)
-        z = z_filter(feats, task, top_k=_p(params, "top_k", 20), batch_size=_p(params, "z_batch_size", 1000),
-                     seed=_p(params, "seed", 0))
+        # Z(D0) as the build makes it (generator_source passes the recipe's seed and settings)
+        from ..release import z_filtered_original
+        z = z_filtered_original(ds, task, hypothesis_only=_p(params, "hypothesis_only", "tfidf"),
+                                folds=_p(params, "folds", 5), seed=_p(params, "z_seed", _p(params, "seed", 0)),
+                                top_k=_p(params, "top_k", 20), batch_size=_p(params, "z_batch_size", 1000),
+                                p0=_p(params, "p0", "uniform"), progress=_p(params, "progress", True))
         train_ds = debias_training_set(z.kept, z.rejected)
         zinfo = z.counts
     report = train_generator(
@@ -138,7 +139,13 @@ def generator_source(task, params: dict, ctx: dict | None = None):
         _, _, reports["train"] = train_generator_step(d0, task, {**train, "mode": "generator"}, show_values=True)
         generator = train["out"]
     if params.get("debias"):
-        debias = dict(params["debias"])
+        recipe = ctx.get("recipe") or {}
+        zc, fc = recipe.get("z_filter", {}), recipe.get("features", {})
+        # G* learns from the build's own Z(D0): the recipe's seed, hypothesis-only model and z-filter settings
+        same_z = {"z_seed": ctx.get("seed", 0), "hypothesis_only": fc.get("hypothesis_only", "tfidf"),
+                  "folds": fc.get("folds", 5), "top_k": zc.get("top_k", 20), "z_batch_size": zc.get("batch_size", 1000),
+                  "p0": zc.get("p0", "uniform")}
+        debias = {**same_z, **dict(params["debias"])}
         _, _, reports["debias"] = train_generator_step(d0, task, {"model": generator, **debias, "mode": "debias"},
                                                        show_values=True)
         generator = debias["out"]

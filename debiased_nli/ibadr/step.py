@@ -69,7 +69,8 @@ def ibadr_step(ds, task, params: Mapping[str, Any]):
     report = dict(res.report)
     audits = {}
     for name, data in (("before", ds), ("after", pool)):
-        a = audit_dataset(data, task, features_ready=True, progress=False)
+        ready = any(c.startswith("feat_") for c in data.column_names)
+        a = audit_dataset(data, task, features_ready=ready, seed=params.get("seed", 0), progress=False)
         audits[name] = {k: a[k] for k in ("n_rows", "labels", "max_abs_z", "hypothesis_only_accuracy", "z_threshold",
                                           "features_above_threshold")} | {"top": a["features"][:3 * task.num_labels]}
     report["audit"] = audits
