@@ -41,8 +41,12 @@ SHARED = Path(os.environ.get("DEBIASED_NLI_SHARED", ROOT.parent / "shared"))
 REAL_RUN = {"share": 0.1, "seed": 0, "epochs": 1.0, "lr": 5e-5, "eps": 1e-8, "batch_size": 16, "max_length": 64}
 
 
-def real_embeddings(encoder: str):
-    """The fine-tuned first-token embeddings of the real run's rows (cached by the run; computed if not)."""
+def real_embeddings(encoder: str, path: str | None = None):
+    """The fine-tuned first-token embeddings of the real run's rows (cached by the run; computed if not),
+    or the arrays X and y of an .npz file."""
+    if path:
+        data = np.load(path)
+        return data["X"], data["y"].astype(np.int64)
     from debiased_nli.data import load_task
     from debiased_nli.embeddings import compute_embeddings, warm_up_encoder
     ds = load_task("snli", data_files=str(SHARED / "data/snli/train_sample.parquet")).dataset
@@ -58,7 +62,7 @@ def _peak_mb() -> float:
 
 def problem(args):
     from debiased_nli.aflite import random_partitions, standardize
-    emb, y = real_embeddings(args["encoder"])
+    emb, y = real_embeddings(args["encoder"], args["embeddings"])
     idx = np.random.default_rng(args["seed"]).integers(0, len(y), size=args["rows"])
     X = standardize(np.ascontiguousarray(emb[idx], dtype=np.float32))
     Y = y[idx]
@@ -235,6 +239,7 @@ def main(argv=None):
     ap.add_argument("--max-iter", type=int, default=10_000)
     ap.add_argument("--per-unit", type=int, default=16, help="sklearn fits per unit")
     ap.add_argument("--encoder", default=OFFLINE_ENCODER)
+    ap.add_argument("--embeddings", help="an .npz with X (rows x dim) and y instead of the real run's embeddings")
     ap.add_argument("--device", help="torch device of ours (default cpu)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -246,12 +251,12 @@ def main(argv=None):
     from debiased_nli.featurize import default_cache_dir
     work = Path(a.work or default_cache_dir() / f"bench-aflite-{a.rows}-{a.train_size}-{a.m}")
     args = {"rows": a.rows, "train_size": a.train_size, "m": a.m, "tol": a.tol, "max_iter": a.max_iter,
-            "per_unit": a.per_unit, "encoder": a.encoder, "device": a.device, "threads": a.threads, "seed": a.seed,
-            "work": str(work)}
+            "per_unit": a.per_unit, "encoder": a.encoder, "embeddings": a.embeddings, "device": a.device,
+            "threads": a.threads, "seed": a.seed, "work": str(work)}
     work.mkdir(parents=True, exist_ok=True)
     units = ["ours"] + sklearn_units(a.m, a.per_unit)
     todo = units if a.units in (None, [], ["all"]) else [u for u in a.units if u != "report"]
-    real_embeddings(a.encoder)  # embed (or read the cache) once, before timing
+    real_embeddings(a.encoder, a.embeddings)  # embed (or read the cache) once, before timing
     for unit in todo:
         if unit not in units:
             raise SystemExit(f"unknown unit {unit!r}; units: {units}")
