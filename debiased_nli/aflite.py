@@ -87,7 +87,8 @@ PARAM_SOURCES = {
     "target_n": "paper: a third of the input (§4: SNLI-AFLite \"size 182k\" of 550k, \"only a third of the full "
                 "data\")",
     "m": "project's choice (§2: \"number of partitions ... determined by the available computation budget\")",
-    "k": "project's choice, |S|/20 (§2: \"slice size ... determined by the available computation budget\")",
+    "k": "project's choice, a twentieth of the rows filtered (§2: \"slice size ... determined by the available "
+         "computation budget\")",
     "tau": "project's choice (the paper gives no value for the early-stopping threshold)",
     "C": "project's choice (scikit-learn's default L2 strength; the paper says \"typically a linear classifier\")",
     "tol": "project's choice (scikit-learn's default tolerance for LogisticRegression)",
@@ -846,7 +847,8 @@ def render_aflite_md(report: Mapping[str, Any], title: str | None = None) -> str
     proto = report.get("protocol")
     if proto:
         lines += ["", "## Where each value comes from", "", "| value | used | source |", "|---|---|---|"]
-        lines += [f"| `{k}` | {v['value']} | {v['source']} |" for k, v in proto.items()]
+        cell = (lambda x: str(x).replace("|", "\\|"))
+        lines += [f"| `{k}` | {cell(v['value'])} | {cell(v['source'])} |" for k, v in proto.items()]
     audit = report.get("audit")
     if audit:
         cols = [("before", "input"), ("after", "AFLite kept"), ("random_same_size", "random subset, same size")]
