@@ -1,4 +1,5 @@
-"""Pair embeddings Φ(x) for AFLite: masked mean of the last layer, cached by dataset fingerprint."""
+"""Pair embeddings Φ(x) for AFLite: the first token (or the masked mean) of the last layer, cached by
+the rows' content; the warm-up protocol of Le Bras et al. (2020)."""
 from pathlib import Path
 
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from debiased_nli import embeddings as E
-from debiased_nli.aflite import aflite_step
+from debiased_nli.aflite import PARAM_SOURCES, aflite_step
 from debiased_nli.data import new_rows
 from debiased_nli.errors import ConfigError, InvalidInputError
 
@@ -36,24 +37,36 @@ def _rows(n=12, seed=0):
     return new_rows("snli", prem, hyp, [NAMES[i % 3] for i in range(n)], origin="generated", method="test")
 
 
-def test_embedding_is_the_masked_mean_of_the_last_layer_of_the_pair(tiny_encoder, tmp_path):
+def _last_layer(model_dir, premise, hypothesis):
     from transformers import AutoModel, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return model(**tok(premise, hypothesis, return_tensors="pt")).last_hidden_state[0].numpy()
+
+
+def test_embedding_is_the_first_token_of_the_last_layer_of_the_pair(tiny_encoder, tmp_path):
     ds = _rows()
     emb = E.compute_embeddings(ds, tiny_encoder, batch_size=4, cache_dir=tmp_path, progress=False)
     assert emb.shape == (len(ds), 32) and emb.dtype == np.float32
-    tok = AutoTokenizer.from_pretrained(tiny_encoder)
-    model = AutoModel.from_pretrained(tiny_encoder).eval()
-    with torch.no_grad():
-        enc = tok(ds[3]["premise"], ds[3]["hypothesis"], return_tensors="pt")
-        expected = model(**enc).last_hidden_state[0].mean(0).numpy()
-    np.testing.assert_allclose(emb[3], expected, atol=1e-5)
+    np.testing.assert_allclose(emb[3], _last_layer(tiny_encoder, ds[3]["premise"], ds[3]["hypothesis"])[0], atol=1e-5)
+
+
+def test_mean_pooling_is_the_masked_mean_of_the_last_layer(tiny_encoder, tmp_path):
+    ds = _rows()
+    emb = E.compute_embeddings(ds, tiny_encoder, batch_size=4, pooling="mean", cache_dir=tmp_path, progress=False)
+    np.testing.assert_allclose(emb[3], _last_layer(tiny_encoder, ds[3]["premise"], ds[3]["hypothesis"]).mean(0),
+                               atol=1e-5)
 
 
 def test_padding_does_not_change_an_embedding(tiny_encoder, tmp_path):
     ds = _rows()
-    one = E.compute_embeddings(ds, tiny_encoder, batch_size=1, cache_dir=tmp_path / "a", progress=False)
-    many = E.compute_embeddings(ds, tiny_encoder, batch_size=5, cache_dir=tmp_path / "b", progress=False)
-    np.testing.assert_allclose(one, many, atol=1e-5)
+    for pooling in ("cls", "mean"):
+        one = E.compute_embeddings(ds, tiny_encoder, batch_size=1, pooling=pooling, cache_dir=tmp_path / "a",
+                                   progress=False)
+        many = E.compute_embeddings(ds, tiny_encoder, batch_size=5, pooling=pooling, cache_dir=tmp_path / "b",
+                                    progress=False)
+        np.testing.assert_allclose(one, many, atol=1e-5)
 
 
 def test_second_run_reads_the_cache(tiny_encoder, tmp_path, monkeypatch):
@@ -67,11 +80,14 @@ def test_second_run_reads_the_cache(tiny_encoder, tmp_path, monkeypatch):
     monkeypatch.setattr(E, "_load_encoder", no_model)
     again = E.compute_embeddings(ds, tiny_encoder, cache_dir=tmp_path, progress=False)
     np.testing.assert_array_equal(first, again)
-    # other rows (another fingerprint) or other parameters are not served from the cache
+    # the same rows with other columns beside them (e.g. a build's feature columns) are the same rows
+    extra = ds.add_column("feat_x", [["a"]] * len(ds))
+    np.testing.assert_array_equal(first, E.compute_embeddings(extra, tiny_encoder, cache_dir=tmp_path, progress=False))
+    # other rows or other parameters are not served from the cache
     with pytest.raises(AssertionError, match="encoder was loaded"):
         E.compute_embeddings(ds.select(range(5)), tiny_encoder, cache_dir=tmp_path, progress=False)
     with pytest.raises(AssertionError, match="encoder was loaded"):
-        E.compute_embeddings(ds, tiny_encoder, pooling="cls", cache_dir=tmp_path, progress=False)
+        E.compute_embeddings(ds, tiny_encoder, pooling="mean", cache_dir=tmp_path, progress=False)
 
 
 def test_bad_inputs_are_named(tiny_encoder, tmp_path):
@@ -93,18 +109,104 @@ def test_warm_up_slice_is_seeded_and_sized():
         E.warm_up_indices(1000, 1.0)
 
 
-def test_warm_up_rows_are_reported_removed_and_never_kept(tiny_encoder, tmp_path, monkeypatch):
+WARM = {"warmup_epochs": 1.0, "warmup_batch_size": 8, "warmup_lr": 1e-3, "m": 8, "k": 5, "progress": False}
+
+
+def test_warm_up_rows_are_removed_with_their_reason_and_never_kept(tiny_encoder, tmp_path, monkeypatch):
+    """The paper's protocol: the warm-up model is trained on a share of the rows, which are then not
+    reused: they leave the data with reason "warm-up" and are counted in the report."""
     monkeypatch.setenv("DEBIASED_NLI_CACHE", str(tmp_path))
     ds = _rows(n=60, seed=1)
-    kept, removed, report = aflite_step(ds, "snli", {
-        "encoder": tiny_encoder, "warmup_share": 0.2, "warmup_epochs": 1.0, "m": 8, "train_size": 10,
-        "k": 5, "target_n": 20, "audit": True, "progress": False})
+    kept, removed, report = aflite_step(ds, "snli", {"encoder": tiny_encoder, "warmup_share": 0.2, **WARM})
     warm = removed.filter(lambda r: r["reason"] == "warm-up")
-    assert len(warm) == 12 == report["removed_by_reason"]["warm-up"]
+    assert len(warm) == 12 == report["removed_by_reason"]["warm-up"] == report["warm_up"]["rows"]
+    np.testing.assert_array_equal(sorted(warm["uid"]), sorted(ds.select(E.warm_up_indices(60, 0.2, 0))["uid"]))
     assert set(warm["uid"]).isdisjoint(kept["uid"])
     assert all(r == -1 for r in warm["aflite_round"])
+    assert set(removed["reason"]) == {"warm-up", "aflite"}
     assert sorted(list(kept["uid"]) + list(removed["uid"])) == sorted(ds["uid"])
+    assert report["n_kept"] + report["n_removed"] == 60
     assert Path(report["warm_up"]["model_dir"]).joinpath("config.json").exists()
+    # the rounds see only the rows left after the warm-up
+    assert report["history"][0]["size_before"] == 48
     audit = report["audit"]
     assert audit["before"]["n_rows"] == 60
     assert audit["after"]["n_rows"] == audit["random_same_size"]["n_rows"] == len(kept)
+
+
+def test_train_size_is_the_warm_up_size_and_the_target_a_third_of_the_input(tiny_encoder, tmp_path, monkeypatch):
+    """t = the warm-up size ("this fraction corresponds to the training size for AFLite") and
+    n = |D|/3 of the whole input (SNLI: 182k of 550k); m, k and tau are reported as the project's."""
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(tmp_path))
+    ds = _rows(n=90, seed=2)
+    kept, removed, report = aflite_step(ds, "snli", {"encoder": tiny_encoder, "warmup_share": 0.1, "audit": False,
+                                                     **WARM})
+    assert report["warm_up"]["rows"] == 9
+    assert report["params"]["train_size"] == 9
+    assert report["params"]["target_n"] == 30
+    assert len(kept) >= 30
+    proto = report["protocol"]
+    assert proto["train_size"]["value"] == 9 and proto["train_size"]["source"].startswith("paper")
+    assert proto["target_n"]["source"].startswith("paper")
+    for key in ("tau",):
+        assert proto[key]["source"].startswith("project's choice")
+    for key in ("m", "k", "warmup_lr"):  # set for this run
+        assert proto[key]["source"] == "set for this run"
+    assert "project's choice" in E.__doc__ and "project's choice" in PARAM_SOURCES["m"]
+
+
+def test_embeddings_come_from_the_fine_tuned_encoders_first_token(tiny_encoder, tmp_path, monkeypatch):
+    """Φ is "extracted from the final layer before the output layer" of the warm-up model: the
+    first token of the fine-tuned encoder's last layer, not of the encoder it started from."""
+    import debiased_nli.aflite as A
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(tmp_path))
+    seen = {}
+    real = A.aflite_filter
+
+    def spy(work, emb, **kw):
+        seen["work"], seen["emb"] = work, emb
+        return real(work, emb, **kw)
+
+    monkeypatch.setattr(A, "aflite_filter", spy)
+    ds = _rows(n=60, seed=3)
+    _, _, report = aflite_step(ds, "snli", {"encoder": tiny_encoder, "warmup_share": 0.2, "audit": False, **WARM})
+    tuned = report["warm_up"]["model_dir"]
+    assert report["embedded_with"] == tuned
+    row = seen["work"][4]
+    first = _last_layer(tuned, row["premise"], row["hypothesis"])[0]
+    np.testing.assert_allclose(seen["emb"][4], first, atol=1e-5)
+    base = _last_layer(tiny_encoder, row["premise"], row["hypothesis"])[0]
+    assert np.abs(seen["emb"][4] - base).max() > 1e-3   # the warm-up changed the encoder
+
+
+def test_without_warm_up_every_row_is_filtered(tiny_encoder, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(tmp_path))
+    ds = _rows(n=60, seed=4)
+    kept, removed, report = aflite_step(ds, "snli", {"encoder": tiny_encoder, "warmup_share": 0, "audit": False,
+                                                     **WARM})
+    assert "warm_up" not in report and report["removed_by_reason"]["warm-up"] == 0
+    assert report["history"][0]["size_before"] == 60
+    assert report["params"]["train_size"] == 6 and report["params"]["target_n"] == 20
+
+
+def test_an_interrupted_embedding_run_resumes_at_the_first_missing_shard(tiny_encoder, tmp_path, monkeypatch):
+    ds = _rows(n=10)
+    full = E.compute_embeddings(ds, tiny_encoder, cache_dir=tmp_path / "ref", progress=False)
+    calls = []
+    real = E.encode_pairs
+
+    def fail_on_third(premises, *a, **k):
+        calls.append(len(premises))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(premises, *a, **k)
+
+    monkeypatch.setattr(E, "encode_pairs", fail_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        E.compute_embeddings(ds, tiny_encoder, cache_dir=tmp_path / "c", progress=False, shard_rows=4)
+    assert len(list((tmp_path / "c").glob("emb-*.parts-4/*.npy"))) == 2
+    calls.clear()
+    monkeypatch.setattr(E, "encode_pairs", real)
+    again = E.compute_embeddings(ds, tiny_encoder, cache_dir=tmp_path / "c", progress=False, shard_rows=4)
+    np.testing.assert_allclose(again, full, atol=1e-5)
+    assert not list((tmp_path / "c").glob("emb-*.parts-*"))
