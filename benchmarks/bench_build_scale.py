@@ -326,7 +326,7 @@ def report(work: Path) -> None:
              "```", "python benchmarks/bench_build_scale.py run --scale {1,2,5,10}   # one build per call, under the heavy lock",
              "python benchmarks/bench_build_scale.py same --rows 200000", "python benchmarks/bench_build_scale.py report",
              "```", "", "Each build is the whole command, as its own process tree, with empty caches:", "",
-             f"`{runs[-1]['command'].replace(sys.executable, 'python')}`", "",
+             f"`{runs[-1]['command'].replace(sys.executable, 'python').replace(str(ROOT) + '/', '')}`", "",
              "| scale | D0 rows | new rows | wall (s) | CPU (s) | peak PSS (MB) | peak RSS sum (MB) | z_filtered | z_aug | par_z | seq_z |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
@@ -342,7 +342,7 @@ def report(work: Path) -> None:
         for r in runs:
             st = next((x for x in r["stages"] if x["stage"] == name), None)
             row.append("" if st is None or st.get("seconds") is None else f"{st['seconds']:.1f}")
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
+        lines.append(f"| {name.replace('|', chr(92) + '|')} | " + " | ".join(row) + " |")
         parts = next((x.get("parts") for x in runs[-1]["stages"] if x["stage"] == name), None)
         for part in parts or {}:
             vals = [next((x.get("parts", {}).get(part) for x in r["stages"] if x["stage"] == name), None) for r in runs]
