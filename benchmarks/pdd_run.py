@@ -188,7 +188,7 @@ def render_summary(out: dict) -> str:
         "flock /tmp/debiased-heavy.lock timeout 1140 debiased-nli train snli --data-files train=../shared/data/snli/train_sample.parquet \\",
         "    --dev-files ../shared/data/snli/dev.parquet --model ~/.cache/debiased-nli/models/all-minilm-l6-v2 --out ~/runs/pdd/teacher \\",
         "    --epochs 1 --max-length 64 --batch-size 16 --lr 5e-5 --max-train-rows 6000 --max-dev-rows 1000 --eval-steps 50 --threads 2",
-        "flock /tmp/debiased-heavy.lock python benchmarks/pdd_mlm_standin.py --steps 400 --stage-minutes 18 --threads 2   # rerun until done",
+        "flock /tmp/debiased-heavy.lock python benchmarks/pdd_mlm_standin.py --steps 600 --stage-minutes 18 --threads 2   # rerun until done",
         f"flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau {TAU_SCALED}   # rerun until done",
         "flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau 20",
         "python benchmarks/pdd_run.py report", "```", ""]
