@@ -6,7 +6,9 @@ fine-tuned with `debiased-nli train`, epsilon 0.5.
 
 Stages (each resumable; a finished stage is skipped; `all` runs them in order, each unit under the heavy
 lock `flock /tmp/debiased-heavy.lock`, at most ~20 minutes per acquisition):
-  train_m   M: `debiased-nli train` on 4,000 rows of the 20k sample (sessions of at most 19 minutes)
+  train_m   M: `debiased-nli train` on 4,000 rows of the 20k sample (sessions of at most 19 minutes);
+            skipped when RUN/M exists: the committed run reuses PDD's teacher (benchmarks/pdd_run.py:
+            MiniLM on 6,000 rows of the sample, 1 epoch, dev accuracy 0.729), copied to RUN/M
   ibadr     `debiased-nli ibadr snli ... --time-budget 600` (killed after 19 minutes at the latest),
             repeated until its last iteration is complete
   check     the paper-level check: samples with b1 and with b5 from the last generator, compared on beta,
