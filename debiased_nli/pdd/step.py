@@ -316,7 +316,10 @@ def render_pdd_md(report: Mapping[str, Any], title: str | None = None) -> str:
                  + f"; mean teacher confidence of the chosen: {cands['chosen_confidence_mean']}; teacher's argmax = "
                    f"label for {cands['chosen_teacher_agrees']} of them")
     sec = report["seconds"]
-    lines.append(f"- time: {sec['total']:.1f} s ({report['operations_per_second']} operations/s); fill {sec['fill']:.1f} s, "
+    ops = report["operations"]
+    lines.append(f"- time of this invocation: {sec['total']:.1f} s ({ops.get('computed', 0):,} perturbations computed, "
+                 f"{report['operations_per_second']} per second; {ops.get('from_checkpoint', 0):,} read from the "
+                 f"checkpoint); fill {sec['fill']:.1f} s, "
                  f"teacher {sec['teacher']:.1f} s, containment {sec['containment']:.1f} s")
     lines.append("- features: " + ", ".join(f"{k} {v}" for k, v in sorted(report["feature_status"].items())))
     lines += ["", "## z before and after, per family", "", "| family | features | above tau before | above tau after | "
