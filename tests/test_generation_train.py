@@ -222,3 +222,24 @@ def test_the_defaults_are_table_7_of_the_paper():
         assert GENERATOR_TRAINING[name][0] == value and "Table 7" in GENERATOR_TRAINING[name][1]
     with pytest.raises(Exception, match="constant schedule has no warm-up"):
         train_generator(rows(4), "snli", "unused", "unused", warmup_steps=10)
+
+
+def test_a_checkpoint_never_replaces_a_folder_it_did_not_write(tmp_path):
+    from accelerate import Accelerator
+
+    from debiased_nli.errors import ConfigError
+    from debiased_nli.generation.train import _checkpoints, save_checkpoint
+
+    acc = Accelerator(cpu=True)
+    save_checkpoint(acc, tmp_path, 1, keep=1)
+    save_checkpoint(acc, tmp_path, 1, keep=1)  # its own step-1 is replaced
+    assert [p.name for p in _checkpoints(tmp_path)] == ["step-1"]
+    mine = tmp_path / "checkpoints" / "step-2"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    with pytest.raises(ConfigError, match="not a checkpoint of debiased-nli"):
+        save_checkpoint(acc, tmp_path, 2, keep=1)
+    assert (mine / "notes.txt").read_text() == "the user's"
+    save_checkpoint(acc, tmp_path, 3, keep=1)  # pruning keeps the user's folder too (no state.json)
+    assert (mine / "notes.txt").read_text() == "the user's"
+    assert [p.name for p in _checkpoints(tmp_path)] == ["step-3"]

@@ -211,6 +211,12 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int) -> None:
     """``accelerator.save_state`` into a temporary folder, renamed to ``step-<step>`` when complete."""
     root = out_dir / "checkpoints"
     tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
+    # a `step-N` folder is replaced only when it is one of ours (it has state.json, which this function
+    # writes last); anything else under that name is the user's and is never deleted (every process
+    # checks, so that all stop together)
+    if final.exists() and not (final / "state.json").is_file():
+        raise ConfigError(f"{final} exists and is not a checkpoint of debiased-nli (no state.json); "
+                          f"it is left as it is: move it, or choose another --out")
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
