@@ -63,7 +63,9 @@ class ZFilterOutcome:
 
 def _z_rows(counts: np.ndarray, p0: np.ndarray, min_z: float) -> np.ndarray:
     """z for each row of a counts block; -inf (never biased) where n = 0 or z <= min_z."""
-    n = counts.sum(axis=1)
+    n = counts[:, 0].copy()  # summed column by column: a row-wise sum over K = 2 or 3 is several times slower
+    for l in range(1, counts.shape[1]):
+        n += counts[:, l]
     safe = np.maximum(n, 1)
     p_hat = counts / safe[:, None]
     z = (p_hat - p0[None, :]) / np.sqrt(p0[None, :] * (1 - p0[None, :]) / safe[:, None])
@@ -118,10 +120,13 @@ class _TopK:
             self.static.append(ranked)
             self.listed[l, ranked] = True
 
-    def mark(self, ids: np.ndarray) -> None:
-        """Record that the z of ``ids`` changed: list those that rose above the floor."""
+    def mark(self, ids: np.ndarray, z_ids: np.ndarray | None = None) -> None:
+        """Record that the z of ``ids`` changed (``z_ids``: their new rows of z, when the caller has
+        them at hand): list those that rose above the floor."""
+        z_ids = self.z[ids] if z_ids is None else z_ids
         for l in range(self.K):
-            new = ids[(self.z[ids, l] > self.floor[l]) & ~self.listed[l, ids]]
+            above = ids[z_ids[:, l] > self.floor[l]]  # few: the listed check reads only these
+            new = above[~self.listed[l, above]]
             if len(new):
                 self.listed[l, new] = True
                 self.above[l].append(new)
@@ -191,8 +196,9 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
     z[present] = _z_rows(counts[present], p0_arr, min_z)
     topk = _TopK(z, top_k, cache)
     biased = np.zeros(V * K, bool)
+    biased_keys = np.zeros(0, np.int64)  # the entries of ``biased`` set for the current batch
     kept_parts, rej_parts, rej_ids, rej_lens = [], [], [], []
-    mark = np.zeros(V, bool)
+    last = np.empty(V, np.int64)  # scratch: the features a batch touched, found without a pass over V
     flat_counts = counts.reshape(-1)
     batch_of = np.empty(n, np.int64)
     n_batches = (n + batch_size - 1) // batch_size
@@ -201,9 +207,11 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
         lo, hi = b * batch_size, min((b + 1) * batch_size, n)
         batch_of[order[lo:hi]] = b
         top = topk.top()
-        biased[:] = False
-        for l in range(K):
-            biased[top[l] * K + l] = True
+        # per batch, work in the batch's entries and the top-k only: clearing or scanning arrays over the
+        # vocabulary (millions of features) for each of thousands of batches was most of a walk's time
+        biased[biased_keys] = False
+        biased_keys = np.concatenate([top[l] * K + l for l in range(K)])
+        biased[biased_keys] = True
         # gather the batch's (row, feature) entries; no copy of the whole matrix in walk order
         lens = lens_all[lo:hi]
         offsets = np.cumsum(lens) - lens
@@ -225,11 +233,14 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
             kmask = ~row_hit[entry_row - lo]
             kf = feats[kmask]
             np.add.at(flat_counts, kf * K + wl[entry_row[kmask]], 1)
-            mark[kf] = True
-            touched = np.flatnonzero(mark)
-            mark[touched] = False
-            z[touched] = _z_rows(counts[touched], p0_arr, min_z)
-            topk.mark(touched)
+            # each touched feature once (the last of its entries); their order does not matter: z is
+            # set per feature and _TopK ranks its candidates by (z, id)
+            at = np.arange(len(kf))
+            last[kf] = at
+            touched = kf[last[kf] == at]
+            z_touched = _z_rows(counts[touched], p0_arr, min_z)
+            z[touched] = z_touched
+            topk.mark(touched, z_touched)
         bar.update(hi - lo)
     bar.close()
     kept = np.concatenate(kept_parts) if kept_parts else np.zeros(0, np.int64)

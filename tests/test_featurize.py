@@ -185,3 +185,22 @@ def test_materialize_gathers_the_selected_rows(d0_dg):
     assert materialize(sel).to_dict() == sel.flatten_indices().to_dict()
     assert materialize(d0, rows[:2]).to_dict() == d0.select(rows[:2]).to_dict()
     assert materialize(sel)._indices is None and materialize(sel).features == d0.features
+
+
+def test_the_walks_over_the_new_rows_give_the_same_configs_in_processes_or_one_after_another(d0_dg):
+    from debiased_nli.release import compose
+
+    d0, dg = d0_dg
+    feats = featurize_build(d0, dg, "snli", progress=False)
+    kw = dict(features=(feats.d0, feats.dg), batch_size=100, seed=4, progress=False)
+    seconds = {}
+    alone = compose(d0, dg, "snli", num_proc=1, **kw)
+    together = compose(d0, dg, "snli", num_proc=3, seconds=seconds, **kw)  # three forked walks at once
+    assert set(alone) == set(together) == {"z_filtered", "z_aug", "par_z_new", "seq_z"} == set(seconds)
+    for name in alone:
+        a, b = alone[name], together[name]
+        for field in ("kept", "rejected", "rejected_by_ids", "rejected_by_indptr", "batch_of", "counts"):
+            np.testing.assert_array_equal(getattr(a.outcome, field), getattr(b.outcome, field))
+        assert a.params == b.params
+        assert materialize(a.kept).data.table.equals(materialize(b.kept).data.table)
+        assert materialize(a.rejected).data.table.equals(materialize(b.rejected).data.table)
