@@ -150,33 +150,40 @@ def fit_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, seed: i
     columns = hypothesis_columns(fm, min_df)
     tfidf = TfidfTransformer(sublinear_tf=True)
     X = tfidf.fit_transform(hypothesis_matrix(fm, columns=columns))
-    clf = _fit_one(X, np.asarray(labels, dtype=np.int64), C, max_iter, seed)
+    clf = logistic_regression(C, seed, max_iter).fit(X, np.asarray(labels, dtype=np.int64))
     return TfidfHypothesisOnly(columns, tfidf, clf, num_labels)
 
 
-def _fit_one(X, y, C: float, max_iter: int | None, seed: int):
-    return logistic_regression(C, seed, max_iter).fit(X, y)
+def _fit(model, X, y):
+    return model.fit(X, y)
+
+
+# "auto" fits the folds in processes from this many rows: below it, starting them (a fresh interpreter
+# each, importing scikit-learn) costs more than the fits (55k rows: about 1 s a fit; project choice)
+PARALLEL_FIT_MIN_ROWS = 200_000
 
 
 def _fit_logregs(X, labels: np.ndarray, row_sets: Sequence[np.ndarray], *, C: float, max_iter: int | None,
                  seed: int, n_jobs: "int | str | None", progress: bool) -> list:
     """One logistic regression per row set (same settings), sequentially or in ``n_jobs`` processes
-    (``"auto"``: the usable CPUs, at most 4, for 50,000 rows or more). Each fit is the same either way.
-    The processes are joblib's (loky: started fresh, not forked, since the fits use OpenMP, which does
-    not survive a fork) and exit a second after the last fit instead of idling for minutes with their
-    memory while the build goes on."""
+    (``"auto"``: the usable CPUs, at most 4, for :data:`PARALLEL_FIT_MIN_ROWS` rows or more). Each fit
+    is the same either way: the models are made here, with this process's :data:`LOGREG_SOLVER`, and
+    only fitted there. The processes are joblib's (loky: started fresh, not forked, since the fits use
+    OpenMP, which does not survive a fork) and exit a second after the last fit instead of idling for
+    minutes with their memory while the build goes on."""
     from tqdm.auto import tqdm
 
     if n_jobs == "auto":  # parallel only where it pays for starting the processes
         n_jobs = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) \
-            if X.shape[0] >= 50_000 else 1
+            if X.shape[0] >= PARALLEL_FIT_MIN_ROWS else 1
+    models = [logistic_regression(C, seed, max_iter) for _ in row_sets]
     if n_jobs is not None and int(n_jobs) > 1 and len(row_sets) > 1:
         from joblib import Parallel, delayed
 
         return Parallel(n_jobs=int(n_jobs), idle_worker_timeout=1)(
-            delayed(_fit_one)(X[r], labels[r], C, max_iter, seed) for r in row_sets)
-    return [_fit_one(X[r], labels[r], C, max_iter, seed)
-            for r in tqdm(row_sets, desc="hypothesis-only (out-of-fold)", disable=not progress)]
+            delayed(_fit)(m, X[r], labels[r]) for m, r in zip(models, row_sets))
+    return [m.fit(X[r], labels[r]) for m, r in
+            zip(models, tqdm(row_sets, desc="hypothesis-only (out-of-fold)", disable=not progress))]
 
 
 # ------------------------------------------------------------------------- a transformer, out of fold
