@@ -305,26 +305,39 @@ def _uids(folder: Path, config: str) -> set[str]:
             for u in pq.read_table(f, columns=["uid"]).column("uid").to_pylist()}
 
 
-def compare_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 2) -> dict:
+def _largest_z(folder: Path) -> dict[str, float]:
+    """The card's "Largest |z| (without `<null>`)" of the original and of every config."""
+    import re
+
+    text = " ".join((folder / "README.md").read_text().split())
+    at = text.find("Largest |z|")
+    found = re.findall(r"(?:`(\w+)`|(original)) \*\*([\d.]+)\*\*", text[at:at + 400]) if at >= 0 else []
+    return {a or b: float(z) for a, b, z in found}
+
+
+def compare_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 2, reseed: bool = False) -> dict:
     """Old code (``old``, a checkout) against this one at ``scale``: ``rounds`` builds of each, interleaved,
-    then one with this code and the old solver (equality check). Resumable unit by unit."""
+    then one with this code and the old solver (equality check), and with ``reseed`` one of the old code
+    with another seed (how much a config's rows move when only the seed changes). Resumable unit by unit."""
     path = work / f"speedup-{scale}.json"
     res = json.loads(path.read_text()) if path.exists() else {
         "scale": scale, "base_rows": BASE_SHARD * scale, "new_rows": NEW_SHARD * scale, "old_code": str(old),
         "new_code": str(ROOT), "runs": []}
     base, new = _files(data, scale)
     work.mkdir(parents=True, exist_ok=True)
-    units = [(name, r) for r in range(rounds) for name in RUNS] + [("new_old_solver", 0)]
-    keep = {name: work / f"speedup-{scale}-{name}" for name in RUNS + ("new_old_solver",)}
+    units = [(name, r) for r in range(rounds) for name in RUNS] + [("new_old_solver", 0)] + \
+        ([("old_seed_43", 0)] if reseed else [])
+    keep = {name: work / f"speedup-{scale}-{name}" for name, _ in units}
     done = {(u["code"], u["round"]) for u in res["runs"]}
     for name, r in units:
         if (name, r) in done:
             continue
         # the first build of each keeps its release for the checks below
         out = keep[name] if r == 0 else work / f"speedup-{scale}-{name}-{r}"
-        run = timed_build(base, new, out, work / f"speedup-cache-{scale}", code=old if name == "old" else ROOT,
-                          prelude=OLD_SOLVER if name == "new_old_solver" else None)
-        run.update(code=name, round=r, load_average_at_end=os.getloadavg())
+        run = timed_build(base, new, out, work / f"speedup-cache-{scale}", code=old if name.startswith("old") else ROOT,
+                          prelude=OLD_SOLVER if name == "new_old_solver" else None,
+                          extra=["--seed", "43"] if name == "old_seed_43" else [])
+        run.update(code=name, round=r, load_average_at_end=os.getloadavg(), largest_z=_largest_z(out))
         if r:
             shutil.rmtree(out, ignore_errors=True)
         res["runs"].append(run)
@@ -333,13 +346,18 @@ def compare_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 2
         a, b, c = keep["old"], keep["new_old_solver"], keep["new"]
         files = _release_files(a)
         differ = [f for f in files if not (b / f).exists() or (a / f).read_bytes() != (b / f).read_bytes()]
-        configs = {}
-        for cfg in ("z_filtered", "z_aug", "par_z", "seq_z"):
-            old_u, new_u = _uids(a, cfg), _uids(c, cfg)
-            configs[cfg] = {"old_rows": len(old_u), "new_rows": len(new_u), "shared": len(old_u & new_u),
-                            "jaccard": round(len(old_u & new_u) / max(len(old_u | new_u), 1), 4)}
+        def overlap(x: Path, y: Path) -> dict:
+            out = {}
+            for cfg in ("z_filtered", "z_aug", "par_z", "seq_z"):
+                ux, uy = _uids(x, cfg), _uids(y, cfg)
+                out[cfg] = {"old_rows": len(ux), "new_rows": len(uy), "shared": len(ux & uy),
+                            "jaccard": round(len(ux & uy) / max(len(ux | uy), 1), 4)}
+            return out
+
         res["checks"] = {"old_solver_same_files": not differ and files == _release_files(b),
-                         "files_compared": len(files), "differing": differ, "configs_old_vs_new": configs}
+                         "files_compared": len(files), "differing": differ, "configs_old_vs_new": overlap(a, c)}
+        if reseed:
+            res["checks"]["configs_old_seed_42_vs_43"] = overlap(a, keep["old_seed_43"])
         path.write_text(json.dumps(res, indent=2) + "\n")
         for folder in keep.values():
             shutil.rmtree(folder, ignore_errors=True)
@@ -406,6 +424,22 @@ def speedup_report(work: Path) -> None:
                     row.append(f"{_mean(vals):.1f}" if vals else "")
                 lines.append(f"| &nbsp;&nbsp;{part} | " + " | ".join(row) + " |")
         lines.append("")
+    lines += ["## What the new code changes", "",
+              "- Lexical features (same features): the tokeniser's separator regex leaves the single spaces "
+              "between words alone (Arrow's regex replace pays per match); repeats inside a row are found with a "
+              "stable sort, not a hash table; extractors that make their rows unique (`unigram_v1`, `bigram_v1`, "
+              "the bins, `overlap_v2`, `null_v1`, ...) skip the second dedup pass.",
+              "- Hypothesis-only model (a different fit, see below): Newton-CG instead of L-BFGS for the TF-IDF "
+              "logistic regressions; L-BFGS stopped at its 300-iteration cap without converging on the 10x folds. "
+              "The folds are fitted in processes only from 200k rows of D0, and those processes exit after the fits.",
+              "- z-filtering (same rows): each batch's bookkeeping touches the batch's entries and the top-k only "
+              "(before, every batch cleared and scanned arrays over the whole vocabulary); the walks over the new "
+              "rows (z_aug, Par-Z's Z(D_G), seq_z) run at once in forked processes.",
+              "- New rows and release (same files): uids are hashed from one Arrow join per chunk (in processes "
+              "from 200k rows); D0 and D_G are held contiguous, and a config's rows are taken chunk by chunk (Arrow "
+              "copied every chunk of a table together for each take); Parquet is written shard by shard from the "
+              "selections, never a whole split in memory; the z-statistics and plots run in a forked process "
+              "beside the Parquet writing.", ""]
     lines += ["## What changes in the release", ""]
     for r in results:
         ch = r.get("checks")
@@ -421,7 +455,42 @@ def speedup_report(work: Path) -> None:
                   "| config | rows, old | rows, new | rows in both | Jaccard |", "|---|---:|---:|---:|---:|"]
         for cfg, v in ch["configs_old_vs_new"].items():
             lines.append(f"| {cfg} | {v['old_rows']:,} | {v['new_rows']:,} | {v['shared']:,} | {v['jaccard']:.3f} |")
+        zs = {code: next((u.get("largest_z") for u in r["runs"] if u["code"] == code), None) for code in RUNS}
+        if all(zs.values()):
+            lines += ["", "Largest |z| left in each config (the card's figure, without `<null>`), old / new: " +
+                      ", ".join(f"{cfg} {zs['old'].get(cfg, float('nan')):.2f} / {zs['new'].get(cfg, float('nan')):.2f}"
+                                for cfg in ("original", "z_filtered", "z_aug", "par_z", "seq_z")) + "."]
+        if "configs_old_seed_42_vs_43" in ch:
+            lines += ["", "For scale: the old code with only the seed changed (`--seed 43` against the recipe's 42; the "
+                      "seed draws the hypothesis-only folds and the walk order) keeps these rows in common:", "",
+                      "| config | rows, seed 42 | rows, seed 43 | rows in both | Jaccard |", "|---|---:|---:|---:|---:|"]
+            for cfg, v in ch["configs_old_seed_42_vs_43"].items():
+                lines.append(f"| {cfg} | {v['old_rows']:,} | {v['new_rows']:,} | {v['shared']:,} | {v['jaccard']:.3f} |")
         lines.append("")
+    # the 10x build (550k + 5M rows) predicted from the new code's 1x and 2x builds (a straight line through
+    # their means: wall and memory grow linearly, see build_scale.md), and from the old code's measured 10x
+    # divided by the largest scale's ratio
+    by_scale = {r["scale"]: r for r in results}
+    measured = RESULTS / "build_scale.json"
+    old10 = next((u for u in json.loads(measured.read_text())["scales"] if u["scale"] == 10), None) \
+        if measured.exists() else None
+    if len(by_scale) >= 2:
+        (s1, r1), (s2, r2) = sorted(by_scale.items())[:2]
+        pred = {}
+        for key in ("wall_s", "peak_pss_mb"):
+            y1 = _mean([u[key] for u in r1["runs"] if u["code"] == "new"])
+            y2 = _mean([u[key] for u in r2["runs"] if u["code"] == "new"])
+            line = y1 + (y2 - y1) / (s2 - s1) * (10 - s1)
+            ratio = _mean([u[key] for u in r2["runs"] if u["code"] == "old"]) / y2
+            pred[key] = (line, old10[key] / ratio if old10 else None)
+        lines += ["## The 10x build (550k + 5M rows), predicted", "",
+                  f"A straight line through the new code's {s1}x and {s2}x means: **{pred['wall_s'][0]:,.0f} s** and "
+                  f"**{pred['peak_pss_mb'][0] / 1024:.1f} GB** peak PSS"
+                  + (f"; the old code's measured 10x ({old10['wall_s']:.0f} s, {old10['peak_pss_mb'] / 1024:.1f} GB, "
+                     f"build_scale.md) divided by the {s2}x ratios: **{pred['wall_s'][1]:,.0f} s** and "
+                     f"**{pred['peak_pss_mb'][1] / 1024:.1f} GB**" if old10 else "")
+                  + ". Both are predictions from a shared machine; the 10x build itself is "
+                  "`python benchmarks/bench_build_scale.py run --scale 10` on an otherwise idle one.", ""]
     loads = [u["load_average_at_end"][0] for r in results for u in r["runs"]]
     lines += [f"The machine (2 CPU cores) was shared with other jobs during these builds (1-minute load average "
               f"at the end of the builds: {min(loads):.1f} to {max(loads):.1f}), which slows old and new alike: "
@@ -547,6 +616,7 @@ def main(argv=None) -> int:
     c.add_argument("--scale", type=int, choices=SCALES, required=True)
     c.add_argument("--old", type=Path, required=True, help="a checkout of the old code (e.g. a git worktree)")
     c.add_argument("--rounds", type=int, default=2)
+    c.add_argument("--reseed", action="store_true", help="also build the old code with --seed 43 (row overlap reference)")
     sub.add_parser("speedup", help="write benchmarks/results/build_scale_speedup.{md,json}")
     for p in (g, r, s, pr, c, sub.choices["report"], sub.choices["speedup"]):
         p.add_argument("--data", type=Path, default=DATA)
@@ -561,7 +631,7 @@ def main(argv=None) -> int:
     elif args.cmd == "profile":
         print(profile_build(args.scale, args.data, args.work))
     elif args.cmd == "compare":
-        res = compare_scale(args.scale, args.data, args.work, args.old.resolve(), args.rounds)
+        res = compare_scale(args.scale, args.data, args.work, args.old.resolve(), args.rounds, args.reseed)
         print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
     elif args.cmd == "speedup":
         speedup_report(args.work)

@@ -201,13 +201,19 @@ def _walk(name: str):
 
 def _forked_walks(jobs: Mapping[str, tuple], processes: int):
     """``(name, outcome, seconds)`` of every walk, in the order given, each walked in a forked process
-    (the walks read only numpy arrays)."""
+    (the walks read only numpy arrays). A process that dies (killed, out of memory) stops the build with
+    an error instead of leaving it waiting."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     _WALKS.update(jobs)
     try:
-        with multiprocessing.get_context("fork").Pool(processes) as pool:
-            yield from pool.imap(_walk, list(jobs))
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
+            yield from pool.map(_walk, list(jobs))
+    except BrokenProcessPool as err:
+        raise RuntimeError(f"a z-filtering process ended without its result ({err}); out of memory? "
+                           "z_filter.num_proc: 1 walks one input at a time, in the build's process") from err
     finally:
         _WALKS.clear()
 
@@ -576,12 +582,19 @@ def _summaries(jobs: Sequence[tuple], task: TaskSpec, images: Path, top_k: int) 
     return summaries, time.perf_counter() - start
 
 
-# what the z-statistics process reads: set before it forks, so that it inherits it
-_STATS: dict = {}
+def _stats_process(conn, args: dict) -> None:
+    """The forked z-statistics process: sends back ``("ok", (summaries, seconds))`` or ``("error", exc)``."""
+    try:
+        conn.send(("ok", _summaries(**args)))
+    except BaseException as err:  # sent back to the build, which raises it
+        import traceback
 
-
-def _summaries_of_inherited() -> tuple[dict, float]:
-    return _summaries(**_STATS)
+        try:
+            conn.send(("error", err))
+        except Exception:  # an exception that does not pickle: its text
+            conn.send(("error", RuntimeError(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")))
+    finally:
+        conn.close()
 
 
 class _StatsJob:
@@ -590,30 +603,40 @@ class _StatsJob:
 
     def __init__(self, jobs, task, images, top_k, forked: bool):
         self.args = dict(jobs=jobs, task=task, images=images, top_k=top_k)
-        self.pool = self.pending = None
+        self.proc = self.conn = None
         if forked:
             import multiprocessing
 
-            _STATS.update(self.args)
-            try:
-                self.pool = multiprocessing.get_context("fork").Pool(1)
-            finally:
-                _STATS.clear()  # the fork has its copy
-            self.pending = self.pool.apply_async(_summaries_of_inherited)
+            ctx = multiprocessing.get_context("fork")  # the process inherits the rows and features: nothing pickled
+            self.conn, child = ctx.Pipe(duplex=False)
+            self.proc = ctx.Process(target=_stats_process, args=(child, self.args), daemon=True)
+            self.proc.start()
+            child.close()
 
     def result(self) -> tuple[dict, float]:
-        if self.pool is None:
+        if self.proc is None:
             return _summaries(**self.args)
         try:
-            return self.pending.get()
+            try:
+                kind, payload = self.conn.recv()
+            except EOFError:
+                self.proc.join()
+                raise RuntimeError(f"the z-statistics process ended without its result (exit code "
+                                   f"{self.proc.exitcode}); out of memory? z_filter.num_proc: 1 computes them "
+                                   "in the build's process") from None
+            if kind == "error":
+                raise payload
+            return payload
         finally:
             self.stop()
 
     def stop(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.terminate()
+            self.proc.join()
+            self.conn.close()
+            self.proc = None
 
 
 def templates_dir() -> Path:

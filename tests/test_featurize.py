@@ -1,6 +1,7 @@
 """The build's feature stage: chunks of text in, integer ids out; the hypothesis-only model fitted on
 D0 alone (Wu et al. 2022, Table 11: "We train a hypothesis-only model on the original dataset")."""
 import json
+import os
 from pathlib import Path
 
 import datasets
@@ -204,3 +205,17 @@ def test_the_walks_over_the_new_rows_give_the_same_configs_in_processes_or_one_a
         assert a.params == b.params
         assert materialize(a.kept).data.table.equals(materialize(b.kept).data.table)
         assert materialize(a.rejected).data.table.equals(materialize(b.rejected).data.table)
+
+
+def _dies(name):
+    os._exit(3)
+
+
+def test_a_walk_process_that_dies_stops_the_build_with_an_error(d0_dg, monkeypatch):
+    from debiased_nli import release
+
+    d0, dg = d0_dg
+    feats = featurize_build(d0, dg, "snli", progress=False)
+    monkeypatch.setattr(release, "_walk", _dies)  # the forked processes inherit it
+    with pytest.raises(RuntimeError, match="z-filtering process ended without its result"):
+        release.compose(d0, dg, "snli", features=(feats.d0, feats.dg), batch_size=100, progress=False, num_proc=2)

@@ -106,6 +106,18 @@ def test_walks_and_statistics_in_processes_write_the_same_release(tmp_path, shar
         load_recipe({**recipe, "z_filter": {"num_proc": 0}})
 
 
+def test_a_statistics_process_that_dies_leaves_no_release(tmp_path, monkeypatch):
+    import os
+
+    from debiased_nli import release
+
+    monkeypatch.setattr(release, "_summaries", lambda **kw: os._exit(3))  # the forked process inherits it
+    recipe = {**yaml.safe_load((ROOT / "builders/demo.yaml").read_text()), "z_filter": {"num_proc": 2}}
+    with pytest.raises(RuntimeError, match="z-statistics process ended without its result"):
+        build(recipe, tmp_path / "rel", progress=False)
+    assert not (tmp_path / "rel").exists() and not list(tmp_path.glob(".rel*tmp*"))
+
+
 def test_bad_recipes_and_names(tmp_path):
     with pytest.raises(ConfigError, match="unknown recipe key 'z_filtr'.*Did you mean 'z_filter'"):
         load_recipe({"task": "demo", "z_filtr": {}})
