@@ -503,14 +503,14 @@ def content_uids(table: pa.Table, label_names: Sequence[str], prefix: str = "", 
     200,000 rows or more); the uids are the same."""
     import multiprocessing
 
+    from .processes import can_fork, usable_cpus
+
     jobs = [(a, min(a + chunk_rows, table.num_rows)) for a in range(0, table.num_rows, chunk_rows)]
     if num_proc == "auto":
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        num_proc = min(4, cpus) if table.num_rows >= 200_000 else 1
+        num_proc = min(4, usable_cpus()) if table.num_rows >= 200_000 else 1
     _UID_WORK.update(table=table.select([0, 1, 2]), names=list(label_names), prefix=prefix)
     try:
-        if not num_proc or int(num_proc) <= 1 or len(jobs) <= 1 or \
-                "fork" not in multiprocessing.get_all_start_methods():
+        if not num_proc or int(num_proc) <= 1 or len(jobs) <= 1 or not can_fork():
             parts = list(map(_uid_chunk, jobs))
         else:
             with multiprocessing.get_context("fork").Pool(int(num_proc)) as pool:

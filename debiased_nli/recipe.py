@@ -378,6 +378,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     from .release import ConfigData, compose, write_release
 
     from .hypothesis_only import transformer_params
+    from .processes import return_free_memory
 
     recipe = load_recipe(recipe, profile)
     if isinstance(recipe["features"]["hypothesis_only"], Mapping):
@@ -466,6 +467,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         hyp, matrices, by_part = feats.hypothesis_only, (feats.d0, feats.dg), feats.seconds
     else:
         raise ConfigError(f"features.storage must be 'chunked' or 'columns', not {feat_cfg['storage']!r}")
+    return_free_memory()  # the feature stage's temporaries, before the walks fork (see processes.py)
     if hyp:
         counts["hypothesis_only_accuracy"] = round(hyp.accuracy, 4)
     stage("features", clock, detail=", ".join(task.features), counts=counts,
@@ -487,6 +489,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     results = compose(d0, dg, task, top_k=zc["top_k"], batch_size=zc["batch_size"], seed=seed_,
                       p0=zc["p0"], configs=wanted, progress=progress, features=matrices,
                       seconds=z_seconds, num_proc=zc["num_proc"]) if wanted != [] else {}
+    return_free_memory()
     configs: list[ConfigData] = []
     if "z_filtered" in results and (wanted is None or "z_filtered" in wanted):
         r = results["z_filtered"]

@@ -39,6 +39,7 @@ from .data import PROVENANCE_COLUMNS, labels_of, materialize
 from .errors import ConfigError
 from .outputs import (TOOL, WRITTEN_BY_KEY, check_target, clean_stale, is_release_folder, lock_target,
                       replace_folder, temp_folder, write_error)
+from .processes import can_fork, freeze_gc, return_free_memory, unfreeze_gc, usable_cpus
 from .features import FeatureMatrix, build_feature_matrices, build_feature_matrix
 from .tasks import TaskSpec, get_task
 from .zfilter import MIN_BATCHES, REJECTED_BY, ZFilterResult, batch_size_for, z_filter_matrix, z_filter_result
@@ -118,7 +119,7 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
         if note:
             warnings.warn(f"z-filtering {task.name!r}: {note}", stacklevel=3)
         walk = ((fm, labels, task.num_labels), dict(seed_fm=seed_fm, seed_labels=seed_labels, batch_size=used,
-                                                    top_k=top_k, seed=seed, p0=p0))
+                                                    top_k=top_k, seed=seed, p0=p0, keep_counts=False))
         walks[name] = (ds, seed_ds, allow_empty, used, note, walk)
 
     def finish(name, outcome, walk_seconds):
@@ -157,7 +158,7 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
                 start = time.perf_counter()
                 finish(name, z_filter_matrix(*fm_args, **fm_kw, progress=progress), time.perf_counter() - start)
         else:
-            with tqdm(total=len(later) * len(labels_g), desc=f"z-filtering ({len(later)} walks at once)",
+            with tqdm(total=len(later) * len(labels_g), desc=f"z-filtering ({processes} walks at once)",
                       unit="rows", disable=not progress) as bar:
                 for name, outcome, walk_seconds in _forked_walks({n: walks[n][-1] for n in later}, processes):
                     finish(name, outcome, walk_seconds)
@@ -175,20 +176,14 @@ _WALKS: dict = {}
 PARALLEL_MIN_ROWS = 100_000
 
 
-def _usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def _processes(num_proc: "int | str | None", n_jobs: int, rows: int) -> int:
     """How many forked processes do ``n_jobs`` independent jobs over ``rows`` rows: ``"auto"`` is one per
     job where 2 CPUs or more are usable and there are :data:`PARALLEL_MIN_ROWS` rows or more (3 walks on
     2 CPUs take 1.5 walks' time, not 2); 1 (in this process) otherwise, or where processes cannot be forked."""
-    import multiprocessing
-
-    if n_jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    if n_jobs <= 1 or not can_fork():
         return 1
     if num_proc == "auto":
-        return n_jobs if _usable_cpus() >= 2 and rows >= PARALLEL_MIN_ROWS else 1
+        return n_jobs if usable_cpus() >= 2 and rows >= PARALLEL_MIN_ROWS else 1
     return min(int(num_proc or 1), n_jobs)
 
 
@@ -200,21 +195,30 @@ def _walk(name: str):
 
 
 def _forked_walks(jobs: Mapping[str, tuple], processes: int):
-    """``(name, outcome, seconds)`` of every walk, in the order given, each walked in a forked process
-    (the walks read only numpy arrays). A process that dies (killed, out of memory) stops the build with
-    an error instead of leaving it waiting."""
+    """``(name, outcome, seconds)`` of every walk, in the order given, ``processes`` at a time: the last
+    walk in this process (which would otherwise wait, and gets its outcome without copying it through a
+    pipe), the others in forked ones (the walks read only numpy arrays). A process that dies (killed, out
+    of memory) stops the build with an error instead of leaving it waiting."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    names = list(jobs)
     _WALKS.update(jobs)
+    return_free_memory()  # see processes.py: what the build does meanwhile should not copy shared pages
+    freeze_gc()
     try:
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
-            yield from pool.map(_walk, list(jobs))
+        with ProcessPoolExecutor(processes - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+            forked = [pool.submit(_walk, name) for name in names[:-1]]
+            own = _walk(names[-1])
+            for future in forked:
+                yield future.result()
+            yield own
     except BrokenProcessPool as err:
         raise RuntimeError(f"a z-filtering process ended without its result ({err}); out of memory? "
                            "z_filter.num_proc: 1 walks one input at a time, in the build's process") from err
     finally:
+        unfreeze_gc()
         _WALKS.clear()
 
 
@@ -610,6 +614,8 @@ class _StatsJob:
             ctx = multiprocessing.get_context("fork")  # the process inherits the rows and features: nothing pickled
             self.conn, child = ctx.Pipe(duplex=False)
             self.proc = ctx.Process(target=_stats_process, args=(child, self.args), daemon=True)
+            return_free_memory()  # see processes.py: the Parquet writing should not copy shared pages
+            freeze_gc()
             self.proc.start()
             child.close()
 
@@ -637,6 +643,7 @@ class _StatsJob:
             self.proc.join()
             self.conn.close()
             self.proc = None
+            unfreeze_gc()
 
 
 def templates_dir() -> Path:

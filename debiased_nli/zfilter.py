@@ -42,7 +42,7 @@ from .data import labels_of, materialize
 from .errors import ConfigError, EmptyResultError
 from .features import FeatureMatrix, build_feature_matrices
 from .tasks import TaskSpec, get_task
-from .zstats import resolve_p0
+from .zstats import count_matrix, resolve_p0
 
 REJECTED_BY = "rejected_by"
 
@@ -53,10 +53,10 @@ class ZFilterOutcome:
 
     kept: np.ndarray            # input positions kept, in the order they were added to Z
     rejected: np.ndarray        # input positions rejected, in walk order
-    rejected_by_ids: np.ndarray     # the feature ids that rejected each rejected row, concatenated...
+    rejected_by_ids: np.ndarray     # the feature ids (int32) that rejected each rejected row, concatenated...
     rejected_by_indptr: np.ndarray  # ...row r's are rejected_by_ids[indptr[r]:indptr[r+1]]
-    batch_of: np.ndarray        # batch number of every input position
-    counts: np.ndarray          # final counts of Z (features x labels), seed included
+    batch_of: np.ndarray        # batch number (int32) of every input position
+    counts: np.ndarray | None   # final counts of Z (features x labels), seed included; None if not kept
     n_batches: int
     full_rankings: int          # how often the top-k needed a full ranking (diagnostic)
 
@@ -157,11 +157,13 @@ class _TopK:
 def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, top_k: int = 20,
                     batch_size: int = 1000, seed: int | None = 0, seed_fm: FeatureMatrix | None = None,
                     seed_labels: np.ndarray | None = None, p0="uniform", order: np.ndarray | None = None,
-                    progress: bool = True, cache: int = 2048, min_z: float = 0.0) -> ZFilterOutcome:
+                    progress: bool = True, cache: int = 2048, min_z: float = 0.0,
+                    keep_counts: bool = True) -> ZFilterOutcome:
     """Algorithm 1 over a feature matrix. ``seed_fm``/``seed_labels`` start Z from a seed set.
 
     ``order`` fixes the walk order (input positions); otherwise the rows are shuffled with ``seed``
-    (``seed=None`` keeps the input order).
+    (``seed=None`` keeps the input order). ``keep_counts=False`` leaves the final counts out of the
+    outcome (features x labels: 84 MB for 3.5M features; the build does not read them).
     """
     from tqdm.auto import tqdm
 
@@ -178,8 +180,7 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
             raise ConfigError("the seed set's feature matrix must share the input's vocabulary "
                               "(build both with build_feature_matrices)")
         sl = np.asarray(seed_labels, dtype=np.int64)
-        keys = seed_fm.indices.astype(np.int64) * K + np.repeat(sl, np.diff(seed_fm.indptr))
-        counts += np.bincount(keys, minlength=V * K).reshape(V, K)
+        counts += count_matrix(seed_fm, sl, K)  # in blocks of rows: small temporaries
         seed_label_counts = np.bincount(sl, minlength=K)
     if isinstance(p0, str) and p0 == "prior":
         # the prior of the full input (plus seed); fixed for the whole walk
@@ -200,7 +201,7 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
     kept_parts, rej_parts, rej_ids, rej_lens = [], [], [], []
     last = np.empty(V, np.int64)  # scratch: the features a batch touched, found without a pass over V
     flat_counts = counts.reshape(-1)
-    batch_of = np.empty(n, np.int64)
+    batch_of = np.empty(n, np.int32)
     n_batches = (n + batch_size - 1) // batch_size
     bar = tqdm(total=n, desc="z-filtering", unit="rows", disable=not progress)
     for b in range(n_batches):
@@ -225,7 +226,7 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
         rej_local = np.flatnonzero(row_hit)
         if len(rej_local):
             # entries are grouped by row, so the hits of the rejected rows come out in their order
-            rej_ids.append(feats[hit])
+            rej_ids.append(feats[hit].astype(np.int32))  # vocabulary ids, as the matrix stores them
             rej_lens.append(np.bincount(entry_row[hit] - lo, minlength=hi - lo)[rej_local])
         rej_parts.append(order[lo + rej_local])
         kept_parts.append(order[lo + keep_local])
@@ -248,8 +249,9 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
     lens = np.concatenate(rej_lens) if rej_lens else np.zeros(0, np.int64)
     indptr = np.zeros(len(lens) + 1, np.int64)
     np.cumsum(lens, out=indptr[1:])
-    ids = np.concatenate(rej_ids) if rej_ids else np.zeros(0, np.int64)
-    return ZFilterOutcome(kept, rejected, ids, indptr, batch_of, counts, n_batches, topk.full_rankings)
+    ids = np.concatenate(rej_ids) if rej_ids else np.zeros(0, np.int32)
+    return ZFilterOutcome(kept, rejected, ids, indptr, batch_of, counts if keep_counts else None, n_batches,
+                          topk.full_rankings)
 
 
 @dataclasses.dataclass
