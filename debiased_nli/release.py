@@ -136,7 +136,7 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
     need_z0 = wanted is None or wanted & {"z_filtered", "par_z", "seq_z"}
     if need_z0:
         plan("z_filtered", d0, fm0, labels0, allow_empty=False)
-        (fm_args, fm_kw) = walks["z_filtered"][-1]
+        fm_args, fm_kw = walks["z_filtered"][-1]
         start = time.perf_counter()
         finish("z_filtered", z_filter_matrix(*fm_args, **fm_kw, progress=progress), time.perf_counter() - start)
     if has_new:
@@ -154,7 +154,7 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
         processes = _processes(num_proc, len(later), len(labels_g))
         if processes <= 1:
             for name in later:
-                (fm_args, fm_kw) = walks[name][-1]
+                fm_args, fm_kw = walks[name][-1]
                 start = time.perf_counter()
                 finish(name, z_filter_matrix(*fm_args, **fm_kw, progress=progress), time.perf_counter() - start)
         else:
