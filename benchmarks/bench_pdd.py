@@ -1,0 +1,306 @@
+"""PDD's perturbation path, old engines against new, on real requests of the tau' = 4.52 run (issue 10).
+
+    python benchmarks/bench_pdd.py [--blocks 4] [--block-size 40] [--rounds 2] [--threads 2]
+
+The requests are those of the committed real run (benchmarks/pdd_run.py, tau' = 4.52 on the 20k SNLI
+sample): ``--blocks`` blocks of ``--block-size`` consecutive entries of its checkpoint
+(``<run>/work/perturbations.cache.jsonl``, in the order the run computed them), spread evenly over the
+file, whose source row is an input row (rows made by PDD itself are skipped: their text is not in the
+input). Each request is rebuilt exactly as the run built it (same key, seed, fold, hypothesis-only
+model, masking ratios, prompt words) and perturbed in batches of one block (the walk's batch of 32 plus
+speculation) by two perturbers sharing the real stand-in models (MiniLM masked LM, MiniLM teacher):
+
+- old: ``engine="padded"``, the straightforward forward passes (batches sorted by character length and
+  padded to their longest), as the committed run used them;
+- new: ``engine="auto"`` (packed: no padding, last layer only where it is read; encoder.py).
+
+Old and new alternate per block (ABBA), so drift in the load of the shared machine hits both. The
+speed-up is a ratio of times measured in the same run. Equality: the candidates (fill + containment)
+must be identical; the teacher's choice of every request is compared, confidences to the 6 decimals
+the log keeps; both against each other and against the committed run's results. Then the walk-level
+saving of the new ``Algorithm1._ensure`` (the teacher never scores a perturbation that is not applied)
+is counted from the committed run: the survivors of the checkpointed results that no operation used.
+And the near-tie count: operations of the whole run whose two best candidates are closer than the
+largest confidence difference seen here (the only ones whose choice rounding could flip).
+Writes benchmarks/results/pdd_bench.{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS, SHARED_DATA, machine  # noqa: E402
+
+RUN = Path(os.environ.get("PDD_BENCH_RUN", Path.home() / "runs" / "pdd" / "tau4.52"))
+TEACHER = Path(os.environ.get("PDD_TEACHER", Path.home() / "runs" / "pdd" / "teacher"))
+MLM = Path(os.environ.get("PDD_MLM", Path.home() / ".cache" / "debiased-nli" / "models" / "minilm-mlm-pdd-standin"))
+SNLI = SHARED_DATA / "snli" / "train_sample.parquet"
+
+
+def _read_cache(path: Path) -> list[dict]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return out
+
+
+def _chosen(res: dict, label_name: str, method: str):
+    from debiased_nli.pdd.algorithm import choose
+
+    if res["status"] != "ok":
+        return None
+    return choose(res, set(), label_name, method)[0]
+
+
+def setup(meta: dict):
+    """The input rows, the featurizer and prompt words exactly as the committed run built them."""
+    from debiased_nli.data import labels_of, load_task
+    from debiased_nli.pdd.algorithm import PairFeaturizer
+    from debiased_nli.pdd.hyponly import HypothesisOnlyFolds
+    from debiased_nli.pdd.step import _fingerprint
+    from debiased_nli.tasks import get_task
+
+    task = get_task("snli")
+    ds = load_task(task, data_files=str(SNLI)).dataset
+    fp = _fingerprint(ds)
+    if fp != meta["input"]["input"]:
+        raise SystemExit(f"the input rows differ from the committed run's ({fp} != {meta['input']['input']})")
+    params = meta["params"]
+    cols = ds.select_columns(["premise", "hypothesis", "uid"]).to_dict()
+    labels = labels_of(ds)
+    hy = HypothesisOnlyFolds(task.labels, folds=params["hypo_only_folds"], seed=params["seed"])
+    hy.fit(cols["premise"], cols["hypothesis"], labels)
+    feat = PairFeaturizer(task.labels, params["families"], params["overlap_feature"], params["overlap_extractor"], hy)
+    rows = {u: (p, h, int(l), int(f)) for u, p, h, l, f in zip(cols["uid"], cols["premise"], cols["hypothesis"],
+                                                               labels, hy.fold_of)}
+    return task, feat, rows, params
+
+
+def build_requests(entries, rows, params):
+    from debiased_nli.pdd.algorithm import PerturbRequest, derive_seed, family_of
+
+    out = []
+    for e in entries:
+        sweep, feature, uid, case, pass_ = e["key"].split("|")
+        if uid not in rows:
+            continue  # a row PDD made: its text is not in the input
+        p, h, label, fold = rows[uid]
+        out.append((PerturbRequest(e["key"], feature, family_of(feature, params["overlap_feature"]), case, p, h,
+                                   label, fold, derive_seed(params["seed"], e["key"])), e["result"]))
+    return out
+
+
+def compare(a: dict, b: dict, label_name: str, method: str) -> dict:
+    ca = [(c["premise"], c["hypothesis"], c["rejected_by"]) for c in a["candidates"]]
+    cb = [(c["premise"], c["hypothesis"], c["rejected_by"]) for c in b["candidates"]]
+    conf = [(x["confidence"], y["confidence"]) for x, y in zip(a["candidates"], b["candidates"])
+            if x["confidence"] is not None and y["confidence"] is not None]
+    return {"candidates_equal": ca == cb and a["masked_prompt"] == b["masked_prompt"] and a["status"] == b["status"],
+            "chosen_equal": _chosen(a, label_name, method) == _chosen(b, label_name, method),
+            "confidences": len(conf), "confidences_equal": sum(x == y for x, y in conf),
+            "max_abs_diff": max((abs(x - y) for x, y in conf), default=0.0)}
+
+
+def walk_saving(run: Path, cache: list[dict]) -> dict:
+    """From the committed run: results computed ahead and never applied (their teacher work is what
+    the new walk no longer does), in perturbations and in scored candidates."""
+    import pyarrow.parquet as pq
+
+    from debiased_nli.pdd.algorithm import op_key
+
+    log = pq.read_table(run / "work" / "perturbations.parquet",
+                        columns=["sweep", "feature", "source_uid", "case", "pass"]).to_pylist()
+    used = {op_key(e["sweep"], e["feature"], e["source_uid"], e["case"], e["pass"]) for e in log}
+    surv = lambda res: sum(c["confidence"] is not None for c in res["candidates"])  # noqa: E731
+    total = sum(surv(e["result"]) for e in cache)
+    unused = [e for e in cache if e["key"] not in used]
+    saved = sum(surv(e["result"]) for e in unused)
+    return {"checkpointed": len(cache), "applied": len(used), "unused": len(unused),
+            "survivors_scored": total, "survivors_of_unused": saved,
+            "teacher_work_saved": round(saved / total, 4) if total else 0.0}
+
+
+def near_ties(cache: list[dict], eps: float) -> dict:
+    """Operations of the whole run whose best two surviving candidates are within ``eps`` (6-decimal
+    confidences): the only ones whose choice a float difference of at most ``eps`` could change."""
+    n, close = 0, 0
+    for e in cache:
+        conf = sorted((c["confidence"] for c in e["result"]["candidates"] if c["confidence"] is not None), reverse=True)
+        if len(conf) >= 2:
+            n += 1
+            close += conf[0] - conf[1] <= eps
+    return {"operations_with_2_or_more_survivors": n, "eps": eps, "within_eps": close}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=2, help="passes over the blocks (each block: old, new or new, old)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(RESULTS / "pdd_bench"), help="writes OUT.json and OUT.md")
+    args = ap.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from debiased_nli.pdd.algorithm import Perturber
+    from debiased_nli.pdd.fill import MaskFiller
+    from debiased_nli.pdd.teacher import Teacher
+
+    torch.set_num_threads(args.threads)
+    meta = json.loads((RUN / "work" / "run.json").read_text())
+    t0 = time.perf_counter()
+    task, feat, rows, params = setup(meta)
+    cache = _read_cache(RUN / "work" / "perturbations.cache.jsonl")
+    starts = [int(i * (len(cache) - args.block_size) / max(1, args.blocks - 1)) for i in range(args.blocks)]
+    blocks = [build_requests(cache[s:s + args.block_size], rows, params) for s in starts]
+    setup_s = time.perf_counter() - t0
+
+    mlm, mlm_tok = AutoModelForMaskedLM.from_pretrained(str(MLM)), AutoTokenizer.from_pretrained(str(MLM))
+    clf, clf_tok = AutoModelForSequenceClassification.from_pretrained(str(TEACHER)), AutoTokenizer.from_pretrained(str(TEACHER))
+    tmax = meta["models"]["teacher"]["max_length"]
+    words = params["prompt_words"]
+    make = lambda engine: Perturber(task.labels, feat,  # noqa: E731
+                                    MaskFiller(mlm, mlm_tok, candidates=meta["models"]["filler"]["candidates"],
+                                               batch_size=32, max_length=256, engine=engine),
+                                    Teacher(clf, task.labels, tokenizer=clf_tok, batch_size=64, max_length=tmax,
+                                            engine=engine), words, params["ratios"])
+    paths = {"old": make("padded"), "new": make("auto")}
+    engines = {k: {"teacher": p.teacher.engine, "fill": p.filler.engine} for k, p in paths.items()}
+    # warm-up (first-call allocations), not timed
+    for p in paths.values():
+        p.perturb([r for r, _ in blocks[0][:4]])
+        p.seconds = dict.fromkeys(p.seconds, 0.0)
+    wall = {"old": 0.0, "new": 0.0}
+    results: dict[str, dict[str, dict]] = {"old": {}, "new": {}}
+    for rnd in range(args.rounds):
+        for b, block in enumerate(blocks):
+            reqs = [r for r, _ in block]
+            order = ("old", "new") if (rnd + b) % 2 == 0 else ("new", "old")
+            for name in order:
+                t = time.perf_counter()
+                out = paths[name].perturb(reqs)
+                wall[name] += time.perf_counter() - t
+                if rnd == 0:
+                    results[name].update({r.key: res for r, res in zip(reqs, out)})
+            print(f"round {rnd} block {b}: old {wall['old']:.1f} s, new {wall['new']:.1f} s so far", flush=True)
+
+    committed = {r.key: res for block in blocks for r, res in block}
+    reqs = {r.key: r for block in blocks for r, _ in block}
+    cmp = {}
+    for a, b in (("new", "old"), ("old", "committed"), ("new", "committed")):
+        A = results[a] if a != "committed" else committed
+        B = results[b] if b != "committed" else committed
+        rows_ = [compare(A[k], B[k], task.labels[reqs[k].label], f"pdd:{reqs[k].feature}:{reqs[k].case}") for k in reqs]
+        cmp[f"{a}_vs_{b}"] = {
+            "requests": len(rows_), "candidates_equal": sum(r["candidates_equal"] for r in rows_),
+            "chosen_equal": sum(r["chosen_equal"] for r in rows_),
+            "confidences": sum(r["confidences"] for r in rows_),
+            "confidences_equal_6_decimals": sum(r["confidences_equal"] for r in rows_),
+            "max_abs_confidence_diff": round(max((r["max_abs_diff"] for r in rows_), default=0.0), 7)}
+    secs = {k: {s: round(v, 2) for s, v in p.seconds.items()} for k, p in paths.items()}
+    n_req = sum(len(b) for b in blocks)
+    n_cand = sum(sum(c["confidence"] is not None for c in res["candidates"]) for res in results["new"].values())
+    ratio = lambda k: round(secs["old"][k] / secs["new"][k], 3) if secs["new"][k] else None  # noqa: E731
+    saving = walk_saving(RUN, cache)
+    eps = max(c["max_abs_confidence_diff"] for c in cmp.values())
+    out = {
+        "command": "python benchmarks/bench_pdd.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {**machine(), "threads": args.threads, "torch": torch.__version__,
+                    "shared": "another long job (an IBADR run) and other short jobs used the same 2 cores"},
+        "run": str(RUN), "requests": n_req, "survivors_scored_per_round": n_cand, "rounds": args.rounds,
+        "blocks": [{"start": s, "requests": len(b), "families": sorted({r.family for r, _ in b})}
+                   for s, b in zip(starts, blocks)],
+        "engines": engines, "seconds": secs, "wall": {k: round(v, 2) for k, v in wall.items()},
+        "ratio": {"teacher": ratio("teacher"), "fill": ratio("fill"),
+                  "perturb_wall": round(wall["old"] / wall["new"], 3) if wall["new"] else None},
+        "equality": cmp, "walk_saving": saving, "near_ties": near_ties(cache, eps), "setup_seconds": round(setup_s, 1),
+    }
+    # projection onto the committed run: its stage seconds, split as measured there (teacher 73%, fill 19%)
+    rep = json.loads((RUN / "pdd.json").read_text())
+    s2 = rep["seconds"]
+    stage_s = sum(json.loads(l)["seconds"] for l in (RUN / "stages.jsonl").read_text().splitlines() if l.strip())
+    share_t, share_f = s2["teacher"] / s2["total"], s2["fill"] / s2["total"]
+    rest = 1 - share_t - share_f
+    proj = stage_s * (share_t * (1 - saving["teacher_work_saved"]) / out["ratio"]["teacher"]
+                      + share_f / out["ratio"]["fill"] + rest)
+    out["projection"] = {"committed_stage_seconds": round(stage_s, 1), "teacher_share": round(share_t, 3),
+                         "fill_share": round(share_f, 3), "projected_seconds": round(proj, 0)}
+    Path(args.out + ".json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    Path(args.out + ".md").write_text(render(out))
+    print(json.dumps({k: out[k] for k in ("ratio", "wall", "projection")}, indent=1))
+    print(json.dumps(cmp, indent=1))
+    return 0
+
+
+def render(o: dict) -> str:
+    e = o["equality"]
+    nv, oc, nc = e["new_vs_old"], e["old_vs_committed"], e["new_vs_committed"]
+    s, w, p = o["seconds"], o["walk_saving"], o["projection"]
+    nt = o["near_ties"]
+    L = ["# PDD perturbations: old engines against new, on the real tau' = 4.52 workload", "",
+         f"Command: `{o['command'].strip()}` ({o['machine']['cpus']} CPUs, {o['machine']['threads']} torch threads, "
+         f"torch {o['machine']['torch']}). **The machine was shared**: {o['machine']['shared']}, so absolute "
+         "times are inflated and noisy; the figures that matter are the ratios, old and new timed in the same run, "
+         "alternating block by block.", "",
+         f"{o['requests']} requests of the committed run (`{o['run']}`): {len(o['blocks'])} blocks of consecutive "
+         f"checkpoint entries at offsets {', '.join(str(b['start']) for b in o['blocks'])} (families: "
+         f"{', '.join(sorted({f for b in o['blocks'] for f in b['families']}))}), rebuilt with the run's keys, seeds, "
+         f"folds and models (MiniLM masked-LM stand-in, MiniLM teacher at max length 64), each block perturbed as one "
+         f"batch, {o['rounds']} rounds; {o['survivors_scored_per_round']:,} candidates scored by the teacher per round.", "",
+         "| | old (`padded`) | new (`" + o["engines"]["new"]["teacher"] + "` teacher, `" + o["engines"]["new"]["fill"]
+         + "` fill) | ratio old / new |", "|---|---:|---:|---:|",
+         f"| teacher (s) | {s['old']['teacher']} | {s['new']['teacher']} | **{o['ratio']['teacher']}** |",
+         f"| masked-LM fill (s) | {s['old']['fill']} | {s['new']['fill']} | **{o['ratio']['fill']}** |",
+         f"| masking + containment (s) | {round(s['old']['mask'] + s['old']['containment'], 2)} | "
+         f"{round(s['new']['mask'] + s['new']['containment'], 2)} | |",
+         f"| whole perturbation, wall (s) | {o['wall']['old']} | {o['wall']['new']} | **{o['ratio']['perturb_wall']}** |",
+         "", "## Equality", "",
+         f"- new vs old: candidates (fill + containment) identical for {nv['candidates_equal']} of {nv['requests']} "
+         f"requests; the teacher's choice identical for {nv['chosen_equal']} of {nv['requests']}; "
+         f"{nv['confidences_equal_6_decimals']} of {nv['confidences']} confidences equal to 6 decimals, largest "
+         f"difference {nv['max_abs_confidence_diff']:.1e}.",
+         f"- old vs the committed run: candidates identical {oc['candidates_equal']}/{oc['requests']}, choices "
+         f"{oc['chosen_equal']}/{oc['requests']}, confidences {oc['confidences_equal_6_decimals']}/{oc['confidences']} "
+         f"(largest difference {oc['max_abs_confidence_diff']:.1e}: the committed run batched differently, so its "
+         "padding, and with it the last bits, differed).",
+         f"- new vs the committed run: candidates {nc['candidates_equal']}/{nc['requests']}, choices "
+         f"{nc['chosen_equal']}/{nc['requests']}, confidences {nc['confidences_equal_6_decimals']}/{nc['confidences']} "
+         f"(largest difference {nc['max_abs_confidence_diff']:.1e}).",
+         f"- Whole run: of the {nt['operations_with_2_or_more_survivors']:,} checkpointed perturbations with two or "
+         f"more surviving candidates, {nt['within_eps']} have their best two within {nt['eps']:.1e} (the largest "
+         "difference seen above), the only ones whose choice float rounding of that size could change.", "",
+         "## The walk: no teacher pass for perturbations that are not applied", "",
+         f"In the committed run {w['unused']:,} of the {w['checkpointed']:,} checkpointed perturbations were computed "
+         f"ahead (speculation, plans cut short by a failure) and never applied; their {w['survivors_of_unused']:,} "
+         f"surviving candidates are {100 * w['teacher_work_saved']:.1f}% of the {w['survivors_scored']:,} the teacher "
+         "scored. The new walk prepares them (mask, fill, containment) but scores only what it applies, so that "
+         "share of the teacher's work is gone as well (counted, not timed).", "",
+         "## Projection for the full run", "",
+         f"The committed tau' = 4.52 run took {p['committed_stage_seconds']:.0f} s of stages, the teacher "
+         f"{100 * p['teacher_share']:.0f}% and the fill {100 * p['fill_share']:.0f}% of it (its second stage's split). "
+         f"With the ratios above and the walk's saving: about **{p['projected_seconds']:.0f} s** "
+         "(teacher / ratio x (1 - saving) + fill / ratio + the rest unchanged), to be confirmed by the rerun.", ""]
+    return "\n".join(L) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
