@@ -30,10 +30,10 @@ order; at the first failure the rest of the plan is re-planned from the real cou
 computed are reused, since they are pure). The rows perturbed and the output are exactly those of the
 one-by-one walk (:func:`reference_reduce_feature`, the slow obvious version that recounts x over all
 of D after every operation, agrees operation for operation in the tests).
-The teacher, most of the time on CPU, scores only what is applied: a batch is first *prepared*
-(masking, fill, containment check), and the teacher scores the planned operations up to the first one
-that fails whatever the teacher says (no candidate survived the containment check, ...); the others,
-and the speculative requests, wait prepared until a later plan reaches them (``Algorithm1._ensure``).
+The teacher, most of the time on CPU, scores only planned operations: a batch is first *prepared*
+(masking, fill, containment check), and the teacher scores the plan's requests; the speculative ones
+wait prepared until a later plan reaches them, and are never scored if none does
+(``Algorithm1._ensure``).
 The cache is also the checkpoint: complete results are appended to
 ``<work_dir>/perturbations.cache.jsonl`` as it grows; a rerun replays the bookkeeping (seconds) and
 perturbs only what is missing, so an interrupted run continues where it stopped.
@@ -210,11 +210,6 @@ class Prepared:
     result: dict
     survivors: list
 
-    @property
-    def certain_failure(self) -> bool:
-        """True when the operation fails whatever the teacher says (nothing masked, truncated, no survivor)."""
-        return self.result["reason"] is not None
-
 
 class Perturber:
     """Turn requests into results: the masked prompt, every candidate with its teacher confidence or
@@ -222,8 +217,8 @@ class Perturber:
 
     ``perturb`` = ``prepare`` (masking, fill, containment check) then ``score`` (one teacher pass over the
     survivors of every request given, identical candidate texts scored once). The walk calls the two
-    halves separately so that the teacher never scores an operation that is not applied (see
-    :meth:`Algorithm1._ensure`)."""
+    halves separately so that speculative requests reach the teacher only once a plan includes them
+    (see :meth:`Algorithm1._ensure`)."""
 
     def __init__(self, labels: Sequence[str], featurizer: PairFeaturizer, filler, teacher,
                  prompt_words: Mapping[str, str], ratios: Mapping[str, float] | None = None):
@@ -524,7 +519,7 @@ class Algorithm1:
         self.discarded = 0         # results computed ahead and then not used
         self.n_applied = self.n_failed = 0   # the failure rate that sizes the speculation
         self._prepared: dict[str, Prepared] = {}   # prepared, not yet scored by the teacher (see _ensure)
-        self.never_scored = 0      # prepared results dropped at the end of their pass without a teacher pass
+        self.never_scored = 0      # prepared (speculatively) and dropped at the end of their pass, never scored
         self.progress = progress
         self._bar = None
 
@@ -539,29 +534,19 @@ class Algorithm1:
         return dataclasses.replace(req, seed=derive_seed(self.cfg.seed, req.key))
 
     def _ensure(self, plan: Sequence[PerturbRequest], spec: Sequence[PerturbRequest] = ()) -> None:
-        """Make the results the walk is about to apply available in the cache.
+        """Make the results of the planned operations available (complete) in the cache.
 
         Every request of ``plan`` and ``spec`` not yet computed is prepared (masking, fill, containment)
-        in one batch. The teacher then scores only the planned operations up to the first one that fails
-        whatever the teacher says (nothing to mask, truncated, no survivor): the walk applies the plan in
-        order and re-plans from the real counts at the first failure, so the operations after it may
-        never be applied; they (and the speculative ones) stay prepared in memory and are scored when a
-        later plan reaches them. Results are pure functions of their request, so when the teacher runs
-        does not change them; only complete results go to the cache (the checkpoint)."""
+        in one batch; the teacher then scores the planned operations only. Speculative requests (rows
+        after the plan, needed only if a planned operation fails) stay prepared in memory and are scored
+        when a later plan reaches them; those no plan reaches never cost a teacher pass. Results are pure
+        functions of their request, so when the teacher runs does not change them; only complete
+        results go to the cache (the checkpoint)."""
         todo = [self._seeded(r) for r in list(plan) + list(spec) if self._unprepared(r.key)]
         if todo:
             for p in self.perturber.prepare(todo):
                 self._prepared[p.request.key] = p
-        now = []
-        for r in plan:
-            if r.key in self.cache:
-                if self.cache[r.key]["status"] != "ok":
-                    break
-                continue
-            p = self._prepared[r.key]
-            now.append(p)
-            if p.certain_failure:
-                break
+        now = [self._prepared[r.key] for r in plan if r.key not in self.cache]
         if not now:
             return
         self.perturber.score(now)

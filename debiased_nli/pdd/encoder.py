@@ -4,10 +4,13 @@ PDD runs the teacher on every candidate that passes the containment check and th
 masked prompt (Guo et al. 2023, section 3.3.2); on CPU that is most of a run's time. The straightforward
 forward pass pads a batch to its longest sequence and computes every layer at every position. Here:
 
-- **No padding.** Sequences are tokenised once, without padding, and grouped by exact length. The
-  linear layers (Q, K, V, attention output, feed-forward) and the layer norms run on all tokens of all
-  sequences at once, as one packed ``[tokens, hidden]`` matrix (large matrix products, no padded rows);
-  only attention runs per length group, as ``[sequences, heads, length, head_dim]`` with no mask.
+- **No padding in the matrix products.** Sequences are tokenised once, without padding, sorted by
+  length and cut into chunks. The linear layers (Q, K, V, attention output, feed-forward), the
+  activation and the layer norms run on the real tokens of a chunk only, as one packed
+  ``[tokens, hidden]`` matrix. Attention (a few percent of the work at these lengths) runs once per
+  layer on the chunk padded to its longest sequence with a key mask, so a layer is a handful of large
+  operations however many distinct lengths the chunk holds (per-length groups made hundreds of tiny
+  ones, slow with 2 threads on a shared CPU).
 - **Only the positions that are read.** The teacher reads the ``[CLS]`` state (the pooler), the fill
   reads the mask positions. The last layer therefore computes keys and values at every position but
   queries, attention output and feed-forward only at those positions (in a 6-layer MiniLM, about 14%
@@ -20,14 +23,15 @@ products). tests/test_pdd_speed.py pins that on tiny models, and benchmarks/benc
 the real data that every teacher choice and every fill candidate stays the same.
 
 :func:`supports` says whether a model can take this path (BERT-style encoders: absolute positions,
-no decoder, no cross-attention); the teacher and the filler fall back to the model's own forward pass
-(still unpadded, one exact-length group at a time) for anything else, e.g. XLM-R.
+no decoder, no cross-attention); for anything else (e.g. XLM-R) the teacher's and the filler's
+``auto`` engine is the model's own padded forward pass, and ``bucketed`` its forward pass on groups of
+exactly the same length (:func:`length_groups`).
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-# tokens per packed chunk when the caller gives none; bounds the activations held at once
+# padded tokens (sequences x longest) per chunk when the caller gives none; bounds the activations held
 DEFAULT_MAX_TOKENS = 8192
 
 
@@ -85,16 +89,38 @@ def length_groups(lengths: Sequence[int], max_tokens: int) -> list[list[list[int
     return chunks
 
 
+def sorted_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Sequence indices in increasing length (ties by index), cut into chunks whose padded size
+    (sequences x longest) is at most ``max_tokens`` (a single longer sequence is a chunk of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: (int(lengths[i]), i))
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * max(int(lengths[i]), 1) > max_tokens:
+            chunks.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
 class PackedBert:
-    """Hidden states of a BERT encoder at chosen positions, computed without padding (module docstring)."""
+    """Hidden states of a BERT encoder at chosen positions, computed without padding (module docstring).
+
+    Per chunk of sequences (sorted by length): the linear layers and layer norms run on the packed
+    ``[tokens, hidden]`` matrix (no padded rows); attention, a small part of the work, runs once per
+    layer on the chunk padded to its longest sequence, with a key mask, so each layer is a handful of
+    large operations whatever the number of distinct lengths."""
 
     def __init__(self, model: Any, max_tokens: int = DEFAULT_MAX_TOKENS):
         if not supports(model):
             raise ValueError(f"{type(model).__name__} is not a BERT encoder this path supports (see encoder.supports)")
         self.encoder = _encoder_of(model)
         cfg = self.encoder.config
+        self.hidden = int(cfg.hidden_size)
         self.heads = int(cfg.num_attention_heads)
-        self.head_dim = int(cfg.hidden_size) // self.heads
+        self.head_dim = self.hidden // self.heads
         self.max_tokens = int(max_tokens)
 
     def hidden_at(self, input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]] | None,
@@ -104,96 +130,86 @@ class PackedBert:
         import torch
 
         n = len(input_ids)
-        dev = self.encoder.embeddings.word_embeddings.weight.device
+        for i in range(n):
+            for p in positions[i]:
+                if not 0 <= p < len(input_ids[i]):
+                    raise IndexError(f"position {p} outside sequence {i} of {len(input_ids[i])} tokens")
         out_rows: list[Any] = [None] * n
-        lengths = [len(s) for s in input_ids]
         with torch.inference_mode():
-            for chunk in length_groups(lengths, self.max_tokens):
-                groups = []
-                for idx in chunk:
-                    ids = torch.tensor([list(input_ids[i]) for i in idx], dtype=torch.long, device=dev)
-                    tt = (torch.tensor([list(token_type_ids[i]) for i in idx], dtype=torch.long, device=dev)
-                          if token_type_ids is not None else torch.zeros_like(ids))
-                    groups.append((idx, ids, tt))
-                hidden = self._forward_chunk(groups, positions)
+            for chunk in sorted_chunks([len(s) for s in input_ids], self.max_tokens):
+                hidden = self._forward_chunk([input_ids[i] for i in chunk],
+                                             [token_type_ids[i] for i in chunk] if token_type_ids is not None else None,
+                                             [positions[i] for i in chunk])
                 start = 0
-                for idx, _, _ in groups:
-                    for i in idx:
-                        k = len(positions[i])
-                        out_rows[i] = hidden[start:start + k]
-                        start += k
+                for i in chunk:
+                    k = len(positions[i])
+                    out_rows[i] = hidden[start:start + k]
+                    start += k
             if not n:
-                return torch.zeros(0, self.encoder.config.hidden_size)
+                return torch.zeros(0, self.hidden)
             return torch.cat(out_rows, dim=0)
 
-    # -- one chunk -----------------------------------------------------------------------------------
-    def _attend(self, q, k, v, scaling):
+    def _forward_chunk(self, ids, tts, positions):
+        import torch
         import torch.nn.functional as F
 
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=scaling, is_causal=False)
-
-    def _forward_chunk(self, groups, positions):
-        import torch
-
         enc = self.encoder
-        shapes = [(len(idx), int(ids.shape[1])) for idx, ids, _ in groups]
-        hid = int(enc.config.hidden_size)
-        x = torch.cat([enc.embeddings(input_ids=ids, token_type_ids=tt).reshape(-1, hid) for _, ids, tt in groups], dim=0)
-        # packed row of every read position, group by group, sequence by sequence
-        sel, off = [], 0
-        for (idx, _, _), (b, L) in zip(groups, shapes):
-            for r, i in enumerate(idx):
-                for p in positions[i]:
-                    if not 0 <= p < L:
-                        raise IndexError(f"position {p} outside a sequence of {L} tokens")
-                    sel.append(off + r * L + p)
-            off += b * L
-        sel_t = torch.tensor(sel, dtype=torch.long, device=x.device)
+        dev = enc.embeddings.word_embeddings.weight.device
+        B, L = len(ids), max(len(s) for s in ids)
+        H, NH, D = self.hidden, self.heads, self.head_dim
+        pad_ids = torch.zeros(B, L, dtype=torch.long)
+        pad_tt = torch.zeros(B, L, dtype=torch.long)
+        valid = torch.zeros(B, L, dtype=torch.bool)
+        for b, s in enumerate(ids):
+            pad_ids[b, :len(s)] = torch.tensor(list(s), dtype=torch.long)
+            if tts is not None:
+                pad_tt[b, :len(s)] = torch.tensor(list(tts[b]), dtype=torch.long)
+            valid[b, :len(s)] = True
+        pad_ids, pad_tt, valid = pad_ids.to(dev), pad_tt.to(dev), valid.to(dev)
+        flat = valid.reshape(-1).nonzero().squeeze(1)                  # padded row of every real token
+        key_mask = valid[:, None, None, :]                             # [B, 1, 1, L]: attend to real keys only
+        # the read positions: one padded query slot per position, S slots a sequence
+        S = max(len(p) for p in positions)
+        if S == 0:
+            return torch.zeros(0, H, device=dev)
+        q_slot = torch.zeros(B, S, dtype=torch.long)
+        q_valid = torch.zeros(B, S, dtype=torch.bool)
+        for b, ps in enumerate(positions):
+            q_slot[b, :len(ps)] = torch.tensor(list(ps), dtype=torch.long)
+            q_valid[b, :len(ps)] = True
+        sel_padded = (torch.arange(B)[:, None] * L + q_slot)[q_valid].to(dev)   # padded rows read, in order
+        row_of = torch.full((B * L,), -1, dtype=torch.long)
+        row_of[flat.cpu()] = torch.arange(len(flat))
+        sel_packed = row_of[sel_padded.cpu()].to(dev)                  # the same rows in the packed matrix
+        q_out = q_valid.reshape(-1).nonzero().squeeze(1).to(dev)       # real slots of the [B * S] query grid
+
+        x = enc.embeddings(input_ids=pad_ids, token_type_ids=pad_tt).reshape(B * L, H).index_select(0, flat)
+
+        def to_heads(t, rows_index, width):
+            """packed [n, H] -> [B, NH, width, D], zeros in the padding."""
+            full = t.new_zeros(B * width, H).index_copy_(0, rows_index, t)
+            return full.view(B, width, NH, D).transpose(1, 2)
+
         layers = enc.encoder.layer
         for li, layer in enumerate(layers):
             last = li == len(layers) - 1
             att = layer.attention
             sa = att.self
-            k = sa.key(x)
-            v = sa.value(x)
-            q_in = x.index_select(0, sel_t) if last else x
-            q = sa.query(q_in)
-            ctx = self._attention(q, k, v, shapes, groups, positions, last, sa.scaling)
-            resid = q_in
-            h = att.output.LayerNorm(att.output.dense(ctx) + resid)
+            k = to_heads(sa.key(x), flat, L)
+            v = to_heads(sa.value(x), flat, L)
+            if not last:
+                q_in = x
+                q = to_heads(sa.query(q_in), flat, L)
+                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=0.0, scale=sa.scaling)
+                ctx = ctx.transpose(1, 2).reshape(B * L, H).index_select(0, flat)
+            else:
+                q_in = x.index_select(0, sel_packed)
+                q = to_heads(sa.query(q_in), q_out, S)
+                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=0.0, scale=sa.scaling)
+                ctx = ctx.transpose(1, 2).reshape(B * S, H).index_select(0, q_out)
+            h = att.output.LayerNorm(att.output.dense(ctx) + q_in)
             inter = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(h))
             x = layer.output.LayerNorm(layer.output.dense(inter) + h)
         if not len(layers):
-            x = x.index_select(0, sel_t)
+            x = x.index_select(0, sel_packed)
         return x
-
-    def _attention(self, q, k, v, shapes, groups, positions, last: bool, scaling):
-        """Self-attention per length group. Not ``last``: every position queries its sequence. ``last``:
-        ``q`` holds only the read positions (in ``hidden_at``'s order)."""
-        import torch
-
-        H, D = self.heads, self.head_dim
-        outs, off, qoff = [], 0, 0
-        for (idx, _, _), (b, L) in zip(groups, shapes):
-            kg = k[off:off + b * L].view(b, L, H, D).transpose(1, 2)
-            vg = v[off:off + b * L].view(b, L, H, D).transpose(1, 2)
-            if not last:
-                qg = q[off:off + b * L].view(b, L, H, D).transpose(1, 2)
-                o = self._attend(qg, kg, vg, scaling)                    # [b, H, L, D]
-                outs.append(o.transpose(1, 2).reshape(b * L, H * D))
-            else:
-                counts = [len(positions[i]) for i in idx]
-                m = sum(counts)
-                if m:
-                    seq = torch.repeat_interleave(torch.arange(b, device=k.device),
-                                                  torch.tensor(counts, device=k.device))
-                    qg = q[qoff:qoff + m].view(m, 1, H, D).transpose(1, 2)   # [m, H, 1, D]
-                    if m == b and all(c == 1 for c in counts):
-                        kk, vv = kg, vg
-                    else:
-                        kk, vv = kg.index_select(0, seq), vg.index_select(0, seq)
-                    o = self._attend(qg, kk, vv, scaling)                    # [m, H, 1, D]
-                    outs.append(o.transpose(1, 2).reshape(m, H * D))
-                qoff += m
-            off += b * L
-        return torch.cat(outs, dim=0) if outs else q.new_zeros((0, H * D))
