@@ -223,6 +223,9 @@ def main(argv=None) -> int:
     ap.add_argument("--block-size", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2, help="passes over the blocks (each block: old, new or new, old)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--check", type=int, default=0,
+                    help="N more requests, spread over the whole run, perturbed by the new path only and compared "
+                         "with the committed run's results (equality, not timed)")
     ap.add_argument("--out", default=str(RESULTS / "pdd_bench"), help="writes OUT.json and OUT.md")
     args = ap.parse_args(argv)
 
@@ -285,11 +288,26 @@ def main(argv=None) -> int:
             "confidences_equal_6_decimals": sum(r["confidences_equal"] for r in rows_),
             "max_abs_confidence_diff": round(max((r["max_abs_diff"] for r in rows_), default=0.0), 7)}
     secs = {k: {s: round(v, 2) for s, v in p.seconds.items()} for k, p in paths.items()}
+    check = None
+    if args.check:
+        timed = {r.key for block in blocks for r, _ in block}
+        stride = max(1, len(cache) // args.check)
+        pool = [(r, res) for r, res in build_requests(cache[stride // 2::stride], rows, params) if r.key not in timed]
+        rows_ = []
+        for b in range(0, len(pool), 32):
+            part = pool[b:b + 32]
+            for (r, ref), res in zip(part, paths["new"].perturb([r for r, _ in part])):
+                rows_.append(compare(res, ref, task.labels[r.label], f"pdd:{r.feature}:{r.case}"))
+        check = {"stride": stride, "requests": len(rows_), "candidates_equal": sum(r["candidates_equal"] for r in rows_),
+                 "chosen_equal": sum(r["chosen_equal"] for r in rows_),
+                 "confidences": sum(r["confidences"] for r in rows_),
+                 "confidences_equal_6_decimals": sum(r["confidences_equal"] for r in rows_),
+                 "max_abs_confidence_diff": round(max((r["max_abs_diff"] for r in rows_), default=0.0), 7)}
     n_req = sum(len(b) for b in blocks)
     n_cand = sum(sum(c["confidence"] is not None for c in res["candidates"]) for res in results["new"].values())
     ratio = lambda k: round(secs["old"][k] / secs["new"][k], 3) if secs["new"][k] else None  # noqa: E731
     saving = replay_walk(meta, cache, paths["new"])
-    eps = max(c["max_abs_confidence_diff"] for c in cmp.values())
+    eps = max([c["max_abs_confidence_diff"] for c in cmp.values()] + ([check["max_abs_confidence_diff"]] if check else []))
     out = {
         "command": "python benchmarks/bench_pdd.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {**machine(), "threads": args.threads, "torch": torch.__version__,
@@ -300,7 +318,7 @@ def main(argv=None) -> int:
         "engines": engines, "seconds": secs, "wall": {k: round(v, 2) for k, v in wall.items()},
         "ratio": {"teacher": ratio("teacher"), "fill": ratio("fill"),
                   "perturb_wall": round(wall["old"] / wall["new"], 3) if wall["new"] else None},
-        "equality": cmp, "walk_replay": saving, "near_ties": near_ties(cache, eps), "setup_seconds": round(setup_s, 1),
+        "equality": cmp, "equality_check_new_vs_committed": check, "walk_replay": saving, "near_ties": near_ties(cache, eps), "setup_seconds": round(setup_s, 1),
     }
     # projection onto the committed run: its stage seconds, split as measured there (teacher 73%, fill 19%)
     rep = json.loads((RUN / "pdd.json").read_text())
@@ -355,6 +373,12 @@ def render(o: dict) -> str:
          f"- new vs the committed run: candidates {nc['candidates_equal']}/{nc['requests']}, choices "
          f"{nc['chosen_equal']}/{nc['requests']}, confidences {nc['confidences_equal_6_decimals']}/{nc['confidences']} "
          f"(largest difference {nc['max_abs_confidence_diff']:.1e}).",
+         *([f"- {o['equality_check_new_vs_committed']['requests']} more requests spread over the whole run (one "
+            f"checkpoint entry in {ec['stride']}, those whose source is an input row; new path only, not timed) "
+            "against the committed run: "
+            f"candidates identical {ec['candidates_equal']}/{ec['requests']}, choices {ec['chosen_equal']}/{ec['requests']}, "
+            f"confidences {ec['confidences_equal_6_decimals']}/{ec['confidences']} (largest difference "
+            f"{ec['max_abs_confidence_diff']:.1e})."] if (ec := o.get("equality_check_new_vs_committed")) else []),
          f"- Whole run: of the {nt['operations_with_2_or_more_survivors']:,} checkpointed perturbations with two or "
          f"more surviving candidates, {nt['within_eps']} have their best two within {nt['eps']:.1e} (the largest "
          "difference seen above), the only ones whose choice float rounding of that size could change.", "",

@@ -17,9 +17,9 @@ forward pass pads a batch to its longest sequence and computes every layer at ev
   of the work).
 
 The arithmetic is the model's own (its ``nn.Linear``, ``nn.LayerNorm``, activation and embedding
-modules, ``scaled_dot_product_attention`` with the model's scaling), so the outputs equal those of the
-padded forward pass up to float rounding in the last bits (a different summation order in the matrix
-products). tests/test_pdd_speed.py pins that on tiny models, and benchmarks/bench_pdd.py checks on
+modules, ``scaled_dot_product_attention`` with the model's scaling; the query, key and value weights
+stacked into one matrix product), so the outputs equal those of the padded forward pass up to float
+rounding in the last bits (a different summation order in the matrix products). tests/test_pdd_speed.py pins that on tiny models, and benchmarks/bench_pdd.py checks on
 the real data that every teacher choice and every fill candidate stays the same.
 
 :func:`supports` says whether a model can take this path (BERT-style encoders: absolute positions,
@@ -57,7 +57,9 @@ def supports(model: Any) -> bool:
     emb, layers = getattr(enc, "embeddings", None), getattr(getattr(enc, "encoder", None), "layer", None)
     if emb is None or layers is None or type(emb).__name__ != "BertEmbeddings":
         return False
-    return all(type(layer).__name__ == "BertLayer" and not hasattr(layer, "crossattention") for layer in layers)
+    return all(type(layer).__name__ == "BertLayer" and not hasattr(layer, "crossattention")
+               and all(getattr(layer.attention.self, n).bias is not None for n in ("query", "key", "value"))
+               for layer in layers)
 
 
 def length_groups(lengths: Sequence[int], max_tokens: int) -> list[list[list[int]]]:
@@ -185,26 +187,29 @@ class PackedBert:
 
         x = enc.embeddings(input_ids=pad_ids, token_type_ids=pad_tt).reshape(B * L, H).index_select(0, flat)
 
-        def to_heads(t, rows_index, width):
-            """packed [n, H] -> [B, NH, width, D], zeros in the padding."""
-            full = t.new_zeros(B * width, H).index_copy_(0, rows_index, t)
-            return full.view(B, width, NH, D).transpose(1, 2)
+        def to_heads(t, rows_index, width, parts):
+            """packed [n, parts * H] -> ``parts`` tensors [B, NH, width, D], zeros in the padding."""
+            full = t.new_zeros(B * width, parts * H).index_copy_(0, rows_index, t)
+            full = full.view(B, width, parts, NH, D)
+            return [full[:, :, j].transpose(1, 2) for j in range(parts)]
 
         layers = enc.encoder.layer
         for li, layer in enumerate(layers):
             last = li == len(layers) - 1
             att = layer.attention
             sa = att.self
-            k = to_heads(sa.key(x), flat, L)
-            v = to_heads(sa.value(x), flat, L)
-            if not last:
+            if not last:  # Q, K and V in one matrix product (the three weights stacked)
                 q_in = x
-                q = to_heads(sa.query(q_in), flat, L)
+                qkv = F.linear(x, torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]),
+                               torch.cat([sa.query.bias, sa.key.bias, sa.value.bias]))
+                q, k, v = to_heads(qkv, flat, L, 3)
                 ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=0.0, scale=sa.scaling)
                 ctx = ctx.transpose(1, 2).reshape(B * L, H).index_select(0, flat)
-            else:
+            else:  # keys and values everywhere, queries only where read
+                kv = F.linear(x, torch.cat([sa.key.weight, sa.value.weight]), torch.cat([sa.key.bias, sa.value.bias]))
+                k, v = to_heads(kv, flat, L, 2)
                 q_in = x.index_select(0, sel_packed)
-                q = to_heads(sa.query(q_in), q_out, S)
+                (q,) = to_heads(sa.query(q_in), q_out, S, 1)
                 ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=0.0, scale=sa.scaling)
                 ctx = ctx.transpose(1, 2).reshape(B * S, H).index_select(0, q_out)
             h = att.output.LayerNorm(att.output.dense(ctx) + q_in)

@@ -212,13 +212,22 @@ class MaskFiller:
             while k < len(live) and (k == j or rows + requests[live[k]].n_masks <= HEAD_ROWS):
                 rows += requests[live[k]].n_masks
                 k += 1
-            with torch.inference_mode():
+            with torch.inference_mode():  # top-k and softmax for all masks of the slice at once (row-wise ops)
                 h = hidden[start:start + rows]
                 logits = self._allowed_logits(head(h) if head is not None else self._project(h))
+                r0 = 0
+                for i in live[j:k]:
+                    banned = self._banned_ids(requests[i]) if requests[i].banned else []
+                    if banned:
+                        logits[r0:r0 + requests[i].n_masks, banned] = float("-inf")
+                    r0 += requests[i].n_masks
+                top = torch.topk(logits, k=min(TOP_K_SAMPLING, logits.shape[1]), dim=-1)
+                probs = torch.softmax(top.values, dim=-1).numpy().astype(np.float64)
+                ids, finite = top.indices.numpy(), np.isfinite(top.values.numpy())
             r0 = 0
             for i in live[j:k]:
                 m = requests[i].n_masks
-                out[i] = self._candidates(logits[r0:r0 + m], requests[i])
+                out[i] = self._sample(probs[r0:r0 + m], ids[r0:r0 + m], finite[r0:r0 + m], requests[i])
                 r0 += m
             start += rows
             j = k
@@ -281,7 +290,11 @@ class MaskFiller:
                 out[i] = self._candidates(rows, requests[i])
         return out
 
+    def _banned_ids(self, req: FillRequest) -> list[int]:
+        return [i for w in req.banned for i in self._word_ids.get(w.lower(), [])]
+
     def _candidates(self, logits, req: FillRequest) -> list[list[str]]:
+        """One request's candidates from its masks' logits (the padded engine)."""
         import torch
 
         if req.banned:
@@ -290,11 +303,14 @@ class MaskFiller:
                 ids = self._word_ids.get(w.lower(), [])
                 if ids:
                     logits[:, ids] = float("-inf")
-        rng = np.random.default_rng(req.seed)
         top = torch.topk(logits, k=min(TOP_K_SAMPLING, logits.shape[1]), dim=-1)
         probs = torch.softmax(top.values, dim=-1).numpy().astype(np.float64)
-        ids = top.indices.numpy()
-        finite = np.isfinite(top.values.numpy())
+        return self._sample(probs, top.indices.numpy(), np.isfinite(top.values.numpy()), req)
+
+    def _sample(self, probs, ids, finite, req: FillRequest) -> list[list[str]]:
+        """Candidate 1 = the argmax at every mask; the others sample each mask from its top tokens with
+        the request's seeded generator; duplicates dropped."""
+        rng = np.random.default_rng(req.seed)
         cands, seen = [], set()
         first = tuple(int(ids[j, 0]) for j in range(len(ids)))
         for c in range(self.candidates):
