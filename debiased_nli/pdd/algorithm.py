@@ -522,12 +522,21 @@ class Algorithm1:
         self.never_scored = 0      # prepared (speculatively) and dropped at the end of their pass, never scored
         self.progress = progress
         self._bar = None
+        self._memo_id, self._memo = None, {}   # requests of the current (feature, sweep, pass), see _request
 
     # one operation -------------------------------------------------------------------------------
     def _request(self, x: str, family: str, case: str, row: int, sweep: int, pass_: int) -> PerturbRequest:
-        s = self.state
-        key = op_key(sweep, x, s.uid[row], case, pass_)
-        return PerturbRequest(key, x, family, case, s.premise[row], s.hypothesis[row], s.label[row], s.fold[row], 0)
+        # memoised per (feature, sweep, pass): re-planning after a failure walks the same rows again
+        memo_id = (x, sweep, pass_)
+        if self._memo_id != memo_id:
+            self._memo_id, self._memo = memo_id, {}
+        req = self._memo.get((row, case))
+        if req is None:
+            s = self.state
+            key = op_key(sweep, x, s.uid[row], case, pass_)
+            req = PerturbRequest(key, x, family, case, s.premise[row], s.hypothesis[row], s.label[row], s.fold[row], 0)
+            self._memo[(row, case)] = req
+        return req
 
     def _seeded(self, req: PerturbRequest) -> PerturbRequest:
         # the seed is derived here, only for what is perturbed (planning builds many requests)
@@ -616,18 +625,21 @@ class Algorithm1:
         plan, spec = [], []
         q, fresh = pos, 0
         limit = 16 * self.cfg.batch_size
+        z = _z_list(sim, p0)   # recomputed only when sim changes (planning walks many rows; bookkeeping only)
+        above = [abs(v) > tau for v in z]
         while q < len(order) and fresh < self.cfg.batch_size and len(plan) < limit:
-            z = _z_list(sim, p0)
-            if max(abs(v) for v in z) <= tau:
+            if not any(above):
                 break
             r = order[q]
             g = s.group(r)
-            if s.alive[r] and abs(z[g]) > tau:
+            if above[g] and s.alive[r]:
                 case = KEEP if z[g] < 0 else LOSE
                 req = self._request(x, family, case, r, sweep, pass_)
                 fresh += self._unprepared(req.key)
                 plan.append((q, r, req))
                 sim[g] += 1 if case == KEEP else -1
+                z = _z_list(sim, p0)
+                above = [abs(v) > tau for v in z]
             q += 1
         z_real = _z_list([int(c) for c in counts], p0)
         active = {g: (KEEP if z_real[g] < 0 else LOSE) for g in range(self.K) if abs(z_real[g]) > tau}
