@@ -15,6 +15,10 @@ the sample, since z grows with sqrt(n) for a feature of the same relative freque
     flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau 4.52
     flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau 20
     python benchmarks/pdd_run.py report
+
+A fresh run that leaves the committed one alone: add `--run-dir ~/runs/pdd-2 --releases /work/releases/pdd-2`
+to every command (the teacher is still read from ~/runs/pdd/teacher, or $PDD_TEACHER). `--engine padded`
+runs the straightforward forward passes (benchmarks/bench_pdd.py compares the two).
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ def release_dir(tau: float) -> Path:
     return RELEASES / ("pdd-snli" if abs(tau - TAU_SCALED) < 1e-9 else f"pdd-snli-tau{tau:g}")
 
 
-def run(tau: float, threads: int, candidates: int, max_rows: int | None = None) -> None:
+def run(tau: float, threads: int, candidates: int, max_rows: int | None = None, engine: str = "auto") -> None:
     import torch
 
     from debiased_nli.recipe import build, load_recipe
@@ -64,7 +68,7 @@ def run(tau: float, threads: int, candidates: int, max_rows: int | None = None) 
     recipe = load_recipe(ROOT / "builders" / "snli.yaml", profile="pdd")
     step = next(f for f in recipe["filters"] if f["step"] == "pdd")
     step.update({"mlm": str(MLM), "teacher": str(TEACHER), "tau": tau, "candidates": candidates,
-                 "work_dir": str(tau_dir(tau) / "work"), "teacher_max_length": 64, "progress": True})
+                 "work_dir": str(tau_dir(tau) / "work"), "teacher_max_length": 64, "engine": engine, "progress": True})
     recipe["name"], recipe["pretty_name"] = "debiased-snli-pdd-20k", "SNLI 20k sample, PDD (offline stand-in models)"
     start = time.time()
     res = build(recipe, release_dir(tau), data_files={"train": [str(SNLI)]}, overwrite=True, progress=True,
@@ -196,18 +200,29 @@ def render_summary(out: dict) -> str:
 
 
 def main(argv=None) -> int:
+    global RUNS, RELEASES
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stage", choices=["run", "report"])
     ap.add_argument("--tau", type=float, default=TAU_SCALED)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--candidates", type=int, default=8)
-    ap.add_argument("--max-rows", type=int, help="only the first N rows (a smoke test; use other PDD_RUN_DIR/PDD_RELEASES)")
+    ap.add_argument("--max-rows", type=int, help="only the first N rows (a smoke test; use other --run-dir/--releases)")
+    ap.add_argument("--engine", choices=["auto", "packed", "bucketed", "padded"], default="auto",
+                    help="forward passes of fill and teacher (debiased_nli/pdd/teacher.py); the committed runs of "
+                         "2026-11-23 used the straightforward one, now `padded`")
+    ap.add_argument("--run-dir", help=f"where the tau<T> folders go (default $PDD_RUN_DIR or ~/runs/pdd, now {RUNS}); "
+                                      f"the teacher is still read from $PDD_TEACHER (now {TEACHER})")
+    ap.add_argument("--releases", help=f"where the releases go (default $PDD_RELEASES or /work/releases, now {RELEASES})")
     args = ap.parse_args(argv)
+    if args.run_dir:
+        RUNS = Path(args.run_dir).expanduser()
+    if args.releases:
+        RELEASES = Path(args.releases).expanduser()
     if args.stage == "run":
         tau_dir(args.tau).mkdir(parents=True, exist_ok=True)
         t0 = time.time()
         try:
-            run(args.tau, args.threads, args.candidates, args.max_rows)
+            run(args.tau, args.threads, args.candidates, args.max_rows, args.engine)
         except KeyboardInterrupt:
             with open(tau_dir(args.tau) / "stages.jsonl", "a") as f:
                 f.write(json.dumps({"completed": False, "seconds": round(time.time() - t0, 1)}) + "\n")

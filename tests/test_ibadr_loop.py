@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from debiased_nli.data import load_task
+from debiased_nli.tasks import get_task
 from debiased_nli.generation.sample import load_generated
 from debiased_nli.ibadr.loop import IbadrConfig, run_ibadr
 
@@ -231,3 +232,36 @@ def test_the_recipe_publishes_an_ibadr_config_and_composes_its_rows(world, full_
     for name in ("snli", "mnli", "fever"):  # the builders' ibadr profiles are valid recipes
         r = load_recipe(Path(__file__).resolve().parents[1] / "builders" / f"{name}.yaml", profile="ibadr")
         assert r["filters"][0]["step"] == "ibadr" and r["new_rows"][0]["step"] == "ibadr_rows"
+
+
+def test_pool_scoring_resumes_by_shard_and_matches_one_call(world, full_run, tmp_path, monkeypatch):
+    """beta of a large pool is saved shard by shard: a paused scoring keeps its finished shards, and the
+    resumed result is bit for bit what one call of ``bias_degree`` over the whole pool gives."""
+    from debiased_nli.ibadr import loop
+    from debiased_nli.ibadr.shallow import bias_degree
+
+    out, _ = full_run
+    shallow = str(out / "iter-1" / "shallow")
+    cfg = config(world)  # confidence_batch_size 16
+    pool = world["d0"].select_columns(loop.CANONICAL)
+    monkeypatch.setattr(loop, "SCORE_SHARD_ROWS", 5)  # rounded up to one batch: shards of 16, then 8 rows
+    calls = []
+
+    def pause_on_second(deadline):
+        calls.append(deadline)
+        if len(calls) == 2:
+            raise loop._Paused()
+    monkeypatch.setattr(loop, "_check_deadline", pause_on_second)
+    parts = tmp_path / "parts"
+    with pytest.raises(loop._Paused):
+        loop._pool_bias_degree(pool, shallow, get_task("snli"), cfg, parts, None, False)
+    first = sorted(parts.glob("beta-*.npy"))
+    assert [p.name for p in first] == ["beta-0000000000-0000000016.npy"]
+    stamp = first[0].stat().st_mtime_ns
+    beta = loop._pool_bias_degree(pool, shallow, get_task("snli"), cfg, parts, None, False)
+    assert first[0].stat().st_mtime_ns == stamp  # the finished shard was read, not scored again
+    assert len(calls) == 3 and len(sorted(parts.glob("beta-*.npy"))) == 2
+    whole = bias_degree(pool, shallow, "snli", batch_size=16, max_length=cfg.shallow_max_length, progress=False)
+    np.testing.assert_array_equal(beta, whole)
+    # the run itself left no shard folder behind once scores.parquet was written
+    assert not (out / "iter-1" / loop.SCORE_PARTS).exists() and (out / "iter-1" / "scores.parquet").exists()

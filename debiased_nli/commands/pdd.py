@@ -76,6 +76,11 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="perturbations per batch (MLM and teacher)")
     p.add_argument("--teacher-batch-size", type=int, default=64)
     p.add_argument("--teacher-max-length", type=int, default=128)
+    p.add_argument("--engine", choices=["auto", "packed", "bucketed", "padded"], default="auto",
+                   help="forward passes of the masked LM and the teacher: auto (default: packed, i.e. no padding "
+                        "and the last layer only where it is read, for BERT models; padded for others), bucketed "
+                        "(exact-length groups, any model) or padded (the straightforward reference); the same "
+                        "results up to float rounding")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
@@ -102,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
               "prompt_words": _mapping(args.prompt_words, "--prompt-words"), "candidates": args.candidates,
               "max_passes": args.max_passes, "max_sweeps": args.max_sweeps, "batch_size": args.batch_size,
               "teacher_batch_size": args.teacher_batch_size, "teacher_max_length": args.teacher_max_length,
-              "seed": args.seed, "work_dir": str(Path(args.out) / "work"), "progress": not args.no_progress}
+              "engine": args.engine, "seed": args.seed, "work_dir": str(Path(args.out) / "work"),
+              "progress": not args.no_progress}
     start = time.time()
     kept, removed, report = pdd_step(loaded.dataset, task, params)
     report["manifest"] = {"source": loaded.source, "load_counts": loaded.counts,

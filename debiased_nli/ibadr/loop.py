@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 COMPLETE = ".complete"
+SCORE_PARTS = "scores.parts"
+SCORE_SHARD_ROWS = 4096  # the project's choice: rows of beta scored between two resumable saves
 CANONICAL = ["premise", "hypothesis", "label", "uid", "origin", "method"]
 BIAS_CONTROL = "bias"
 
@@ -226,6 +229,42 @@ def run_ibadr(d0, task: "str | TaskSpec", cfg: IbadrConfig, out_dir: "str | Path
     return IbadrResult(pool, generated, rejected, report, complete)
 
 
+def _pool_bias_degree(pool, model: str, task: TaskSpec, cfg: IbadrConfig, parts: Path, deadline,
+                      progress: bool) -> np.ndarray:
+    """beta of every pool row, scored in shards of ``SCORE_SHARD_ROWS`` saved under ``parts``.
+
+    A stopped or paused session keeps the finished shards and the next one starts at the first missing
+    shard, so scoring a large pool on a CPU needs no single session long enough for all of it. A shard is
+    scored exactly as ``bias_degree`` scores a whole dataset (the same model, batch size and length), and
+    the deadline is checked between shards (a paused scoring resumes where it stopped).
+    """
+    from ..confidence import load_classifier
+    from .shallow import bias_degree
+
+    parts.mkdir(parents=True, exist_ok=True)
+    n = len(pool)
+    # a whole number of batches per shard: the batches, and so every beta bit for bit, are those of one call
+    step = -(-SCORE_SHARD_ROWS // cfg.confidence_batch_size) * cfg.confidence_batch_size
+    bounds = [(a, min(n, a + step)) for a in range(0, n, step)]
+    clf = tok = None
+    out = []
+    for i, (a, b) in enumerate(bounds):
+        f = parts / f"beta-{a:010d}-{b:010d}.npy"
+        if not f.exists():
+            _check_deadline(deadline)
+            if clf is None:
+                clf, tok = load_classifier(model)
+            if progress and len(bounds) > 1:
+                print(f"bias degree: rows {a:,}-{b:,} of {n:,} (shard {i + 1}/{len(bounds)})", flush=True)
+            beta = bias_degree(pool.select(range(a, b)), clf, task, batch_size=cfg.confidence_batch_size,
+                               max_length=cfg.shallow_max_length, progress=progress, tokenizer=tok)
+            tmp = f.with_name(f".{f.stem}.tmp.npy")
+            np.save(tmp, np.asarray(beta, dtype=np.float64))
+            tmp.replace(f)
+        out.append(np.load(f))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
+
+
 def _check_deadline(deadline: float | None) -> None:
     if deadline is not None and time.time() > deadline:
         raise _Paused()
@@ -260,15 +299,14 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
             _check_deadline(deadline)
             t0 = time.perf_counter()
             if main:
-                from .shallow import bias_degree
-                beta = bias_degree(pool, shallow["model"], task, batch_size=cfg.confidence_batch_size,
-                                   max_length=cfg.shallow_max_length, progress=progress)
+                beta = _pool_bias_degree(pool, shallow["model"], task, cfg, it / SCORE_PARTS, deadline, progress)
                 ind = assign_indicators(beta, pool["uid"], cfg.n_bi)
                 import datasets
                 scores = datasets.Dataset.from_dict({"uid": pool["uid"], "label": labels_of(pool).tolist(),
                                                      "beta": beta.tolist(), "indicator": ind.tolist()})
                 _write_parquet(scores, it / "scores.parquet")
                 timer.add("scores", time.perf_counter() - t0)
+                shutil.rmtree(it / SCORE_PARTS, ignore_errors=True)  # scores.parquet holds them now
             state.wait_for_everyone()
             if stop("scores"):
                 return

@@ -27,12 +27,16 @@ function of (feature, source row, case, pass, sweep, seed) (its random masking a
 generator seeded from those), so the walk *plans* the next ``batch_size`` operations assuming they
 succeed, perturbs them in one batch (one MLM forward pass, one teacher pass), and applies them in
 order; at the first failure the rest of the plan is re-planned from the real counts (results already
-computed are reused from the cache, since they are pure). The rows perturbed and the output are
-exactly those of the one-by-one walk (:func:`reference_reduce_feature`, the slow obvious version that
-recounts x over all of D after every operation, agrees operation for operation in the tests).
-The cache is also the checkpoint: it is appended to ``<work_dir>/perturbations.cache.jsonl`` as it
-grows; a rerun replays the bookkeeping (seconds) and perturbs only what is missing, so an interrupted
-run continues where it stopped.
+computed are reused, since they are pure). The rows perturbed and the output are exactly those of the
+one-by-one walk (:func:`reference_reduce_feature`, the slow obvious version that recounts x over all
+of D after every operation, agrees operation for operation in the tests).
+The teacher, most of the time on CPU, scores only planned operations: a batch is first *prepared*
+(masking, fill, containment check), and the teacher scores the plan's requests; the speculative ones
+wait prepared until a later plan reaches them, and are never scored if none does
+(``Algorithm1._ensure``).
+The cache is also the checkpoint: complete results are appended to
+``<work_dir>/perturbations.cache.jsonl`` as it grows; a rerun replays the bookkeeping (seconds) and
+perturbs only what is missing, so an interrupted run continues where it stopped.
 
 **Deviations and choices (the paper is silent on each):**
 - The pseudocode walks D_b, which still holds rows already removed from D; rows no longer in D are
@@ -198,9 +202,23 @@ class PerturbRequest:
     seed: int
 
 
+@dataclasses.dataclass
+class Prepared:
+    """A perturbation before the teacher: its result (masked prompt, candidates, rejections; the
+    survivors' confidences still None) and the survivors, as candidate indices."""
+    request: PerturbRequest
+    result: dict
+    survivors: list
+
+
 class Perturber:
     """Turn requests into results: the masked prompt, every candidate with its teacher confidence or
-    the reason it was rejected, and the features of the survivors."""
+    the reason it was rejected, and the features of the survivors.
+
+    ``perturb`` = ``prepare`` (masking, fill, containment check) then ``score`` (one teacher pass over the
+    survivors of every request given, identical candidate texts scored once). The walk calls the two
+    halves separately so that speculative requests reach the teacher only once a plan includes them
+    (see :meth:`Algorithm1._ensure`)."""
 
     def __init__(self, labels: Sequence[str], featurizer: PairFeaturizer, filler, teacher,
                  prompt_words: Mapping[str, str], ratios: Mapping[str, float] | None = None):
@@ -211,8 +229,15 @@ class Perturber:
         self.prompt_words = dict(prompt_words)
         self.ratios = {**PAPER_RATIOS, **(ratios or {})}
         self.seconds = {"mask": 0.0, "fill": 0.0, "containment": 0.0, "teacher": 0.0}
+        self.scored = 0        # candidate texts the teacher scored
+        self.deduplicated = 0  # survivors whose text another survivor of the same teacher pass had
 
     def perturb(self, requests: Sequence[PerturbRequest]) -> list[dict]:
+        prepared = self.prepare(requests)
+        self.score(prepared)
+        return [p.result for p in prepared]
+
+    def prepare(self, requests: Sequence[PerturbRequest]) -> list[Prepared]:
         from .fill import FillRequest, prompt_text
         from .masking import MASK
 
@@ -257,8 +282,8 @@ class Perturber:
                     owner.append((i, len(results[i]["candidates"])))
                 results[i]["candidates"].append(cand)
         feats = self.featurizer.features(cand_p, cand_h, cand_fold)
-        surv = []
-        for j, ((i, c), f) in enumerate(zip(owner, feats)):
+        survivors: list[list[int]] = [[] for _ in requests]
+        for (i, c), f in zip(owner, feats):
             r, cand = requests[i], results[i]["candidates"][c]
             has_x = r.feature in f
             if r.case == KEEP and not has_x:
@@ -267,24 +292,45 @@ class Perturber:
                 cand["rejected_by"] = STILL_HAS_X
             else:
                 cand["features"] = f
-                surv.append(j)
+                survivors[i].append(c)
+        for res, surv in zip(results, survivors):
+            if res["reason"] is None and not surv:
+                res["reason"] = NO_SURVIVOR
         t3 = time.perf_counter()
-        if surv:
-            probs = self.teacher.label_probs([cand_p[j] for j in surv], [cand_h[j] for j in surv])
-            for row, j in zip(probs, surv):
-                i, c = owner[j]
-                results[i]["candidates"][c]["confidence"] = round(float(row[requests[i].label]), 6)
-                results[i]["candidates"][c]["teacher_pred"] = self.labels[int(np.argmax(row))]
-        t4 = time.perf_counter()
-        for res in results:
-            if res["reason"] is None:
-                if any(c["confidence"] is not None for c in res["candidates"]):
-                    res["status"] = "ok"
-                else:
-                    res["reason"] = NO_SURVIVOR
-        for k, v in zip(("mask", "fill", "containment", "teacher"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+        for k, v in zip(("mask", "fill", "containment"), (t1 - t0, t2 - t1, t3 - t2)):
             self.seconds[k] += v
-        return results
+        return [Prepared(r, res, surv) for r, res, surv in zip(requests, results, survivors)]
+
+    def score(self, prepared: Sequence[Prepared]) -> None:
+        """The teacher's p(label of the request | candidate) for every survivor, in place; a result with a
+        survivor becomes ``ok``. Identical candidate texts are scored once (a pure function of the text)."""
+        t0 = time.perf_counter()
+        index: dict[tuple[str, str], int] = {}
+        texts_p, texts_h, slots = [], [], []
+        for j, p in enumerate(prepared):
+            for c in p.survivors:
+                cand = p.result["candidates"][c]
+                key = (cand["premise"], cand["hypothesis"])
+                if key not in index:
+                    index[key] = len(texts_p)
+                    texts_p.append(key[0])
+                    texts_h.append(key[1])
+                else:
+                    self.deduplicated += 1
+                slots.append((j, c, index[key]))
+        if texts_p:
+            probs = self.teacher.label_probs(texts_p, texts_h)
+            self.scored += len(texts_p)
+            for j, c, u in slots:
+                p = prepared[j]
+                row = probs[u]
+                cand = p.result["candidates"][c]
+                cand["confidence"] = round(float(row[p.request.label]), 6)
+                cand["teacher_pred"] = self.labels[int(np.argmax(row))]
+        for p in prepared:
+            if p.survivors:
+                p.result["status"] = "ok"
+        self.seconds["teacher"] += time.perf_counter() - t0
 
 
 def choose(result: Mapping[str, Any], taken: "set[str] | Callable[[str], bool]", label_name: str,
@@ -472,26 +518,53 @@ class Algorithm1:
         self.computed = 0          # perturbations run (not from the cache)
         self.discarded = 0         # results computed ahead and then not used
         self.n_applied = self.n_failed = 0   # the failure rate that sizes the speculation
+        self._prepared: dict[str, Prepared] = {}   # prepared, not yet scored by the teacher (see _ensure)
+        self.never_scored = 0      # prepared (speculatively) and dropped at the end of their pass, never scored
         self.progress = progress
         self._bar = None
+        self._memo_id, self._memo = None, {}   # requests of the current (feature, sweep, pass), see _request
 
     # one operation -------------------------------------------------------------------------------
     def _request(self, x: str, family: str, case: str, row: int, sweep: int, pass_: int) -> PerturbRequest:
-        s = self.state
-        key = op_key(sweep, x, s.uid[row], case, pass_)
-        return PerturbRequest(key, x, family, case, s.premise[row], s.hypothesis[row], s.label[row], s.fold[row], 0)
+        # memoised per (feature, sweep, pass): re-planning after a failure walks the same rows again
+        memo_id = (x, sweep, pass_)
+        if self._memo_id != memo_id:
+            self._memo_id, self._memo = memo_id, {}
+        req = self._memo.get((row, case))
+        if req is None:
+            s = self.state
+            key = op_key(sweep, x, s.uid[row], case, pass_)
+            req = PerturbRequest(key, x, family, case, s.premise[row], s.hypothesis[row], s.label[row], s.fold[row], 0)
+            self._memo[(row, case)] = req
+        return req
 
-    def _ensure(self, requests: Sequence[PerturbRequest]) -> None:
+    def _seeded(self, req: PerturbRequest) -> PerturbRequest:
         # the seed is derived here, only for what is perturbed (planning builds many requests)
-        todo = [dataclasses.replace(r, seed=derive_seed(self.cfg.seed, r.key)) for r in requests
-                if r.key not in self.cache]
-        if not todo:
+        return dataclasses.replace(req, seed=derive_seed(self.cfg.seed, req.key))
+
+    def _ensure(self, plan: Sequence[PerturbRequest], spec: Sequence[PerturbRequest] = ()) -> None:
+        """Make the results of the planned operations available (complete) in the cache.
+
+        Every request of ``plan`` and ``spec`` not yet computed is prepared (masking, fill, containment)
+        in one batch; the teacher then scores the planned operations only. Speculative requests (rows
+        after the plan, needed only if a planned operation fails) stay prepared in memory and are scored
+        when a later plan reaches them; those no plan reaches never cost a teacher pass. Results are pure
+        functions of their request, so when the teacher runs does not change them; only complete
+        results go to the cache (the checkpoint)."""
+        todo = [self._seeded(r) for r in list(plan) + list(spec) if self._unprepared(r.key)]
+        if todo:
+            for p in self.perturber.prepare(todo):
+                self._prepared[p.request.key] = p
+        now = [self._prepared[r.key] for r in plan if r.key not in self.cache]
+        if not now:
             return
-        for r, res in zip(todo, self.perturber.perturb(todo)):
-            self.cache.put(r.key, res)
-        self.computed += len(todo)
+        self.perturber.score(now)
+        for p in now:
+            del self._prepared[p.request.key]
+            self.cache.put(p.request.key, p.result)
+        self.computed += len(now)
         if self._bar is not None:
-            self._bar.update(len(todo))
+            self._bar.update(len(now))
 
     def _apply(self, x: str, family: str, req: PerturbRequest, row: int, counts: np.ndarray, rec: FeatureRecord,
                sweep: int, pass_: int) -> bool:
@@ -537,29 +610,36 @@ class Algorithm1:
             rec.failures[entry["reason"]] = rec.failures.get(entry["reason"], 0) + 1
         return ok
 
+    def _unprepared(self, key: str) -> bool:
+        """Neither in the cache nor prepared: the request still needs masking and a fill."""
+        return key not in self.cache and key not in self._prepared
+
     def _plan(self, x, family, order, pos, counts, sweep, pass_):
         """The next operations of the walk, assuming each succeeds, until ``batch_size`` of them need a
-        perturbation not yet in the cache; then *speculative* requests for the next rows of the label
+        perturbation not yet prepared; then *speculative* requests for the next rows of the label
         groups still being worked on (needed if some planned operation fails), so that every batch
-        perturbs about ``batch_size`` rows. Speculation only fills the cache: it never changes which
-        operations are applied."""
+        perturbs about ``batch_size`` rows. Speculation only prepares results (the teacher scores one
+        when a later plan applies it): it never changes which operations are applied."""
         s, tau, p0 = self.state, self.cfg.tau, self.p0
         sim = [int(c) for c in counts]
         plan, spec = [], []
         q, fresh = pos, 0
         limit = 16 * self.cfg.batch_size
+        z = _z_list(sim, p0)   # recomputed only when sim changes (planning walks many rows; bookkeeping only)
+        above = [abs(v) > tau for v in z]
         while q < len(order) and fresh < self.cfg.batch_size and len(plan) < limit:
-            z = _z_list(sim, p0)
-            if max(abs(v) for v in z) <= tau:
+            if not any(above):
                 break
             r = order[q]
             g = s.group(r)
-            if s.alive[r] and abs(z[g]) > tau:
+            if above[g] and s.alive[r]:
                 case = KEEP if z[g] < 0 else LOSE
                 req = self._request(x, family, case, r, sweep, pass_)
-                fresh += req.key not in self.cache
+                fresh += self._unprepared(req.key)
                 plan.append((q, r, req))
                 sim[g] += 1 if case == KEEP else -1
+                z = _z_list(sim, p0)
+                above = [abs(v) > tau for v in z]
             q += 1
         z_real = _z_list([int(c) for c in counts], p0)
         active = {g: (KEEP if z_real[g] < 0 else LOSE) for g in range(self.K) if abs(z_real[g]) > tau}
@@ -572,7 +652,7 @@ class Algorithm1:
             g = s.group(r)
             if s.alive[r] and g in active:
                 req = self._request(x, family, active[g], r, sweep, pass_)
-                if req.key not in self.cache:
+                if self._unprepared(req.key):
                     spec.append(req)
                     fresh += 1
             q += 1
@@ -598,7 +678,7 @@ class Algorithm1:
                     break
                 planned.update(req.key for _, _, req in plan)
                 planned.update(req.key for req in spec)
-                self._ensure([req for _, _, req in plan] + spec)
+                self._ensure([req for _, _, req in plan], spec)
                 for q, r, req in plan:
                     attempts += 1
                     used.add(req.key)
@@ -610,6 +690,9 @@ class Algorithm1:
                 else:
                     pos = plan[-1][0] + 1
             self.discarded += len(planned - used)
+            # keys name their pass: what this pass prepared and never scored cannot be used later
+            self.never_scored += len(self._prepared)
+            self._prepared.clear()
             rec.passes += 1
             if successes == 0:
                 rec.status = "unreachable"

@@ -15,7 +15,13 @@ lose case bans x itself).
 
 :class:`MaskFiller` works with any ``AutoModelForMaskedLM`` (the paper's is ``xlm-roberta-large``).
 For speed it projects only the masked positions onto the vocabulary when the model exposes its head
-(``cls`` for BERT, ``lm_head`` for RoBERTa/XLM-R); otherwise it reads the full logits.
+(``cls`` for BERT, ``lm_head`` for RoBERTa/XLM-R); otherwise it reads the full logits. Engines (the
+same candidates; the forward pass differs only in float rounding in the last bits, see teacher.py):
+``packed`` (BERT masked LMs: prompts tokenised once without padding, the encoder run on the packed
+tokens and its last layer only at the masks, encoder.py), ``bucketed`` (any model: its own forward
+pass on groups of prompts of exactly the same token length) and ``padded`` (the straightforward
+reference: batches sorted by character length, padded to their longest); ``auto`` picks ``packed``
+where it can, else ``padded``. The packed engine does not run a prompt that lost masks to truncation.
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ DEFAULT_PROMPT_WORDS = {
     "duplicate": "Yes", "not_duplicate": "No",
 }
 TOP_K_SAMPLING = 10  # the project's choice: candidates 2.. sample each mask from its top-10 fill tokens
+ENGINES = ("auto", "packed", "bucketed", "padded")
+HEAD_ROWS = 1024     # masked positions projected onto the vocabulary at a time (bounds the logits held)
 
 
 def prompt_words_for(labels: Sequence[str], given: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -101,9 +109,13 @@ class MaskFiller:
     """Fill :class:`FillRequest` s with a masked LM: per request, up to ``candidates`` word lists."""
 
     def __init__(self, model: Any, tokenizer: Any, *, candidates: int = 8, batch_size: int = 32,
-                 max_length: int = 256, device: str | None = None):
+                 max_length: int = 256, device: str | None = None, engine: str = "auto"):
         import torch
 
+        from .encoder import supports
+
+        if engine not in ENGINES:
+            raise ConfigError(f"unknown fill engine {engine!r}; known: {list(ENGINES)}")
         if tokenizer.mask_token is None:
             raise ConfigError("the fill model's tokenizer has no mask token; PDD needs a masked LM")
         if candidates < 1:
@@ -125,6 +137,16 @@ class MaskFiller:
         for i, w in enumerate(self.words):
             if w is not None:
                 self._word_ids.setdefault(w.lower(), []).append(i)
+        packable = (type(model).__name__ == "BertForMaskedLM" and supports(model)
+                    and type(getattr(model, "cls", None)).__name__ == "BertOnlyMLMHead")
+        if engine == "packed" and not packable:
+            raise ConfigError(f"the packed fill engine needs a BERT masked LM (BertForMaskedLM); "
+                              f"{type(model).__name__} is not one: use engine 'bucketed' or 'auto'")
+        self.engine = ("packed" if packable else "padded") if engine == "auto" else engine
+        self._packed = None
+        if self.engine == "packed":
+            from .encoder import PackedBert
+            self._packed = PackedBert(model, max_tokens=max(1, batch_size) * max(1, max_length))
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs) -> "MaskFiller":
@@ -139,6 +161,8 @@ class MaskFiller:
         return cls(model, tok, **kwargs)
 
     def describe(self) -> dict:
+        """The filler's identity in a run's checkpoint (run.json). The engine is not part of it: engines
+        differ only in float rounding, so a run started with one may be continued with another."""
         return {"model": type(self.model).__name__, "name_or_path": getattr(self.model, "name_or_path", None),
                 "candidates": self.candidates, "top_k_sampling": TOP_K_SAMPLING}
 
@@ -150,19 +174,105 @@ class MaskFiller:
             return head(hidden[positions])
         return self.model(**enc).logits[positions]
 
+    def _prompts(self, requests: Sequence[FillRequest]) -> list[str]:
+        mask = self.tokenizer.mask_token
+        return [prompt_text(r.premise_masked.replace(MASK, mask), r.prompt_word, r.hypothesis_masked.replace(MASK, mask))
+                for r in requests]
+
+    def _allowed_logits(self, logits):
+        logits = logits.float().cpu()
+        return logits[:, : len(self.allowed)].masked_fill(~self.allowed[: logits.shape[1]], float("-inf"))
+
     def fill(self, requests: Sequence[FillRequest]) -> list[list[list[str]] | None]:
         """Per request: the distinct candidates (each a word per mask), or None if the prompt lost masks
         to truncation."""
         import torch
 
+        if self.engine == "padded":
+            return self._fill_padded(requests)
         out: list[list[list[str]] | None] = [None] * len(requests)
-        mask = self.tokenizer.mask_token
+        if not requests:
+            return out
+        enc = self.tokenizer(self._prompts(requests), truncation=True, max_length=self.max_length)
+        ids, tt = enc["input_ids"], enc.get("token_type_ids")
+        mask_id = self.tokenizer.mask_token_id
+        positions = [[p for p, t in enumerate(seq) if t == mask_id] for seq in ids]
+        live = [i for i, r in enumerate(requests) if len(positions[i]) == r.n_masks and r.n_masks > 0]
+        if not live:
+            return out  # every prompt truncated
+        if self.engine == "packed":
+            hidden = self._packed.hidden_at([ids[i] for i in live], [tt[i] for i in live] if tt is not None else None,
+                                            [positions[i] for i in live])
+        else:
+            hidden = self._bucketed_hidden(ids, tt, positions, live)
+        head = self.model.cls if self.engine == "packed" else None
+        start, j = 0, 0
+        while j < len(live):  # the vocabulary projection, HEAD_ROWS masked positions at a time
+            k, rows = j, 0
+            while k < len(live) and (k == j or rows + requests[live[k]].n_masks <= HEAD_ROWS):
+                rows += requests[live[k]].n_masks
+                k += 1
+            with torch.inference_mode():  # top-k and softmax for all masks of the slice at once (row-wise ops)
+                h = hidden[start:start + rows]
+                logits = self._allowed_logits(head(h) if head is not None else self._project(h))
+                r0 = 0
+                for i in live[j:k]:
+                    banned = self._banned_ids(requests[i]) if requests[i].banned else []
+                    if banned:
+                        logits[r0:r0 + requests[i].n_masks, banned] = float("-inf")
+                    r0 += requests[i].n_masks
+                top = torch.topk(logits, k=min(TOP_K_SAMPLING, logits.shape[1]), dim=-1)
+                probs = torch.softmax(top.values, dim=-1).numpy().astype(np.float64)
+                ids, finite = top.indices.numpy(), np.isfinite(top.values.numpy())
+            r0 = 0
+            for i in live[j:k]:
+                m = requests[i].n_masks
+                out[i] = self._sample(probs[r0:r0 + m], ids[r0:r0 + m], finite[r0:r0 + m], requests[i])
+                r0 += m
+            start += rows
+            j = k
+        return out
+
+    def _project(self, hidden):
+        """Vocabulary logits of last-layer states, by the model's head (bucketed engine)."""
+        head = getattr(self.model, "cls", None) or getattr(self.model, "lm_head", None)
+        if head is None:
+            raise ConfigError(f"{type(self.model).__name__} exposes no masked-LM head (cls / lm_head)")
+        return head(hidden)
+
+    def _bucketed_hidden(self, ids, tt, positions, live):
+        """Last-layer states at the masks of the ``live`` prompts (in that order), from the model's own
+        forward pass on groups of prompts of exactly the same length (no padding)."""
+        import torch
+
+        from .encoder import length_groups
+
+        base = getattr(self.model, "base_model", None)
+        if base is None or base is self.model:
+            raise ConfigError(f"{type(self.model).__name__} exposes no base model; use engine 'padded'")
+        rows: list = [None] * len(live)
+        with torch.inference_mode():
+            for chunk in length_groups([len(ids[i]) for i in live], max(1, self.batch_size) * max(1, self.max_length)):
+                for group in chunk:
+                    batch = {"input_ids": torch.tensor([ids[live[g]] for g in group], device=self.device)}
+                    if tt is not None:
+                        batch["token_type_ids"] = torch.tensor([tt[live[g]] for g in group], device=self.device)
+                    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+                    hidden = base(**batch).last_hidden_state
+                    for r, g in enumerate(group):
+                        rows[g] = hidden[r, positions[live[g]]]
+        return torch.cat(rows, dim=0)
+
+    def _fill_padded(self, requests: Sequence[FillRequest]) -> list[list[list[str]] | None]:
+        """The straightforward engine (the reference): padded batches sorted by character length."""
+        import torch
+
+        out: list[list[list[str]] | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].premise_masked)
                        + len(requests[i].hypothesis_masked))
         for s in range(0, len(order), self.batch_size):
             idx = order[s:s + self.batch_size]
-            texts = [prompt_text(requests[i].premise_masked.replace(MASK, mask), requests[i].prompt_word,
-                                 requests[i].hypothesis_masked.replace(MASK, mask)) for i in idx]
+            texts = self._prompts([requests[i] for i in idx])
             enc = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=True,
                                  return_tensors="pt")
             enc = {k: v.to(self.device) for k, v in enc.items()}
@@ -180,7 +290,11 @@ class MaskFiller:
                 out[i] = self._candidates(rows, requests[i])
         return out
 
+    def _banned_ids(self, req: FillRequest) -> list[int]:
+        return [i for w in req.banned for i in self._word_ids.get(w.lower(), [])]
+
     def _candidates(self, logits, req: FillRequest) -> list[list[str]]:
+        """One request's candidates from its masks' logits (the padded engine)."""
         import torch
 
         if req.banned:
@@ -189,11 +303,14 @@ class MaskFiller:
                 ids = self._word_ids.get(w.lower(), [])
                 if ids:
                     logits[:, ids] = float("-inf")
-        rng = np.random.default_rng(req.seed)
         top = torch.topk(logits, k=min(TOP_K_SAMPLING, logits.shape[1]), dim=-1)
         probs = torch.softmax(top.values, dim=-1).numpy().astype(np.float64)
-        ids = top.indices.numpy()
-        finite = np.isfinite(top.values.numpy())
+        return self._sample(probs, top.indices.numpy(), np.isfinite(top.values.numpy()), req)
+
+    def _sample(self, probs, ids, finite, req: FillRequest) -> list[list[str]]:
+        """Candidate 1 = the argmax at every mask; the others sample each mask from its top tokens with
+        the request's seeded generator; duplicates dropped."""
+        rng = np.random.default_rng(req.seed)
         cands, seen = [], set()
         first = tuple(int(ids[j, 0]) for j in range(len(ids)))
         for c in range(self.candidates):

@@ -211,7 +211,9 @@ def _report(task, state, algo, records, params, before, after, order, fam_max, s
         "operations": {"attempted": n_ops, "succeeded": keep + lose, "keep": keep, "lose": lose,
                        "failed": len(failed), "failures": dict(sorted(reasons.items())),
                        "acceptance": round((keep + lose) / n_ops, 4) if n_ops else None,
-                       "computed": algo.computed, "from_checkpoint": cache.loaded, "discarded_ahead": algo.discarded},
+                       "computed": algo.computed, "from_checkpoint": cache.loaded, "discarded_ahead": algo.discarded,
+                       # prepared ahead (masking, fill, containment) and dropped without a teacher pass
+                       "prepared_never_scored": algo.never_scored},
         "candidates": {"total": n_cands, "rejected": dict(sorted(rejected.items())),
                        "chosen_confidence_mean": round(float(np.mean(chosen_conf)), 4) if chosen_conf else None,
                        "chosen_teacher_agrees": round(float(np.mean(agree)), 4) if agree else None},
@@ -220,6 +222,8 @@ def _report(task, state, algo, records, params, before, after, order, fam_max, s
         "z": {"before": summary_before, "after": summary_after, "features": feature_rows},
         "seconds": {"total": round(seconds, 2), "features": round(seconds_features, 2),
                     **{k: round(v, 2) for k, v in perturber.seconds.items()}},
+        "scoring": {"texts_scored": perturber.scored, "duplicate_texts_scored_once": perturber.deduplicated,
+                    "engine": getattr(teacher, "engine", None), "fill_engine": getattr(filler, "engine", None)},
         # perturbations computed by this invocation per second (those read from a checkpoint cost nothing)
         "operations_per_second": round(algo.computed / seconds, 3) if seconds > 0 else None,
     }
