@@ -436,8 +436,38 @@ def materialize(ds, rows: np.ndarray | None = None):
         positions = rows if positions is None else positions[rows]
     if positions is None:
         return ds
-    out = table.take(pa.array(positions, pa.int64())) if len(positions) else table.slice(0, 0)
+    out = _take_rows(table, positions) if len(positions) else table.slice(0, 0)
     return datasets.Dataset(out, info=ds.info.copy(), split=ds.split)
+
+
+def _take_rows(table: pa.Table, positions: np.ndarray) -> pa.Table:
+    """``table.take(positions)`` without concatenating the table's chunks. Arrow's take on a chunked
+    column first copies every chunk into one array, per call: a config of D0 and new rows (two tables
+    concatenated) would copy all of both for each of its splits. When the positions visit the chunks in
+    order (a config's original rows, then its new rows), each run is taken from its own chunk."""
+    if all(col.num_chunks <= 1 for col in table.columns):
+        return table.take(pa.array(positions, pa.int64()))
+    batches = table.to_batches()  # zero-copy slices, cut wherever any column's chunks are cut
+    bounds = np.cumsum([0] + [b.num_rows for b in batches])
+    which = np.searchsorted(bounds, positions, side="right") - 1
+    if (np.diff(which) < 0).any():  # the chunks interleave: one take over the whole table
+        return table.take(pa.array(positions, pa.int64()))
+    cuts = np.concatenate([[0], np.flatnonzero(np.diff(which)) + 1, [len(positions)]])
+    pieces = [pa.Table.from_batches([batches[which[a]].take(pa.array(positions[a:b] - bounds[which[a]], pa.int64()))])
+              for a, b in zip(cuts[:-1], cuts[1:])]
+    return pa.concat_tables(pieces).combine_chunks()
+
+
+def contiguous(ds):
+    """``ds`` with each column in one piece of memory, the same rows and fingerprint. A dataset read from
+    several files, or written in batches, has its columns in many chunks; every later take of its rows
+    (a config's rows, its dropped rows) would copy all of them together first (see :func:`_take_rows`)."""
+    import datasets
+
+    table = ds.data.table if hasattr(ds.data, "table") else ds.data
+    if ds._indices is not None or all(col.num_chunks <= 1 for col in table.columns):
+        return ds
+    return datasets.Dataset(table.combine_chunks(), info=ds.info.copy(), split=ds.split, fingerprint=ds._fingerprint)
 
 
 def labels_of(ds) -> np.ndarray:
@@ -448,6 +478,46 @@ def content_uid(premise: str, hypothesis: str, label: str, prefix: str = "") -> 
     """A stable uid for a new row: a hash of its content (and a method prefix)."""
     h = hashlib.sha1(f"{premise}\x1f{hypothesis}\x1f{label}".encode()).hexdigest()[:16]
     return f"{prefix}{h}"
+
+
+# what a uid job reads: set before the worker processes fork, so that they inherit it
+_UID_WORK: dict = {}
+
+
+def _uid_chunk(job) -> pa.Array:
+    start, stop = job
+    t = _UID_WORK["table"].slice(start, stop - start)
+    names = pa.array(_UID_WORK["names"], pa.string())
+    label = pa.DictionaryArray.from_arrays(pa.array(t.column(2).to_numpy(zero_copy_only=False).astype(np.int32)),
+                                           names).cast(pa.string())
+    # the bytes content_uid hashes, joined by Arrow for the whole chunk
+    joined = pc.binary_join_element_wise(t.column(0), t.column(1), label, "\x1f").cast(pa.binary())
+    sha1, prefix = hashlib.sha1, _UID_WORK["prefix"]
+    return pa.array([prefix + sha1(b).hexdigest()[:16] for b in joined.to_pylist()], pa.string())
+
+
+def content_uids(table: pa.Table, label_names: Sequence[str], prefix: str = "", *, chunk_rows: int = 100_000,
+                 num_proc: "int | str | None" = None) -> pa.Array:
+    """:func:`content_uid` of every row of a (premise, hypothesis, label code) table, as one string array.
+    ``num_proc`` hashes chunks in that many forked processes (``"auto"``: the usable CPUs, at most 4, for
+    200,000 rows or more); the uids are the same."""
+    import multiprocessing
+
+    from .processes import can_fork, usable_cpus
+
+    jobs = [(a, min(a + chunk_rows, table.num_rows)) for a in range(0, table.num_rows, chunk_rows)]
+    if num_proc == "auto":
+        num_proc = min(4, usable_cpus()) if table.num_rows >= 200_000 else 1
+    _UID_WORK.update(table=table.select([0, 1, 2]), names=list(label_names), prefix=prefix)
+    try:
+        if not num_proc or int(num_proc) <= 1 or len(jobs) <= 1 or not can_fork():
+            parts = list(map(_uid_chunk, jobs))
+        else:
+            with multiprocessing.get_context("fork").Pool(int(num_proc)) as pool:
+                parts = pool.map(_uid_chunk, jobs)
+    finally:
+        _UID_WORK.clear()
+    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
 
 
 def new_rows(task: "str | TaskSpec", premises: Sequence[str], hypotheses: Sequence[str],

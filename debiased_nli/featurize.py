@@ -34,8 +34,8 @@ from .data import labels_of
 from .errors import ConfigError
 from .features import (HYPO_ONLY_COLUMN, ChunkedFeatures, FeatureMatrix, add_feature_columns, build_feature_matrices,
                        build_feature_matrix, extract_table, feature_columns, get_extractor)
-from .hypothesis_only import (HypothesisOnlyResult, fit_tfidf, out_of_fold_tfidf, out_of_fold_transformer,
-                              transformer_predictions)
+from .hypothesis_only import (LOGREG_SOLVER, HypothesisOnlyResult, fit_tfidf, out_of_fold_tfidf,
+                              out_of_fold_transformer, transformer_predictions)
 from .tasks import TaskSpec, get_task
 
 HYPO_ONLY_EXTRACTOR = "hypo_only_v1"
@@ -77,7 +77,7 @@ def add_features(ds, task: "str | TaskSpec", *, extractors: Sequence[str] | None
         return out, None
     labels = labels_of(out)
     if hypothesis_only == "tfidf":
-        params = {"folds": hypo_only_folds, "seed": seed}
+        params = {"folds": hypo_only_folds, "seed": seed, "solver": LOGREG_SOLVER}
         pkey = _hash([ds._fingerprint, lexical, params, __version__])
         cached = cache / f"hypo-only-{pkey}.npz"
         if cached.exists():
@@ -275,7 +275,7 @@ def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, fo
     new_info = None
     pred_g = None
     if spec == "tfidf":
-        params = {"folds": folds, "seed": seed}
+        params = {"folds": folds, "seed": seed, "solver": LOGREG_SOLVER}
         key = _hash([d0._fingerprint, [e.name for e in lexical], params, __version__])
         oof_path = cache / f"hypo-only-{key}.npz"
         new_path = cache / f"hypo-only-{key}-new-{_hash(dg._fingerprint)}.npz" if dg is not None else None

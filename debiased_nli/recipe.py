@@ -48,7 +48,10 @@ DEFAULTS: dict[str, Any] = {
     # "columns" (every row's feature strings as in-memory columns: the reference, for small inputs)
     "features": {"hypothesis_only": "tfidf", "folds": 5, "chunk_rows": 100_000, "num_proc": "auto", "n_jobs": "auto",
                  "storage": "chunked"},
-    "z_filter": {"top_k": 20, "batch_size": 1000, "p0": "uniform", "min_z": 0.0},
+    # num_proc: processes for the walks over the new rows (z_aug, par_z, seq_z at once) and for the release's
+    # z-statistics and plots (beside its Parquet files); "auto": where 2 CPUs or more are usable and there are
+    # 100,000 rows or more (release.PARALLEL_MIN_ROWS); 1: one after the other. It never changes the result
+    "z_filter": {"top_k": 20, "batch_size": 1000, "p0": "uniform", "min_z": 0.0, "num_proc": "auto"},
     "new_rows": [],
     "filters": [],
     "configs": "auto",
@@ -109,7 +112,7 @@ def known_steps() -> dict[str, list[str]]:
 @register_source_step("files")
 def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     """New rows (e.g. generated elsewhere) from local files in the task's schema or the canonical one."""
-    from .data import content_uid, load_task
+    from .data import content_uids, load_task
 
     files = params.get("data_files")
     if not files:
@@ -119,24 +122,19 @@ def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     loaded = load_task(task, "train", data_files={"train": files}, on_invalid=params.get("on_invalid", "error"))
     ds = loaded.dataset
     # new rows are named by their content, as new_rows() names them (see the card's column table);
-    # a chunk of rows at a time, so that no Python string outlives its chunk
+    # a chunk of rows at a time (in worker processes for large inputs), so no Python string outlives its chunk
     import datasets
     import pyarrow as pa
     from datasets.fingerprint import Hasher
 
-    names = task.labels
     table = ds.data.table if hasattr(ds.data, "table") else ds.data
     if ds._indices is not None:
         table = ds.with_format("arrow")[:]
-    uids = []
-    for batch in table.select(["premise", "hypothesis", "label"]).to_batches(max_chunksize=100_000):
-        labels = [names[i] for i in batch.column(2).to_numpy(zero_copy_only=False)]
-        uids.append(pa.array([content_uid(p, h, lab, prefix=f"{method}:") for p, h, lab in
-                              zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), labels)], pa.string()))
+    uids = content_uids(table.select(["premise", "hypothesis", "label"]), task.labels, prefix=f"{method}:",
+                        num_proc="auto")
     n = table.num_rows
     out = pa.table({"premise": table.column("premise"), "hypothesis": table.column("hypothesis"),
-                    "label": table.column("label"),
-                    "uid": pa.chunked_array(uids, pa.string()) if uids else pa.array([], pa.string()),
+                    "label": table.column("label"), "uid": uids,
                     "origin": pa.repeat(pa.scalar(origin, pa.string()), n),
                     "method": pa.repeat(pa.scalar(method, pa.string()), n)})
     ds = datasets.Dataset(out.cast(ds.features.arrow_schema), info=ds.info.copy(),
@@ -219,6 +217,7 @@ SCHEMA: dict[str, Any] = {
         "batch_size": _Kind("a positive integer", lambda v: _is_int(v) and v >= 1),
         "p0": _Kind("'uniform', 'prior', a number strictly between 0 and 1, or one such number per label", _is_p0),
         "min_z": _Kind("a number", _is_number),
+        "num_proc": _Kind("'auto' or a positive integer", lambda v: v == "auto" or _is_int(v) and v >= 1),
     },
     "new_rows": _Kind("a list of steps (mappings with a `step` name)", lambda v: isinstance(v, list)),
     "filters": _Kind("a list of steps (mappings with a `step` name)", lambda v: isinstance(v, list)),
@@ -372,13 +371,14 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
            timings: bool = False) -> BuildResult:
     import datasets
 
-    from .data import combine_set_aside, labels_of, load_task, parse_data_files, require_two_labels
+    from .data import combine_set_aside, contiguous, labels_of, load_task, parse_data_files, require_two_labels
     from .features import describe_extractors
     from .features import FEATURE_PREFIX
     from .featurize import add_features, add_features_pair, featurize_build
     from .release import ConfigData, compose, write_release
 
     from .hypothesis_only import transformer_params
+    from .processes import return_free_memory
 
     recipe = load_recipe(recipe, profile)
     if isinstance(recipe["features"]["hypothesis_only"], Mapping):
@@ -405,7 +405,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
                        max_rows=d["max_rows"])
     ctx["sources"].append(loaded.source)
     stage("load", clock, detail=f"{task.name} split {d['split']!r}", counts=loaded.counts)
-    d0 = loaded.dataset
+    # each column in one piece of memory (D0 read from many files has many): see data.contiguous
+    d0 = loaded.dataset = contiguous(loaded.dataset)
     if len(d0) == 0:
         raise EmptyResultError(f"no usable rows in {task.name!r} split {d['split']!r} after loading "
                                f"({loaded.counts}); nothing was written")
@@ -427,15 +428,15 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         stage(f"load {split}", clock, detail="copied unchanged into every config", counts=ev.counts)
 
     dg = None
-    parts = []
+    sources = []
     for step in recipe["new_rows"]:
         clock = time.perf_counter()
         params = {k: v for k, v in step.items() if k != "step"}
-        rows = _step("source", step["step"])(task, params, ctx)  # source steps: (task, params, ctx)
-        stage(f"new rows: {step['step']}", clock, counts={"rows": len(rows)})
-        parts.append(rows)
-    if parts:
-        dg = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        sources.append(_step("source", step["step"])(task, params, ctx))  # source steps: (task, params, ctx)
+        stage(f"new rows: {step['step']}", clock, counts={"rows": len(sources[-1])})
+    if sources:
+        dg = sources[0] if len(sources) == 1 else datasets.concatenate_datasets(sources)
+    del sources  # D_G is made contiguous below: its pieces are not kept beside it
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # under `accelerate launch` the new-row steps shard their work over the ranks; the rest
         # (features, filtering, writing the release) runs once, on the main process
@@ -450,6 +451,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     feat_cfg = recipe["features"]
     if dg is not None and dg.features != d0.features:
         dg = dg.cast(d0.features)
+    if dg is not None:
+        dg = contiguous(dg)
     clock = time.perf_counter()
     counts = {"rows": len(d0) + (len(dg) if dg is not None else 0)}
     if feat_cfg["storage"] == "columns":
@@ -464,6 +467,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         hyp, matrices, by_part = feats.hypothesis_only, (feats.d0, feats.dg), feats.seconds
     else:
         raise ConfigError(f"features.storage must be 'chunked' or 'columns', not {feat_cfg['storage']!r}")
+    return_free_memory()  # the feature stage's temporaries, before the walks fork (see processes.py)
     if hyp:
         counts["hypothesis_only_accuracy"] = round(hyp.accuracy, 4)
     stage("features", clock, detail=", ".join(task.features), counts=counts,
@@ -484,7 +488,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     z_seconds: dict[str, float] = {}
     results = compose(d0, dg, task, top_k=zc["top_k"], batch_size=zc["batch_size"], seed=seed_,
                       p0=zc["p0"], configs=wanted, progress=progress, features=matrices,
-                      seconds=z_seconds) if wanted != [] else {}
+                      seconds=z_seconds, num_proc=zc["num_proc"]) if wanted != [] else {}
+    return_free_memory()
     configs: list[ConfigData] = []
     if "z_filtered" in results and (wanted is None or "z_filtered" in wanted):
         r = results["z_filtered"]
@@ -570,5 +575,6 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
 
         meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name)
     out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0,
-                        overwrite=overwrite, set_aside=set_aside, original_features=parts(all0=True), timings=timings)
+                        overwrite=overwrite, set_aside=set_aside, original_features=parts(all0=True), timings=timings,
+                        num_proc=zc["num_proc"])
     return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest)

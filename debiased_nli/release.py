@@ -39,6 +39,7 @@ from .data import PROVENANCE_COLUMNS, labels_of, materialize
 from .errors import ConfigError
 from .outputs import (TOOL, WRITTEN_BY_KEY, check_target, clean_stale, is_release_folder, lock_target,
                       replace_folder, temp_folder, write_error)
+from .processes import can_fork, freeze_gc, return_free_memory, unfreeze_gc, usable_cpus
 from .features import FeatureMatrix, build_feature_matrices, build_feature_matrix
 from .tasks import TaskSpec, get_task
 from .zfilter import MIN_BATCHES, REJECTED_BY, ZFilterResult, batch_size_for, z_filter_matrix, z_filter_result
@@ -81,16 +82,21 @@ class ConfigData:
 def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
             p0="uniform", configs: Sequence[str] | None = None, progress: bool = True,
             features: "tuple[FeatureMatrix, FeatureMatrix | None] | None" = None,
-            seconds: dict | None = None) -> dict[str, ZFilterResult]:
+            seconds: dict | None = None, num_proc: "int | str | None" = None) -> dict[str, ZFilterResult]:
     """The z-filtering compositions available for D0 (and D_G when given), keyed by config name.
 
     ``features``: the feature matrices of D0 and D_G over one vocabulary (e.g. from
     :func:`~debiased_nli.featurize.featurize_build`); otherwise both inputs must carry feature columns
     computed together (same extractors, one hypothesis-only model), and their matrices are built
     here, once. Every composition is z-filtered from these matrices: Z-Aug is seeded with D0's
-    rows, Seq-Z with Z(D0)'s (the counts of a seed set do not depend on its order). ``seconds``, when
-    given, receives each composition's wall time.
+    rows, Seq-Z with Z(D0)'s (the counts of a seed set do not depend on its order). Z(D0) is walked
+    first; the walks over D_G (Z-Aug, Par-Z's Z(D_G), Seq-Z) do not depend on each other and run at once
+    in ``num_proc`` processes (``"auto"``: see :func:`_processes`; ``None`` or 1: one after the other, in
+    this process); the result is the same either way. ``seconds``, when given, receives each
+    composition's wall time (the walks' overlap when they run at once).
     """
+    from tqdm.auto import tqdm
+
     task = get_task(task)
     wanted = set(configs) if configs else None
     has_new = dg is not None and len(dg) > 0
@@ -101,41 +107,119 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
     labels0 = labels_of(d0)
     labels_g = labels_of(dg) if has_new else None
     vocab = fm0.vocab_array()  # once, for every composition's rejected_by
-    kw = dict(top_k=top_k, seed=seed, p0=p0, progress=progress)
     params = {"top_k": top_k, "batch_size": batch_size, "seed": seed, "p0": p0, "min_z": 0.0,
               "min_batches": MIN_BATCHES}
+    out: dict[str, ZFilterResult] = {}
+    # name -> (input dataset, seed dataset or None, allow_empty, batch size used, its note, walk arguments)
+    walks: dict[str, tuple] = {}
 
-    def run(ds, fm, labels, seed_ds=None, seed_fm=None, seed_labels=None, allow_empty=True):
+    def plan(name, ds, fm, labels, seed_ds=None, seed_fm=None, seed_labels=None, allow_empty=True):
         # an unconditional walk of a small input goes in smaller batches (see zfilter.batch_size_for)
         used, note = batch_size_for(len(labels), batch_size, conditional=seed_ds is not None and len(seed_ds) > 0)
         if note:
             warnings.warn(f"z-filtering {task.name!r}: {note}", stacklevel=3)
-        out = z_filter_matrix(fm, labels, task.num_labels, seed_fm=seed_fm, seed_labels=seed_labels,
-                              batch_size=used, **kw)
+        walk = ((fm, labels, task.num_labels), dict(seed_fm=seed_fm, seed_labels=seed_labels, batch_size=used,
+                                                    top_k=top_k, seed=seed, p0=p0, keep_counts=False))
+        walks[name] = (ds, seed_ds, allow_empty, used, note, walk)
+
+    def finish(name, outcome, walk_seconds):
+        start = time.perf_counter()
+        ds, seed_ds, allow_empty, used, note, _ = walks[name]
         p = {**params, "batch_size_used": used, "conditional": seed_ds is not None}
         if note:
             p["batch_size_note"] = note
-        return z_filter_result(ds, out, vocab, task, p, seed_dataset=seed_ds, allow_empty=allow_empty, lazy=True)
-
-    def timed(name, *args, **kwargs):
-        start = time.perf_counter()
-        out[name] = run(*args, **kwargs)
+        out[name] = z_filter_result(ds, outcome, vocab, task, p, seed_dataset=seed_ds, allow_empty=allow_empty,
+                                    lazy=True)
         if seconds is not None:
-            seconds[name] = time.perf_counter() - start
+            seconds[name] = walk_seconds + time.perf_counter() - start
 
-    out: dict[str, ZFilterResult] = {}
     need_z0 = wanted is None or wanted & {"z_filtered", "par_z", "seq_z"}
     if need_z0:
-        timed("z_filtered", d0, fm0, labels0, allow_empty=False)
+        plan("z_filtered", d0, fm0, labels0, allow_empty=False)
+        fm_args, fm_kw = walks["z_filtered"][-1]
+        start = time.perf_counter()
+        finish("z_filtered", z_filter_matrix(*fm_args, **fm_kw, progress=progress), time.perf_counter() - start)
     if has_new:
+        later = []
         if wanted is None or "z_aug" in wanted:
-            timed("z_aug", dg, fmg, labels_g, d0, fm0, labels0)
+            plan("z_aug", dg, fmg, labels_g, d0, fm0, labels0)
+            later.append("z_aug")
         if wanted is None or "par_z" in wanted:
-            timed("par_z_new", dg, fmg, labels_g)
+            plan("par_z_new", dg, fmg, labels_g)
+            later.append("par_z_new")
         if wanted is None or "seq_z" in wanted:
             kept0 = out["z_filtered"].outcome.kept
-            timed("seq_z", dg, fmg, labels_g, out["z_filtered"].kept, fm0.select(kept0), labels0[kept0])
+            plan("seq_z", dg, fmg, labels_g, out["z_filtered"].kept, fm0.select(kept0), labels0[kept0])
+            later.append("seq_z")
+        processes = _processes(num_proc, len(later), len(labels_g))
+        if processes <= 1:
+            for name in later:
+                fm_args, fm_kw = walks[name][-1]
+                start = time.perf_counter()
+                finish(name, z_filter_matrix(*fm_args, **fm_kw, progress=progress), time.perf_counter() - start)
+        else:
+            with tqdm(total=len(later) * len(labels_g), desc=f"z-filtering ({processes} walks at once)",
+                      unit="rows", disable=not progress) as bar:
+                for name, outcome, walk_seconds in _forked_walks({n: walks[n][-1] for n in later}, processes):
+                    finish(name, outcome, walk_seconds)
+                    bar.update(len(labels_g))
     return out
+
+
+# what a walk job reads: set before the worker processes fork, so that they inherit it (nothing is pickled
+# on the way in; each worker sends back its walk's index-level outcome)
+_WALKS: dict = {}
+
+
+# below this many rows, "auto" does the walks and the z-statistics in the build's process: starting
+# processes would cost about what they save (project choice)
+PARALLEL_MIN_ROWS = 100_000
+
+
+def _processes(num_proc: "int | str | None", n_jobs: int, rows: int) -> int:
+    """How many forked processes do ``n_jobs`` independent jobs over ``rows`` rows: ``"auto"`` is one per
+    job where 2 CPUs or more are usable and there are :data:`PARALLEL_MIN_ROWS` rows or more (3 walks on
+    2 CPUs take 1.5 walks' time, not 2); 1 (in this process) otherwise, or where processes cannot be forked."""
+    if n_jobs <= 1 or not can_fork():
+        return 1
+    if num_proc == "auto":
+        return n_jobs if usable_cpus() >= 2 and rows >= PARALLEL_MIN_ROWS else 1
+    return min(int(num_proc or 1), n_jobs)
+
+
+def _walk(name: str):
+    args, kwargs = _WALKS[name]
+    start = time.perf_counter()
+    outcome = z_filter_matrix(*args, **kwargs, progress=False)
+    return name, outcome, time.perf_counter() - start
+
+
+def _forked_walks(jobs: Mapping[str, tuple], processes: int):
+    """``(name, outcome, seconds)`` of every walk, in the order given, ``processes`` at a time: the last
+    walk in this process (which would otherwise wait, and gets its outcome without copying it through a
+    pipe), the others in forked ones (the walks read only numpy arrays). A process that dies (killed, out
+    of memory) stops the build with an error instead of leaving it waiting."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    names = list(jobs)
+    _WALKS.update(jobs)
+    return_free_memory()  # see processes.py: what the build does meanwhile should not copy shared pages
+    freeze_gc()
+    try:
+        with ProcessPoolExecutor(processes - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+            forked = [pool.submit(_walk, name) for name in names[:-1]]
+            own = _walk(names[-1])
+            for future in forked:
+                yield future.result()
+            yield own
+    except BrokenProcessPool as err:
+        raise RuntimeError(f"a z-filtering process ended without its result ({err}); out of memory? "
+                           "z_filter.num_proc: 1 walks one input at a time, in the build's process") from err
+    finally:
+        unfreeze_gc()
+        _WALKS.clear()
 
 
 def z_filtered_original(d0, task: "str | TaskSpec", *, hypothesis_only="tfidf", folds: int = 5, seed: int = 0,
@@ -165,23 +249,47 @@ def _data_extra(c: "ConfigData") -> list[str]:
 def _config_split(ds, extra: Sequence[str], like=None):
     """The columns a config publishes; a split without the extra columns gets them empty (one schema per config)."""
     out = canonical_only(ds, extra)
-    for col in extra:
-        if col not in out.column_names:
-            out = out.add_column(col, [None] * len(out)).cast_column(col, like.features[col])
+    missing = [col for col in extra if col not in out.column_names]
+    if missing:
+        out = materialize(out)  # a column is added to rows held, not to a selection of them
+    for col in missing:
+        out = out.add_column(col, [None] * len(out)).cast_column(col, like.features[col])
     return out
 
 
-def _write_parquet(ds, folder: Path, split: str) -> list[dict]:
+def _write_parquet(ds, folder: Path, split: str, on_part=None) -> list[dict]:
+    """Write ``ds`` as shards of :data:`ROWS_PER_SHARD` rows. ``ds`` may be a selection of a larger table
+    (a config's rows, its dropped rows): each shard's rows are gathered just before it is written, so a
+    split of millions of rows is never held whole. ``on_part`` sees each shard's rows once written."""
     folder.mkdir(parents=True, exist_ok=True)
     n = len(ds)
     shards = max(1, (n + ROWS_PER_SHARD - 1) // ROWS_PER_SHARD)
     files = []
     for i in range(shards):
-        part = ds.select(range(i * ROWS_PER_SHARD, min((i + 1) * ROWS_PER_SHARD, n))) if shards > 1 else ds
+        part = materialize(ds.select(range(i * ROWS_PER_SHARD, min((i + 1) * ROWS_PER_SHARD, n))) if shards > 1
+                           else ds)
         path = folder / f"{split}-{i:05d}-of-{shards:05d}.parquet"
         part.to_parquet(str(path))
-        files.append({"path": str(path), "rows": len(part), "bytes": path.stat().st_size})
+        files.append({"path": str(path), "rows": len(part), "bytes": path.stat().st_size,
+                      "arrow_bytes": int(part.data.nbytes)})
+        if on_part is not None:
+            on_part(part)
+        del part
     return files
+
+
+def _new_rows_of(table: pa.Table) -> tuple[int, bool, set[str]]:
+    """(rows whose origin is not ``original``, whether any is ``perturbed``, their methods) of a table."""
+    import pyarrow.compute as pc
+
+    origin = table.column("origin")
+    new = pc.fill_null(pc.not_equal(origin, "original"), True)
+    n_new = int(pc.sum(new).as_py() or 0)
+    if not n_new:
+        return 0, False, set()
+    perturbed = bool(pc.any(pc.fill_null(pc.equal(origin, "perturbed"), False)).as_py())
+    methods = {str(m) for m in pc.unique(table.column("method").filter(new)).to_pylist()}
+    return n_new, perturbed, methods
 
 
 def zstats_summary(ds, task: TaskSpec, reference: ZStats | None = None, top_k: int = 10,
@@ -343,12 +451,15 @@ def _sha256(path: Path) -> str:
 def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequence[ConfigData], *, default: str,
                   manifest: Mapping[str, Any], meta: Mapping[str, Any], original=None, overwrite: bool = False,
                   top_k_card: int = 10, set_aside=None, original_features: list | None = None,
-                  timings: bool = False) -> Path:
+                  timings: bool = False, num_proc: "int | str | None" = "auto") -> Path:
     """Write a Hub-layout release folder atomically (temporary name, then rename).
 
     ``original_features``: the original's features as (matrix, labels, rows) parts, for its
-    z-statistics (otherwise read from its ``feat_*`` columns). ``timings`` adds a ``write release``
-    stage with its seconds (Parquet; z-statistics and plots) to the manifest."""
+    z-statistics (otherwise read from its ``feat_*`` columns). The z-statistics and plots of every
+    config are computed in a forked process while this one writes the Parquet files (``num_proc``:
+    ``"auto"``, see :func:`_processes`; 1: one after the other, here); the files are the same either way.
+    ``timings`` adds a ``write release`` stage with its seconds (Parquet; z-statistics and plots, which
+    overlap when they run at once) to the manifest."""
     task = get_task(task)
     out = Path(out_dir).resolve()
     names = [c.name for c in configs]
@@ -371,28 +482,23 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         if isinstance(err, OSError):
             raise write_error(err, out) from err
         raise
+    stats = None
     try:
         written: dict[str, dict[str, list]] = {}
-        summaries = {}
         (tmp / "images").mkdir()
-        from .audit import plot_zstats
-        from .zstats import bonferroni_threshold
-
         clock = {"parquet": 0.0, "z-statistics and plots": 0.0}
-
-        def summarise(name: str, ds, reference: ZStats | None, parts=None) -> ZStats:
-            start = time.perf_counter()
-            summary, zs = zstats_summary(ds, task, reference=reference, top_k=top_k_card, parts=parts)
-            thr = bonferroni_threshold(int((zs.n > 0).sum()) * task.num_labels)
-            plot_zstats(zs, thr, tmp / "images" / f"zstats_{name}.png", title=f"{name} ({len(ds):,} rows)")
-            summaries[name] = summary
-            clock["z-statistics and plots"] += time.perf_counter() - start
-            return zs
-
-        # the original's statistics are computed once and are the "before" of every config
-        original_zs = None
-        if original is not None:
-            original_zs = summarise("original", original, None, original_features)
+        writing = time.perf_counter()
+        # the z-statistics (card tables) and plots of the original and of every config with features
+        stats_jobs = [("original", original, original_features)] if original is not None else []
+        for c in configs:
+            train = c.splits.get("train")
+            if c.features is not None:
+                stats_jobs.append((c.name, train, c.features))
+            elif train is not None and any(col.startswith("feat_") for col in train.column_names):
+                stats_jobs.append((c.name, train, None))
+        n_rows = sum(len(ds) for _, ds, _ in stats_jobs)
+        stats = _StatsJob(stats_jobs, task, tmp / "images", top_k_card,
+                          forked=_processes(num_proc, 2, n_rows) > 1)
         labels: dict[str, dict[str, dict[str, int]]] = {}
         new_rows: dict[str, Any] = {"rows": 0, "methods": set(), "perturbed": False}
         for c in configs:
@@ -401,33 +507,31 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
             labels[c.name] = {}
             extra = _data_extra(c)
             for split, ds in c.splits.items():
-                ds = materialize(_config_split(ds, extra, c.splits.get("train")))
-                files = _write_parquet(ds, tmp / "data" / c.name, split)
+                ds = _config_split(ds, extra, c.splits.get("train"))
+                seen = {"new": 0}  # the split's new rows, counted shard by shard
+
+                def count_new(part, seen=seen):
+                    if "origin" in part.column_names:
+                        n_new, perturbed, methods = _new_rows_of(part.data.table)
+                        seen["new"] += n_new
+                        new_rows["perturbed"] |= perturbed
+                        new_rows["methods"] |= methods
+
+                files = _write_parquet(ds, tmp / "data" / c.name, split, on_part=count_new)
+                new_rows["rows"] = max(new_rows["rows"], seen["new"])
                 for f in files:
                     f["path"] = Path(f["path"]).relative_to(tmp).as_posix()
-                    f["arrow_bytes"] = int(ds.data.nbytes * f["rows"] / max(len(ds), 1))
                     f["sha256"] = _sha256(tmp / f["path"])
                 written[c.name][split] = files
                 labels[c.name][split] = label_distribution(ds, task.labels)
-                if "origin" in ds.column_names:
-                    origin = ds.data.column("origin").to_numpy(zero_copy_only=False)
-                    new = origin != "original"
-                    if new.any():
-                        new_rows["rows"] = max(new_rows["rows"], int(new.sum()))
-                        new_rows["perturbed"] |= bool((origin == "perturbed").any())
-                        methods = ds.data.column("method").to_numpy(zero_copy_only=False)[new]
-                        new_rows["methods"] |= set(map(str, np.unique(methods)))
             if c.rejected is not None and len(c.rejected):
                 extra = [col for col in (REJECTED_BY, "reason", "aflite_score", "aflite_round", "stage", "replaced_by",
                                         *DATA_EXTRA_COLUMNS)
                          if col in c.rejected.column_names]
-                _write_parquet(materialize(canonical_only(c.rejected, extra)), tmp / "rejected" / c.name, "train")
+                _write_parquet(canonical_only(c.rejected, extra), tmp / "rejected" / c.name, "train")
             clock["parquet"] += time.perf_counter() - start
-            train = c.splits.get("train")
-            if c.features is not None:
-                summarise(c.name, train, original_zs, c.features)
-            elif train is not None and any(col.startswith("feat_") for col in train.column_names):
-                summarise(c.name, train, original_zs)
+        summaries, clock["z-statistics and plots"] = stats.result()
+        wall = time.perf_counter() - writing  # the parts overlap when the statistics run in their own process
         if set_aside is not None and len(set_aside):
             (tmp / "rejected").mkdir(exist_ok=True)
             if "file" in set_aside.column_names:  # file names, not the builder's paths
@@ -441,7 +545,7 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         if timings:
             manifest["stages"] = list(manifest.get("stages", [])) + [
                 {"stage": "write release", "detail": "Parquet of every config; z-statistics and plots",
-                 "seconds": round(sum(clock.values()), 3), "seconds_by_part": {k: round(v, 3) for k, v in clock.items()}}]
+                 "seconds": round(wall, 3), "seconds_by_part": {k: round(v, 3) for k, v in clock.items()}}]
         manifest["files"] = {c: {s: [{k: v for k, v in f.items() if k != "arrow_bytes"} for f in fs]
                                  for s, fs in sp.items()} for c, sp in written.items()}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
@@ -452,6 +556,8 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
         (tmp / "README.md").write_text(f"---\n{yaml_header}---\n\n{body}")
         replace_folder(tmp, out)
     except BaseException as err:
+        if stats is not None:
+            stats.stop()  # before its folder goes
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, OSError):  # no space, read-only: one line, and no half release left
             raise write_error(err, out) from err
@@ -459,6 +565,85 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
     finally:
         unlock()
     return out
+
+
+def _summaries(jobs: Sequence[tuple], task: TaskSpec, images: Path, top_k: int) -> tuple[dict, float]:
+    """The card summary and the plot of each ``(name, dataset, feature parts or None)``; the first job
+    named ``original`` is the "before" of the others. Returns the summaries and the seconds taken."""
+    from .audit import plot_zstats
+    from .zstats import bonferroni_threshold
+
+    start = time.perf_counter()
+    summaries, reference = {}, None
+    for name, ds, parts in jobs:
+        summary, zs = zstats_summary(ds, task, reference=reference, top_k=top_k, parts=parts)
+        thr = bonferroni_threshold(int((zs.n > 0).sum()) * task.num_labels)
+        plot_zstats(zs, thr, images / f"zstats_{name}.png", title=f"{name} ({len(ds):,} rows)")
+        summaries[name] = summary
+        if name == "original":  # computed once: the "before" of every config
+            reference = zs
+        del zs
+    return summaries, time.perf_counter() - start
+
+
+def _stats_process(conn, args: dict) -> None:
+    """The forked z-statistics process: sends back ``("ok", (summaries, seconds))`` or ``("error", exc)``."""
+    try:
+        conn.send(("ok", _summaries(**args)))
+    except BaseException as err:  # sent back to the build, which raises it
+        import traceback
+
+        try:
+            conn.send(("error", err))
+        except Exception:  # an exception that does not pickle: its text
+            conn.send(("error", RuntimeError(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")))
+    finally:
+        conn.close()
+
+
+class _StatsJob:
+    """:func:`_summaries` in a forked process (started now; :meth:`result` waits for it), or in this
+    process when :meth:`result` is called."""
+
+    def __init__(self, jobs, task, images, top_k, forked: bool):
+        self.args = dict(jobs=jobs, task=task, images=images, top_k=top_k)
+        self.proc = self.conn = None
+        if forked:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("fork")  # the process inherits the rows and features: nothing pickled
+            self.conn, child = ctx.Pipe(duplex=False)
+            self.proc = ctx.Process(target=_stats_process, args=(child, self.args), daemon=True)
+            return_free_memory()  # see processes.py: the Parquet writing should not copy shared pages
+            freeze_gc()
+            self.proc.start()
+            child.close()
+
+    def result(self) -> tuple[dict, float]:
+        if self.proc is None:
+            return _summaries(**self.args)
+        try:
+            try:
+                kind, payload = self.conn.recv()
+            except EOFError:
+                self.proc.join()
+                raise RuntimeError(f"the z-statistics process ended without its result (exit code "
+                                   f"{self.proc.exitcode}); out of memory? z_filter.num_proc: 1 computes them "
+                                   "in the build's process") from None
+            if kind == "error":
+                raise payload
+            return payload
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.terminate()
+            self.proc.join()
+            self.conn.close()
+            self.proc = None
+            unfreeze_gc()
 
 
 def templates_dir() -> Path:

@@ -42,7 +42,7 @@ from .data import labels_of, materialize
 from .errors import ConfigError, EmptyResultError
 from .features import FeatureMatrix, build_feature_matrices
 from .tasks import TaskSpec, get_task
-from .zstats import resolve_p0
+from .zstats import count_matrix, resolve_p0
 
 REJECTED_BY = "rejected_by"
 
@@ -53,17 +53,19 @@ class ZFilterOutcome:
 
     kept: np.ndarray            # input positions kept, in the order they were added to Z
     rejected: np.ndarray        # input positions rejected, in walk order
-    rejected_by_ids: np.ndarray     # the feature ids that rejected each rejected row, concatenated...
+    rejected_by_ids: np.ndarray     # the feature ids (int32) that rejected each rejected row, concatenated...
     rejected_by_indptr: np.ndarray  # ...row r's are rejected_by_ids[indptr[r]:indptr[r+1]]
-    batch_of: np.ndarray        # batch number of every input position
-    counts: np.ndarray          # final counts of Z (features x labels), seed included
+    batch_of: np.ndarray        # batch number (int32) of every input position
+    counts: np.ndarray | None   # final counts of Z (features x labels), seed included; None if not kept
     n_batches: int
     full_rankings: int          # how often the top-k needed a full ranking (diagnostic)
 
 
 def _z_rows(counts: np.ndarray, p0: np.ndarray, min_z: float) -> np.ndarray:
     """z for each row of a counts block; -inf (never biased) where n = 0 or z <= min_z."""
-    n = counts.sum(axis=1)
+    n = counts[:, 0].copy()  # summed column by column: a row-wise sum over K = 2 or 3 is several times slower
+    for l in range(1, counts.shape[1]):
+        n += counts[:, l]
     safe = np.maximum(n, 1)
     p_hat = counts / safe[:, None]
     z = (p_hat - p0[None, :]) / np.sqrt(p0[None, :] * (1 - p0[None, :]) / safe[:, None])
@@ -118,10 +120,13 @@ class _TopK:
             self.static.append(ranked)
             self.listed[l, ranked] = True
 
-    def mark(self, ids: np.ndarray) -> None:
-        """Record that the z of ``ids`` changed: list those that rose above the floor."""
+    def mark(self, ids: np.ndarray, z_ids: np.ndarray | None = None) -> None:
+        """Record that the z of ``ids`` changed (``z_ids``: their new rows of z, when the caller has
+        them at hand): list those that rose above the floor."""
+        z_ids = self.z[ids] if z_ids is None else z_ids
         for l in range(self.K):
-            new = ids[(self.z[ids, l] > self.floor[l]) & ~self.listed[l, ids]]
+            above = ids[z_ids[:, l] > self.floor[l]]  # few: the listed check reads only these
+            new = above[~self.listed[l, above]]
             if len(new):
                 self.listed[l, new] = True
                 self.above[l].append(new)
@@ -152,11 +157,13 @@ class _TopK:
 def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, top_k: int = 20,
                     batch_size: int = 1000, seed: int | None = 0, seed_fm: FeatureMatrix | None = None,
                     seed_labels: np.ndarray | None = None, p0="uniform", order: np.ndarray | None = None,
-                    progress: bool = True, cache: int = 2048, min_z: float = 0.0) -> ZFilterOutcome:
+                    progress: bool = True, cache: int = 2048, min_z: float = 0.0,
+                    keep_counts: bool = True) -> ZFilterOutcome:
     """Algorithm 1 over a feature matrix. ``seed_fm``/``seed_labels`` start Z from a seed set.
 
     ``order`` fixes the walk order (input positions); otherwise the rows are shuffled with ``seed``
-    (``seed=None`` keeps the input order).
+    (``seed=None`` keeps the input order). ``keep_counts=False`` leaves the final counts out of the
+    outcome (features x labels: 84 MB for 3.5M features; the build does not read them).
     """
     from tqdm.auto import tqdm
 
@@ -173,8 +180,7 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
             raise ConfigError("the seed set's feature matrix must share the input's vocabulary "
                               "(build both with build_feature_matrices)")
         sl = np.asarray(seed_labels, dtype=np.int64)
-        keys = seed_fm.indices.astype(np.int64) * K + np.repeat(sl, np.diff(seed_fm.indptr))
-        counts += np.bincount(keys, minlength=V * K).reshape(V, K)
+        counts += count_matrix(seed_fm, sl, K)  # in blocks of rows: small temporaries
         seed_label_counts = np.bincount(sl, minlength=K)
     if isinstance(p0, str) and p0 == "prior":
         # the prior of the full input (plus seed); fixed for the whole walk
@@ -191,19 +197,22 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
     z[present] = _z_rows(counts[present], p0_arr, min_z)
     topk = _TopK(z, top_k, cache)
     biased = np.zeros(V * K, bool)
+    biased_keys = np.zeros(0, np.int64)  # the entries of ``biased`` set for the current batch
     kept_parts, rej_parts, rej_ids, rej_lens = [], [], [], []
-    mark = np.zeros(V, bool)
+    last = np.empty(V, np.int64)  # scratch: the features a batch touched, found without a pass over V
     flat_counts = counts.reshape(-1)
-    batch_of = np.empty(n, np.int64)
+    batch_of = np.empty(n, np.int32)
     n_batches = (n + batch_size - 1) // batch_size
     bar = tqdm(total=n, desc="z-filtering", unit="rows", disable=not progress)
     for b in range(n_batches):
         lo, hi = b * batch_size, min((b + 1) * batch_size, n)
         batch_of[order[lo:hi]] = b
         top = topk.top()
-        biased[:] = False
-        for l in range(K):
-            biased[top[l] * K + l] = True
+        # per batch, work in the batch's entries and the top-k only: clearing or scanning arrays over the
+        # vocabulary (millions of features) for each of thousands of batches was most of a walk's time
+        biased[biased_keys] = False
+        biased_keys = np.concatenate([top[l] * K + l for l in range(K)])
+        biased[biased_keys] = True
         # gather the batch's (row, feature) entries; no copy of the whole matrix in walk order
         lens = lens_all[lo:hi]
         offsets = np.cumsum(lens) - lens
@@ -217,7 +226,7 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
         rej_local = np.flatnonzero(row_hit)
         if len(rej_local):
             # entries are grouped by row, so the hits of the rejected rows come out in their order
-            rej_ids.append(feats[hit])
+            rej_ids.append(feats[hit].astype(np.int32))  # vocabulary ids, as the matrix stores them
             rej_lens.append(np.bincount(entry_row[hit] - lo, minlength=hi - lo)[rej_local])
         rej_parts.append(order[lo + rej_local])
         kept_parts.append(order[lo + keep_local])
@@ -225,11 +234,14 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
             kmask = ~row_hit[entry_row - lo]
             kf = feats[kmask]
             np.add.at(flat_counts, kf * K + wl[entry_row[kmask]], 1)
-            mark[kf] = True
-            touched = np.flatnonzero(mark)
-            mark[touched] = False
-            z[touched] = _z_rows(counts[touched], p0_arr, min_z)
-            topk.mark(touched)
+            # each touched feature once (the last of its entries); their order does not matter: z is
+            # set per feature and _TopK ranks its candidates by (z, id)
+            at = np.arange(len(kf))
+            last[kf] = at
+            touched = kf[last[kf] == at]
+            z_touched = _z_rows(counts[touched], p0_arr, min_z)
+            z[touched] = z_touched
+            topk.mark(touched, z_touched)
         bar.update(hi - lo)
     bar.close()
     kept = np.concatenate(kept_parts) if kept_parts else np.zeros(0, np.int64)
@@ -237,8 +249,9 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
     lens = np.concatenate(rej_lens) if rej_lens else np.zeros(0, np.int64)
     indptr = np.zeros(len(lens) + 1, np.int64)
     np.cumsum(lens, out=indptr[1:])
-    ids = np.concatenate(rej_ids) if rej_ids else np.zeros(0, np.int64)
-    return ZFilterOutcome(kept, rejected, ids, indptr, batch_of, counts, n_batches, topk.full_rankings)
+    ids = np.concatenate(rej_ids) if rej_ids else np.zeros(0, np.int32)
+    return ZFilterOutcome(kept, rejected, ids, indptr, batch_of, counts if keep_counts else None, n_batches,
+                          topk.full_rankings)
 
 
 @dataclasses.dataclass

@@ -23,9 +23,10 @@ from .features import FeatureMatrix
 
 
 def count_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, rows: np.ndarray | None = None,
-                 block_rows: int = 1 << 19) -> np.ndarray:
+                 block_rows: int = 1 << 17) -> np.ndarray:
     """counts[x, l] = number of rows (optionally only ``rows``: a boolean mask, or row positions) with
-    feature x and label l. Counted over blocks of rows, so the temporary keys stay small."""
+    feature x and label l. Counted over blocks of rows, so the temporary keys stay small (131,072 rows
+    of about 47 features: three arrays of about 50 MB; blocks of 524,288 rows took 600 MB)."""
     labels = np.asarray(labels, dtype=np.int64)
     if len(labels) != fm.n_rows:
         raise ConfigError(f"{len(labels)} labels for a feature matrix of {fm.n_rows} rows")
@@ -120,9 +121,15 @@ class ZStats:
                 for l, name in enumerate(self.label_names)}
 
     def max_abs_z(self, exclude: Sequence[str] = ()) -> float:
+        """The largest |z| of the features present, without those named in ``exclude`` (found by binary
+        search: the vocabulary is in string order, as :class:`FeatureMatrix` ids are)."""
         keep = self.n > 0
         for name in exclude:
-            keep &= self.vocab != name
+            # the vocabulary is in string order (FeatureMatrix ids): a binary search, not a comparison with
+            # each of millions of strings (which, in a forked process, also copies every page they are on)
+            j = int(np.searchsorted(self.vocab, name))
+            if j < len(self.vocab) and self.vocab[j] == name:
+                keep[j] = False
         return float(np.abs(self.z[keep]).max()) if keep.any() else 0.0
 
     def records(self, ids: np.ndarray | None = None, label: int | None = None) -> list[dict]:

@@ -512,11 +512,11 @@ def test_a_full_or_read_only_disk_leaves_no_half_release(world, capsys, monkeypa
     real = release._write_parquet
     calls = []
 
-    def full_disk(ds, folder, split):
+    def full_disk(ds, folder, split, **kw):
         calls.append(folder)
         if len(calls) == 2:  # the first file is written, the second finds the disk full
             raise OSError(errno.ENOSPC, "No space left on device", str(folder / f"{split}-00000.parquet"))
-        return real(ds, folder, split)
+        return real(ds, folder, split, **kw)
 
     monkeypatch.setattr(release, "_write_parquet", full_disk)
     before = snapshot(w.root)

@@ -121,3 +121,49 @@ def test_new_rows_get_content_hash_uids():
     assert ds[0]["uid"] == again[0]["uid"] and ds[0]["uid"].startswith("gpt2:")
     with pytest.raises(InvalidInputError, match="label 'maybe'"):
         new_rows("snli", ["P."], ["H."], ["maybe"], origin="generated", method="gpt2")
+
+
+def test_rows_are_taken_from_many_chunks_without_changing_them():
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+
+    from debiased_nli.data import _take_rows, contiguous, materialize
+
+    n = 1000
+    full = pa.table({"premise": [f"p{i}" for i in range(n)], "label": list(range(n)),
+                     "tags": [[f"t{i}"] * (i % 3) for i in range(n)]})
+    # columns cut in different places, as a table read from files and extended column by column is
+    cut = pa.table({"premise": pa.chunked_array([full["premise"][:300].combine_chunks(),
+                                                 full["premise"][300:].combine_chunks()]),
+                    "label": pa.chunked_array([c for c in full["label"].slice(0, 500).chunks] +
+                                              [full["label"][500:].combine_chunks()]),
+                    "tags": full["tags"]})
+    rng = np.random.default_rng(0)
+    for positions in (np.arange(0, n, 3), np.concatenate([rng.permutation(400), 400 + rng.permutation(600)]),
+                      rng.permutation(n), np.array([999, 0, 500, 299, 300])):
+        assert _take_rows(cut, positions).equals(full.take(pa.array(positions)))
+    ds = datasets.Dataset(cut, fingerprint="abc")
+    one = contiguous(ds)
+    assert one._fingerprint == "abc" and one.data.table.equals(full)
+    assert all(c.num_chunks == 1 for c in one.data.table.columns)
+    assert contiguous(one) is one
+    both = datasets.concatenate_datasets([ds.select([5, 1]), ds.select([700, 2])])
+    assert materialize(both)["premise"] == ["p5", "p1", "p700", "p2"]
+
+
+def test_content_uids_of_a_table_are_the_uids_of_its_rows():
+    import pyarrow as pa
+
+    from debiased_nli.data import content_uid, content_uids
+
+    names = ["entailment", "neutral", "contradiction"]
+    premises = [f"A man {i} is here." for i in range(2500)] + ["Ünïcödé \x1f ok", ""]
+    hypotheses = [f"Nobody {i % 7}." for i in range(2500)] + ["x", "y"]
+    labels = [i % 3 for i in range(len(premises))]
+    table = pa.table({"premise": premises, "hypothesis": hypotheses, "label": labels})
+    want = [content_uid(p, h, names[c], prefix="files:x:") for p, h, c in zip(premises, hypotheses, labels)]
+    assert content_uids(table, names, "files:x:").to_pylist() == want
+    # in chunks hashed by two forked processes, and from a table in several chunks: the same uids
+    chunked = pa.concat_tables([table.slice(0, 1000), table.slice(1000)])
+    assert content_uids(chunked, names, "files:x:", chunk_rows=700, num_proc=2).to_pylist() == want

@@ -162,3 +162,60 @@ def test_feature_matrices_of_chunked_columns_with_empty_chunks():
     rows = [sorted(fm.row(i)) for i in range(4)]
     assert rows[1] == rows[2] == ["<null>"]
     assert "full-lex-overlap" in rows[0] and "full-lex-overlap" in rows[3]
+
+
+ODD_TEXTS = ["Nobody's here, 'tis", "x' 'y", "  a  b ", "'''", "a\tb\nc", "Ça va? Ünïcödé — ok!!", "", "5 , 6",
+             "it's  'quoted'  ", "a ' b", "''a''b''", "日本語 テキスト", "x -- y", " lead", "trail ", "a,b", "a , , b"]
+
+
+def _nli_texts(shared_data) -> pa.Array:
+    import pyarrow.parquet as pq
+
+    texts = []
+    for name in ("snli/train_sample.parquet", "snli/dev.parquet"):
+        t = pq.read_table(shared_data / name, columns=["premise", "hypothesis"])
+        texts += t.column("premise").to_pylist() + t.column("hypothesis").to_pylist()
+    return pa.array(texts + ODD_TEXTS, pa.string())
+
+
+def test_the_separator_pattern_gives_the_text_of_the_plain_one(shared_data):
+    # the tokeniser's fast pattern leaves single spaces alone; every other run is replaced as the plain
+    # pattern "[^\pL\pN']+" -> " " would, so the text (and every token) is the same
+    import pyarrow.compute as pc
+
+    from debiased_nli.features import _SEPARATOR_RUNS
+
+    texts = pc.utf8_lower(_nli_texts(shared_data))
+    assert pc.replace_substring_regex(texts, _SEPARATOR_RUNS, " ").equals(
+        pc.replace_substring_regex(texts, r"[^\pL\pN']+", " "))
+
+
+def test_extractors_that_promise_unique_rows_never_repeat_a_feature(shared_data):
+    from debiased_nli.features import _EXTRACTORS, HYPO_ONLY_COLUMN, _as_list_array, _unique_per_row, FeatureBatch
+
+    texts = _nli_texts(shared_data)
+    n = len(texts) // 2
+    table = pa.table({"premise": texts[:n], "hypothesis": texts[n:2 * n],
+                      HYPO_ONLY_COLUMN: pa.array(np.arange(n) % 3, pa.int64())})
+    batch = FeatureBatch(table, ["entailment", "neutral", "contradiction"])
+    promised = [e for e in _EXTRACTORS.values() if e.unique_rows]
+    assert {e.name for e in promised} >= {"unigram_v1", "bigram_v1", "overlap_v2", "null_v1"}
+    for ex in promised:
+        col = _as_list_array(ex.fn(batch), n, ex.name)
+        assert _unique_per_row(col).equals(col), ex.name
+    # the one built-in that does repeat (a token of both sides) is deduplicated by extract_table
+    assert not _EXTRACTORS["unigram_pair_v1"].unique_rows
+    assert features_of("a dog", "a cat", ["unigram_pair_v1"])["feat_unigram_pair_v1"] == ["a@pair", "dog@pair",
+                                                                                          "cat@pair"]
+
+
+def test_first_occurrences_keep_the_first_of_each_key_in_a_row():
+    import pandas as pd
+
+    from debiased_nli.features import _first_occurrences
+
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.integers(0, 500, 20_000))
+    keys = rows * 1000 + rng.integers(0, 30, len(rows))  # many repeats inside rows
+    np.testing.assert_array_equal(_first_occurrences(keys), ~pd.Series(keys).duplicated().to_numpy())
+    assert _first_occurrences(np.zeros(0, np.int64)).shape == (0,)

@@ -1,6 +1,7 @@
 """The build's feature stage: chunks of text in, integer ids out; the hypothesis-only model fitted on
 D0 alone (Wu et al. 2022, Table 11: "We train a hypothesis-only model on the original dataset")."""
 import json
+import os
 from pathlib import Path
 
 import datasets
@@ -185,3 +186,46 @@ def test_materialize_gathers_the_selected_rows(d0_dg):
     assert materialize(sel).to_dict() == sel.flatten_indices().to_dict()
     assert materialize(d0, rows[:2]).to_dict() == d0.select(rows[:2]).to_dict()
     assert materialize(sel)._indices is None and materialize(sel).features == d0.features
+
+
+def test_the_walks_over_the_new_rows_give_the_same_configs_in_processes_or_one_after_another(d0_dg):
+    from debiased_nli.release import compose
+
+    d0, dg = d0_dg
+    feats = featurize_build(d0, dg, "snli", progress=False)
+    kw = dict(features=(feats.d0, feats.dg), batch_size=100, seed=4, progress=False)
+    seconds = {}
+    alone = compose(d0, dg, "snli", num_proc=1, **kw)
+    together = compose(d0, dg, "snli", num_proc=3, seconds=seconds, **kw)  # three forked walks at once
+    assert set(alone) == set(together) == {"z_filtered", "z_aug", "par_z_new", "seq_z"} == set(seconds)
+    for name in alone:
+        a, b = alone[name], together[name]
+        for field in ("kept", "rejected", "rejected_by_ids", "rejected_by_indptr", "batch_of"):
+            np.testing.assert_array_equal(getattr(a.outcome, field), getattr(b.outcome, field))
+        assert a.outcome.counts is None and b.outcome.counts is None  # the build keeps no final counts
+        assert a.params == b.params
+        assert materialize(a.kept).data.table.equals(materialize(b.kept).data.table)
+        assert materialize(a.rejected).data.table.equals(materialize(b.rejected).data.table)
+
+
+_TEST_PROCESS = os.getpid()
+
+
+def _dies_in_a_forked_process(name):
+    from debiased_nli.release import _WALKS
+    from debiased_nli.zfilter import z_filter_matrix
+
+    if os.getpid() != _TEST_PROCESS:
+        os._exit(3)
+    args, kwargs = _WALKS[name]  # the build's own process walks its input as usual
+    return name, z_filter_matrix(*args, **kwargs, progress=False), 0.0
+
+
+def test_a_walk_process_that_dies_stops_the_build_with_an_error(d0_dg, monkeypatch):
+    from debiased_nli import release
+
+    d0, dg = d0_dg
+    feats = featurize_build(d0, dg, "snli", progress=False)
+    monkeypatch.setattr(release, "_walk", _dies_in_a_forked_process)  # the forked processes inherit it
+    with pytest.raises(RuntimeError, match="z-filtering process ended without its result"):
+        release.compose(d0, dg, "snli", features=(feats.d0, feats.dg), batch_size=100, progress=False, num_proc=2)

@@ -87,6 +87,37 @@ def test_compositions_with_new_rows(tmp_path, shared_data):
     assert len(load["seq_z"]) < len(load["z_aug"])
 
 
+def test_walks_and_statistics_in_processes_write_the_same_release(tmp_path, shared_data):
+    # z_filter.num_proc: the three walks over the new rows in forked processes, and the z-statistics and
+    # plots in one beside the Parquet writing; every file is the one written in a single process
+    recipe = yaml.safe_load((ROOT / "builders/snli.yaml").read_text())
+    kw = dict(data_files=[f"train={shared_data}/snli/train_sample.parquet"], max_rows=3000, progress=False,
+              new_rows_files=[str(shared_data / "snli/dev.parquet")])
+    build({**recipe, "z_filter": {**recipe["z_filter"], "num_proc": 1}}, tmp_path / "one", **kw)
+    build({**recipe, "z_filter": {**recipe["z_filter"], "num_proc": 3}}, tmp_path / "three", **kw)
+    one, three = tmp_path / "one", tmp_path / "three"
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(three) for p in three.rglob("*") if p.is_file())
+    assert len([f for f in files if f.parts[0] == "images"]) == 5  # the original and the four configs
+    for rel in files:
+        if rel.name != "manifest.json":  # which records the recipe's num_proc
+            assert filecmp.cmp(one / rel, three / rel, shallow=False), rel
+    with pytest.raises(ConfigError, match="z_filter.num_proc"):
+        load_recipe({**recipe, "z_filter": {"num_proc": 0}})
+
+
+def test_a_statistics_process_that_dies_leaves_no_release(tmp_path, monkeypatch):
+    import os
+
+    from debiased_nli import release
+
+    monkeypatch.setattr(release, "_summaries", lambda **kw: os._exit(3))  # the forked process inherits it
+    recipe = {**yaml.safe_load((ROOT / "builders/demo.yaml").read_text()), "z_filter": {"num_proc": 2}}
+    with pytest.raises(RuntimeError, match="z-statistics process ended without its result"):
+        build(recipe, tmp_path / "rel", progress=False)
+    assert not (tmp_path / "rel").exists() and not list(tmp_path.glob(".rel*tmp*"))
+
+
 def test_bad_recipes_and_names(tmp_path):
     with pytest.raises(ConfigError, match="unknown recipe key 'z_filtr'.*Did you mean 'z_filter'"):
         load_recipe({"task": "demo", "z_filtr": {}})

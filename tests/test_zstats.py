@@ -86,3 +86,20 @@ def test_counts_over_parts_and_row_blocks_are_the_counts_of_the_union():
     other = matrix(rows, [f"g{i}" for i in range(9)])
     with pytest.raises(ConfigError, match="share one vocabulary"):
         compute_zstats_parts([(d0, labels[:200], None), (other, labels, None)], ["a", "b", "c"])
+
+
+def test_largest_z_leaves_out_the_named_features():
+    from debiased_nli.features import FeatureMatrix
+
+    vocab = np.array(sorted(["<null>", "a@hypothesis", "b@hypothesis", "nobody@hypothesis"]), dtype=object)
+    # <null> in every row; "nobody" only in contradiction rows; a and b spread over entailment and neutral
+    rows = [["<null>", "nobody@hypothesis"]] * 30 + [["<null>", "a@hypothesis"]] * 30 + [["<null>", "b@hypothesis"]] * 30
+    labels = np.array([2] * 30 + [0] * 20 + [1] * 10 + [0] * 10 + [1] * 20)
+    index = {v: i for i, v in enumerate(vocab)}
+    indptr = np.cumsum([0] + [len(r) for r in rows])
+    indices = np.array([index[f] for r in rows for f in r], np.int32)
+    zs = compute_zstats(FeatureMatrix(indptr, indices, vocab), labels, ["e", "n", "c"])
+    nobody = index["nobody@hypothesis"]
+    assert zs.max_abs_z() == pytest.approx(np.abs(zs.z).max())
+    without = zs.max_abs_z(exclude=("nobody@hypothesis", "not-a-feature"))
+    assert without == pytest.approx(np.abs(np.delete(zs.z, nobody, axis=0)).max()) and without < zs.max_abs_z()

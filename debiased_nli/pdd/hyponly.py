@@ -34,7 +34,7 @@ class HypothesisOnlyFolds:
     """k fold models of TF-IDF + logistic regression on the hypothesis n-grams."""
 
     def __init__(self, labels: Sequence[str], *, folds: int = 5, seed: int = 0, C: float = 1.0, min_df: int = 2,
-                 max_iter: int = 300):
+                 max_iter: int | None = None):
         self.labels = tuple(labels)
         self.folds, self.seed, self.C, self.min_df, self.max_iter = folds, seed, C, min_df, max_iter
 
@@ -67,8 +67,9 @@ class HypothesisOnlyFolds:
         """Fit the fold models; returns the out-of-fold predictions of the given rows (``self.fold_of``
         holds each row's fold)."""
         from sklearn.feature_extraction.text import TfidfTransformer
-        from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold
+
+        from ..hypothesis_only import logistic_regression
 
         labels = np.asarray(labels, dtype=np.int64)
         n, K = len(labels), len(self.labels)
@@ -87,7 +88,7 @@ class HypothesisOnlyFolds:
         self.models, self.fold_of = [], np.zeros(n, dtype=np.int64)
         probs = np.zeros((n, K))
         for f, (train, held) in enumerate(splitter.split(np.zeros(n), labels)):
-            clf = LogisticRegression(C=self.C, max_iter=self.max_iter, random_state=self.seed)
+            clf = logistic_regression(self.C, self.seed, self.max_iter)
             clf.fit(Xt[train], labels[train])
             probs[np.ix_(held, clf.classes_)] = clf.predict_proba(Xt[held])
             self.models.append(clf)
