@@ -6,6 +6,8 @@
     python benchmarks/bench_build_scale.py report                               # md, json and png
     python benchmarks/bench_build_scale.py compare --scale 1 --old ../scale2base  # old code vs this one
     python benchmarks/bench_build_scale.py speedup                              # build_scale_speedup.{md,json}
+    python benchmarks/bench_build_scale.py overlap --scale 10 --old ../old22    # fits started early vs not
+    python benchmarks/bench_build_scale.py overlap-report                       # build_scale_overlap.{md,json}
 
 **Input.** Every row is distinct (no (premise, hypothesis) pair twice, across D0 and D_G), so that every
 row has to be featurised. Rows are made from the 59,313 real NLI rows of ../shared/data (SNLI train
@@ -373,6 +375,93 @@ def compare_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 2
     return res
 
 
+def overlap_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 1) -> dict:
+    """The TF-IDF fits started on D0's own vocabulary while D_G is extracted (this code) against the fits
+    after the whole extraction (``old``): old and new builds alternate; the releases must be the same
+    byte for byte (the change moves work in time, not what is computed). Resumable per build:
+    ``<work>/overlap-<s>.json``."""
+    path = work / f"overlap-{scale}.json"
+    res = json.loads(path.read_text()) if path.exists() else {
+        "scale": scale, "base_rows": BASE_SHARD * scale, "new_rows": NEW_SHARD * scale, "old_code": str(old),
+        "new_code": str(ROOT), "runs": []}
+    base, new = _files(data, scale)
+    work.mkdir(parents=True, exist_ok=True)
+    keep = {name: work / f"overlap-{scale}-{name}" for name in RUNS}
+    done = {(u["code"], u["round"]) for u in res["runs"]}
+    for r in range(rounds):
+        for name in RUNS:
+            if (name, r) in done:
+                continue
+            out = keep[name] if r == 0 else work / f"overlap-{scale}-{name}-{r}"
+            run = timed_build(base, new, out, work / f"overlap-cache-{scale}", code=old if name == "old" else ROOT)
+            run.update(code=name, round=r, load_average_at_end=os.getloadavg())
+            if r:
+                shutil.rmtree(out, ignore_errors=True)
+            res["runs"].append(run)
+            path.write_text(json.dumps(res, indent=2) + "\n")
+    if "checks" not in res:
+        import pyarrow.parquet as pq
+
+        a, b = keep["old"], keep["new"]
+        files = _release_files(a)
+        differ = [f for f in files if not (b / f).exists() or (a / f).read_bytes() != (b / f).read_bytes()]
+        same_rows = [f for f in differ if f.endswith(".parquet") and (b / f).exists()
+                     and pq.read_table(a / f).equals(pq.read_table(b / f))]
+        res["checks"] = {"same_files": not differ and files == _release_files(b), "files_compared": len(files),
+                         "differing": [f for f in differ if f not in same_rows],
+                         "same_rows_other_row_groups": same_rows}
+        path.write_text(json.dumps(res, indent=2) + "\n")
+        for folder in keep.values():
+            shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(work / f"overlap-cache-{scale}", ignore_errors=True)
+    return res
+
+
+def overlap_report(work: Path, old_commit: str) -> None:
+    """benchmarks/results/build_scale_overlap.{md,json} from every ``<work>/overlap-<s>.json``."""
+    results = [json.loads(p.read_text()) for p in sorted(work.glob("overlap-*.json"))]
+    (RESULTS / "build_scale_overlap.json").write_text(json.dumps({"old_commit": old_commit, "scales": results},
+                                                                 indent=2) + "\n")
+    lines = ["# `debiased-nli build`: the hypothesis-only fits started while the new rows are featurised", "",
+             f"Old code: main at {old_commit} (the TF-IDF model's fits start after every row of D0 and D_G is "
+             "extracted). New code: the fits start as soon as D0's chunks are in, on D0's own vocabulary, "
+             "in their own processes, while the fork pool extracts D_G's features.", "",
+             "```", f"git -C /work/main worktree add --detach /work/wt/old22 {old_commit}",
+             "python benchmarks/bench_build_scale.py overlap --scale 10 --old /work/wt/old22",
+             "python benchmarks/bench_build_scale.py overlap-report", "```", "",
+             "Each build is the whole command as its own process tree, empty caches, `OMP_NUM_THREADS=1`; "
+             "old and new alternate.", "",
+             "| scale | D0 + new rows | old wall (s) | new wall (s) | **wall old/new** | old CPU (s) | new CPU (s) | "
+             "old peak PSS (MB) | new peak PSS (MB) | releases the same |",
+             "|---|---|---|---|---:|---|---|---|---|---|"]
+    for res in results:
+        by = {name: [u for u in res["runs"] if u["code"] == name] for name in RUNS}
+        w = {n: _mean([u["wall_s"] for u in by[n]]) for n in RUNS}
+        fmt = lambda n, k: " / ".join(f"{u[k]:,}" for u in by[n])  # noqa: E731
+        ch = res.get("checks", {})
+        same = ("yes, byte for byte" if ch.get("same_files") else
+                f"no: {', '.join(ch.get('differing', []))}") if ch else "not checked yet"
+        if ch.get("same_rows_other_row_groups"):
+            same += f" ({len(ch['same_rows_other_row_groups'])} Parquet files: same rows, other row groups)"
+        lines.append(f"| {res['scale']}x | {res['base_rows']:,} + {res['new_rows']:,} | {fmt('old', 'wall_s')} | "
+                     f"{fmt('new', 'wall_s')} | **{w['old'] / w['new']:.2f}** | {fmt('old', 'cpu_s')} | "
+                     f"{fmt('new', 'cpu_s')} | {fmt('old', 'peak_pss_mb')} | {fmt('new', 'peak_pss_mb')} | {same} |")
+    lines += ["", "Seconds per stage of the features (manifest, mean over the rounds):", ""]
+    for res in results:
+        rows = {}
+        for u in res["runs"]:
+            for st in u["stages"]:
+                if st["stage"] == "features":
+                    for part, sec in (st.get("parts") or {}).items():
+                        rows.setdefault(part, {}).setdefault(u["code"], []).append(sec)
+                    rows.setdefault("features (whole stage)", {}).setdefault(u["code"], []).append(st["seconds"])
+        lines += [f"**{res['scale']}x**", "", "| | old | new |", "|---|---:|---:|"]
+        for part, v in rows.items():
+            lines.append(f"| {part} | {_mean(v.get('old', [])):.1f} | {_mean(v.get('new', [])):.1f} |")
+        lines.append("")
+    (RESULTS / "build_scale_overlap.md").write_text("\n".join(lines) + "\n")
+
+
 def _mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -633,7 +722,13 @@ def main(argv=None) -> int:
     c.add_argument("--rounds", type=int, default=2)
     c.add_argument("--reseed", action="store_true", help="also build the old code with --seed 43 (row overlap reference)")
     sub.add_parser("speedup", help="write benchmarks/results/build_scale_speedup.{md,json}")
-    for p in (g, r, s, pr, c, sub.choices["report"], sub.choices["speedup"]):
+    o = sub.add_parser("overlap", help="old code against this one (fits started on D0's vocabulary), byte-equal releases")
+    o.add_argument("--scale", type=int, choices=SCALES, required=True)
+    o.add_argument("--old", type=Path, required=True, help="a checkout of the old code (e.g. a git worktree)")
+    o.add_argument("--rounds", type=int, default=1)
+    orp = sub.add_parser("overlap-report", help="write benchmarks/results/build_scale_overlap.{md,json}")
+    orp.add_argument("--old-commit", default="1b846f9")
+    for p in (g, r, s, pr, c, o, orp, sub.choices["report"], sub.choices["speedup"]):
         p.add_argument("--data", type=Path, default=DATA)
         p.add_argument("--work", type=Path, default=WORK)
     args = ap.parse_args(argv)
@@ -650,6 +745,11 @@ def main(argv=None) -> int:
         print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
     elif args.cmd == "speedup":
         speedup_report(args.work)
+    elif args.cmd == "overlap":
+        res = overlap_scale(args.scale, args.data, args.work, args.old.resolve(), args.rounds)
+        print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+    elif args.cmd == "overlap-report":
+        overlap_report(args.work, args.old_commit)
     else:
         report(args.work)
     return 0

@@ -759,6 +759,45 @@ class ChunkedFeatures:
         self.vocab = np.array(self.vocab_arrow.to_pylist(), dtype=object)
         return self.vocab
 
+    def local_matrix(self, chunks: Sequence[int], columns: Sequence[str] | None = None) -> FeatureMatrix:
+        """The CSR matrix of some chunks over *their own* vocabulary, before :meth:`finalize`.
+
+        The vocabulary holds only the strings of those chunks (and ``columns``), in lexicographic
+        order, so its ids keep the order of the final vocabulary's ids for the same strings: any
+        model that reads columns by their strings sees the same matrix it would see after
+        :meth:`finalize` (e.g. the hypothesis-only model on D0, started while D_G is still being
+        extracted). The chunks are left as they are.
+        """
+        if self.vocab is not None:
+            raise ConfigError("local_matrix() is for chunks that are not finalised yet; use matrix()")
+        ids = list(chunks)
+        cols = [j for j, c in enumerate(self.columns) if columns is None or c in columns]
+        dicts = [self.chunks[i].dictionary for i in ids]
+        if not dicts:
+            return FeatureMatrix(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, dtype=object),
+                                 pa.array([], pa.string()))
+        enc = pc.dictionary_encode(pa.concat_arrays(dicts))
+        order = pc.sort_indices(enc.dictionary).to_numpy()
+        rank = np.empty(len(order), np.int32)
+        rank[order] = np.arange(len(order), dtype=np.int32)
+        to_local = rank[enc.indices.to_numpy(zero_copy_only=False)]
+        per_chunk = [sum(int(self.chunks[i].codes[j].shape[0]) for j in cols) for i in ids]
+        n = sum(self.chunks[i].n_rows for i in ids)
+        indptr = np.zeros(n + 1, np.int64)
+        indices = np.empty(sum(per_chunk), np.int32)
+        row, pos, start = 0, 0, 0
+        for i, size in zip(ids, per_chunk):
+            c = self.chunks[i]
+            local = to_local[start:start + len(c.dictionary)]
+            start += len(c.dictionary)
+            ptr, ind = interleave_columns([c.lengths[j] for j in cols], [local[c.codes[j]] for j in cols])
+            indptr[row + 1:row + c.n_rows + 1] = ptr[1:] + pos
+            indices[pos:pos + size] = ind
+            row += c.n_rows
+            pos += size
+        vocab_arrow = enc.dictionary.take(pa.array(order))
+        return FeatureMatrix(indptr, indices, np.array(vocab_arrow.to_pylist(), dtype=object), vocab_arrow)
+
     def feature_id(self, name: str) -> int:
         if self.vocab is None:
             raise ConfigError("finalize() first")

@@ -34,8 +34,9 @@ from .data import labels_of
 from .errors import ConfigError
 from .features import (HYPO_ONLY_COLUMN, ChunkedFeatures, FeatureMatrix, add_feature_columns, build_feature_matrices,
                        build_feature_matrix, extract_table, feature_columns, get_extractor)
-from .hypothesis_only import (LOGREG_SOLVER, HypothesisOnlyResult, fit_tfidf, out_of_fold_tfidf,
-                              out_of_fold_transformer, transformer_predictions)
+from .hypothesis_only import (LOGREG_SOLVER, HypothesisOnlyResult, TfidfHypothesisOnly, fit_tfidf,
+                              out_of_fold_tfidf, out_of_fold_transformer, start_out_of_fold_tfidf,
+                              transformer_predictions)
 from .tasks import TaskSpec, get_task
 
 HYPO_ONLY_EXTRACTOR = "hypo_only_v1"
@@ -236,23 +237,39 @@ def featurize_build(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str | d
     total = len(d0) + (len(dg) if dg is not None else 0)
     _WORK.update(views={k: ds.select_columns(needs).with_format("arrow") for k, ds in sources.items() if ds is not None},
                  extractors=[e.name for e in lexical], labels=list(task.labels), columns=columns, present=lexical_cols)
+    # The TF-IDF hypothesis-only model reads D0 alone: its fits start as soon as D0's chunks are in, on
+    # D0's own vocabulary (same strings in the same order as in the final one, so the same fits), and
+    # run in their own processes while the new rows' features are extracted.
+    n_d0_jobs = sum(1 for key, _, _ in jobs if key == "d0")
+    started = None
+
+    def start_tfidf():
+        t = time.perf_counter()
+        out = _start_tfidf(cf, parts["d0"], d0, dg, task, folds, seed, lexical, cache, n_jobs, progress)
+        seconds["hypothesis-only model: start"] = time.perf_counter() - t
+        return out
+
     try:
         with tqdm(total=total, desc=f"features ({len(lexical)} extractors)", unit="rows", disable=not progress) as bar:
+            if use_hypo and hypothesis_only == "tfidf" and n_d0_jobs == 0:
+                started = start_tfidf()
             for (key, start, stop), chunk in zip(jobs, _map_chunks(jobs, num_proc)):
                 parts[key].append(cf.append(chunk))
                 bar.update(stop - start)
+                if use_hypo and hypothesis_only == "tfidf" and key == "d0" and len(parts["d0"]) == n_d0_jobs:
+                    started = start_tfidf()
     finally:
         _WORK.clear()
     hypo_names = [f"hypo-only-pred={name}" for name in task.labels]
     cf.finalize(extra=hypo_names if use_hypo else ())
-    seconds["lexical features"] = time.perf_counter() - t0
+    seconds["lexical features"] = time.perf_counter() - t0 - seconds.get("hypothesis-only model: start", 0.0)
 
     result, new_info = None, None
     if use_hypo:
         t1 = time.perf_counter()
         labels0 = labels_of(d0)
         pred0, pred_g, result, new_info = _hypothesis_only(cf, parts, d0, dg, labels0, task, hypothesis_only, folds,
-                                                            seed, lexical, cache, n_jobs, progress)
+                                                            seed, lexical, cache, n_jobs, progress, started)
         hypo_ids = np.array([cf.feature_id(n) for n in hypo_names], np.int32)
         for key, pred in (("d0", pred0), ("dg", pred_g)):
             start = 0
@@ -268,37 +285,69 @@ def featurize_build(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str | d
     return BuildFeatures(fm0, fmg, result, new_info, {k: round(v, 3) for k, v in seconds.items()})
 
 
+def _tfidf_cache(d0, dg, lexical, folds, seed, cache: Path) -> tuple[Path, Path | None]:
+    """Where the TF-IDF model's out-of-fold predictions on D0, and its predictions of D_G, are cached."""
+    params = {"folds": folds, "seed": seed, "solver": LOGREG_SOLVER}
+    key = _hash([d0._fingerprint, [e.name for e in lexical], params, __version__])
+    return (cache / f"hypo-only-{key}.npz",
+            cache / f"hypo-only-{key}-new-{_hash(dg._fingerprint)}.npz" if dg is not None else None)
+
+
+def _start_tfidf(cf: ChunkedFeatures, d0_chunks, d0, dg, task, folds, seed, lexical, cache, n_jobs, progress) -> dict:
+    """Start the TF-IDF model's fits on D0 (before the vocabulary is final; see
+    :meth:`ChunkedFeatures.local_matrix`): what is not cached already is fitted."""
+    oof_path, new_path = _tfidf_cache(d0, dg, lexical, folds, seed, cache)
+    state = {"need_oof": not oof_path.exists(), "need_full": new_path is not None and not new_path.exists(),
+             "finish": None, "local_vocab": None}
+    if state["need_oof"] or state["need_full"]:
+        labels0 = labels_of(d0)
+        fm0 = cf.local_matrix(d0_chunks, columns=[e.column for e in lexical])
+        if state["need_oof"]:
+            state["finish"] = start_out_of_fold_tfidf(fm0, labels0, task.num_labels, folds=folds, seed=seed,
+                                                      progress=progress, full_model=state["need_full"], n_jobs=n_jobs)
+        else:
+            model = fit_tfidf(fm0, labels0, task.num_labels, seed=seed)
+            state["finish"] = lambda: model
+        state["local_vocab"] = fm0.vocab_array()
+    return state
+
+
+def _in_final_vocab(model: TfidfHypothesisOnly, local_vocab, vocab: np.ndarray) -> TfidfHypothesisOnly:
+    """The model with its input columns as ids of the final vocabulary instead of D0's own."""
+    names = np.array(local_vocab.take(model.columns).to_pylist(), dtype=object)
+    ids = np.searchsorted(vocab, names)
+    if len(names) and (ids.max() >= len(vocab) or not np.array_equal(vocab[ids], names)):
+        raise RuntimeError("a hypothesis-only input feature of D0 is missing from the final vocabulary")
+    return dataclasses.replace(model, columns=ids.astype(np.int64))
+
+
 def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, folds, seed, lexical, cache, n_jobs,
-                     progress):
-    """(D0's out-of-fold predictions, D_G's predictions by the full-D0 model, D0's result, D_G's record)."""
+                     progress, started: dict | None = None):
+    """(D0's out-of-fold predictions, D_G's predictions by the full-D0 model, D0's result, D_G's record).
+
+    ``started``: the TF-IDF fits :func:`_start_tfidf` started while the features were extracted."""
     lexical_cols = [e.column for e in lexical]
     new_info = None
     pred_g = None
     if spec == "tfidf":
-        params = {"folds": folds, "seed": seed, "solver": LOGREG_SOLVER}
-        key = _hash([d0._fingerprint, [e.name for e in lexical], params, __version__])
-        oof_path = cache / f"hypo-only-{key}.npz"
-        new_path = cache / f"hypo-only-{key}-new-{_hash(dg._fingerprint)}.npz" if dg is not None else None
-        need_oof = not oof_path.exists()
-        need_full = new_path is not None and not new_path.exists()
+        if started is None:
+            raise RuntimeError("the TF-IDF hypothesis-only model was not started on D0's chunks")
+        oof_path, new_path = _tfidf_cache(d0, dg, lexical, folds, seed, cache)
         model = None
-        if need_oof or need_full:
-            fm0 = cf.matrix(parts["d0"], columns=lexical_cols)
-            if need_oof:
-                out = out_of_fold_tfidf(fm0, labels0, task.num_labels, folds=folds, seed=seed, progress=progress,
-                                        full_model=need_full, n_jobs=n_jobs)
-                result, model = out if need_full else (out, None)
-                np.savez(oof_path, pred=result.predictions, probs=result.probabilities, acc=result.accuracy,
-                         params=json.dumps(result.params))
-            else:
-                model = fit_tfidf(fm0, labels0, task.num_labels, seed=seed)
-            del fm0
-        if not need_oof:
+        if started["need_oof"]:
+            out = started["finish"]()
+            result, model = out if started["need_full"] else (out, None)
+            np.savez(oof_path, pred=result.predictions, probs=result.probabilities, acc=result.accuracy,
+                     params=json.dumps(result.params))
+        else:
             z = np.load(oof_path, allow_pickle=False)
             result = HypothesisOnlyResult(z["pred"], z["probs"], float(z["acc"]), "tfidf-logreg-oof",
                                           json.loads(str(z["params"])))
+            if started["need_full"]:
+                model = started["finish"]()
         if dg is not None:
-            if need_full:
+            if started["need_full"]:
+                model = _in_final_vocab(model, started["local_vocab"], cf.vocab)
                 pred_g = np.concatenate([model.predict_proba(cf.matrix([i], columns=lexical_cols)).argmax(axis=1)
                                          for i in parts["dg"]]) if parts["dg"] else np.zeros(0, np.int64)
                 np.savez(new_path, pred=pred_g)

@@ -111,6 +111,20 @@ def out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *,
     ``full_model``: also fit the model on every row (for rows outside ``fm``) and return it too.
     ``n_jobs`` fits the folds (and the full model) in that many processes; each fit is the same.
     """
+    return start_out_of_fold_tfidf(fm, labels, num_labels, folds=folds, seed=seed, C=C, min_df=min_df,
+                                   max_iter=max_iter, progress=progress, full_model=full_model, n_jobs=n_jobs)()
+
+
+def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, folds: int = 5,
+                            seed: int = 0, C: float = 1.0, min_df: int = 2, max_iter: int | None = None,
+                            progress: bool = True, full_model: bool = False, n_jobs: "int | str | None" = None):
+    """:func:`out_of_fold_tfidf` in two steps: this call starts the fits and returns a function that
+    waits for them and returns what :func:`out_of_fold_tfidf` returns.
+
+    With more than one process (``n_jobs``), the fits run in those processes while the caller goes
+    on (the build extracts the new rows' features meanwhile); with one, they run when the returned
+    function is called. The result is the same either way.
+    """
     from sklearn.feature_extraction.text import TfidfTransformer
     from sklearn.model_selection import StratifiedKFold
 
@@ -122,23 +136,29 @@ def out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *,
     columns = hypothesis_columns(fm, min_df)
     tfidf = TfidfTransformer(sublinear_tf=True)
     X = tfidf.fit_transform(hypothesis_matrix(fm, columns=columns))
-    probs = np.zeros((n, num_labels))
     counts = np.bincount(labels, minlength=num_labels)
     present = counts[counts > 0]
     k = int(min(folds, present.min())) if present.min() >= 2 else 2
     splitter = StratifiedKFold(n_splits=max(k, 2), shuffle=True, random_state=seed)
     splits = list(splitter.split(np.zeros(n), labels))
     jobs = [train for train, _ in splits] + ([np.arange(n)] if full_model else [])
-    fitted = _fit_logregs(X, labels, jobs, C=C, max_iter=max_iter, seed=seed, n_jobs=n_jobs, progress=progress)
-    for (_, held), clf in zip(splits, fitted):
-        probs[np.ix_(held, clf.classes_)] = clf.predict_proba(X[held])
-    pred = probs.argmax(axis=1)
-    result = HypothesisOnlyResult(pred, probs, float((pred == labels).mean()), "tfidf-logreg-oof",
-                                  {"folds": int(max(k, 2)), "seed": seed, "C": C, "min_df": min_df,
-                                   "n_inputs": int(X.shape[1]), "solver": LOGREG_SOLVER["solver"]})
-    if full_model:
-        return result, TfidfHypothesisOnly(columns, tfidf, fitted[-1], num_labels)
-    return result
+    collect = _fit_logregs(X, labels, jobs, C=C, max_iter=max_iter, seed=seed, n_jobs=n_jobs, progress=progress,
+                           background=True)
+
+    def finish():
+        fitted = collect()
+        probs = np.zeros((n, num_labels))
+        for (_, held), clf in zip(splits, fitted):
+            probs[np.ix_(held, clf.classes_)] = clf.predict_proba(X[held])
+        pred = probs.argmax(axis=1)
+        result = HypothesisOnlyResult(pred, probs, float((pred == labels).mean()), "tfidf-logreg-oof",
+                                      {"folds": int(max(k, 2)), "seed": seed, "C": C, "min_df": min_df,
+                                       "n_inputs": int(X.shape[1]), "solver": LOGREG_SOLVER["solver"]})
+        if full_model:
+            return result, TfidfHypothesisOnly(columns, tfidf, fitted[-1], num_labels)
+        return result
+
+    return finish
 
 
 def fit_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, seed: int = 0, C: float = 1.0,
@@ -164,13 +184,15 @@ PARALLEL_FIT_MIN_ROWS = 200_000
 
 
 def _fit_logregs(X, labels: np.ndarray, row_sets: Sequence[np.ndarray], *, C: float, max_iter: int | None,
-                 seed: int, n_jobs: "int | str | None", progress: bool) -> list:
+                 seed: int, n_jobs: "int | str | None", progress: bool, background: bool = False):
     """One logistic regression per row set (same settings), sequentially or in ``n_jobs`` processes
     (``"auto"``: the usable CPUs, at most 4, for :data:`PARALLEL_FIT_MIN_ROWS` rows or more). Each fit
     is the same either way: the models are made here, with this process's :data:`LOGREG_SOLVER`, and
     only fitted there. The processes are joblib's (loky: started fresh, not forked, since the fits use
     OpenMP, which does not survive a fork) and exit a second after the last fit instead of idling for
-    minutes with their memory while the build goes on."""
+    minutes with their memory while the build goes on. ``background``: return at once a function that
+    waits for the fits and returns them (in processes, the fits go on while the caller works; in this
+    process, they run when the function is called)."""
     from tqdm.auto import tqdm
 
     if n_jobs == "auto":  # parallel only where it pays for starting the processes
@@ -180,10 +202,17 @@ def _fit_logregs(X, labels: np.ndarray, row_sets: Sequence[np.ndarray], *, C: fl
     if n_jobs is not None and int(n_jobs) > 1 and len(row_sets) > 1:
         from joblib import Parallel, delayed
 
-        return Parallel(n_jobs=int(n_jobs), idle_worker_timeout=1)(
+        # the first 2 x n_jobs fits are dispatched now, the others by joblib's callback thread as fits
+        # finish (not all at once: each holds a copy of its rows); the generator hands them back in order
+        fits = Parallel(n_jobs=int(n_jobs), idle_worker_timeout=1, return_as="generator")(
             delayed(_fit)(m, X[r], labels[r]) for m, r in zip(models, row_sets))
-    return [m.fit(X[r], labels[r]) for m, r in
-            zip(models, tqdm(row_sets, desc="hypothesis-only (out-of-fold)", disable=not progress))]
+        return (lambda: list(fits)) if background else list(fits)
+
+    def sequential():
+        return [m.fit(X[r], labels[r]) for m, r in
+                zip(models, tqdm(row_sets, desc="hypothesis-only (out-of-fold)", disable=not progress))]
+
+    return sequential if background else sequential()
 
 
 # ------------------------------------------------------------------------- a transformer, out of fold

@@ -68,6 +68,40 @@ def test_the_hypothesis_only_model_is_fitted_on_d0_alone(d0_dg):
     assert sum(with_new.new_rows_hypothesis_only["predicted"].values()) == len(dg)
 
 
+def test_fits_started_on_d0s_own_vocabulary_are_the_fits_on_the_final_one(d0_dg):
+    """The build starts the TF-IDF fits as soon as D0's chunks are in, on D0's own vocabulary, and runs
+    them in processes while D_G is extracted: the same model as one fitted on the final vocabulary."""
+    from debiased_nli.features import ChunkedFeatures, feature_columns
+    from debiased_nli.hypothesis_only import out_of_fold_tfidf
+
+    d0, dg = d0_dg
+    d0_f = add_features(d0, "snli", hypothesis_only=None, progress=False)[0]
+    dg_f = add_features(dg, "snli", hypothesis_only=None, progress=False)[0]
+    fm0, fmg = build_feature_matrices([d0_f, dg_f])
+    # local_matrix: D0's chunks over D0's own strings, row for row the final matrix's rows
+    cols = feature_columns(d0_f)
+    cf = ChunkedFeatures(cols)
+    for ds in (d0_f, dg_f):
+        for start in range(0, len(ds), 700):
+            cf.add(ds.select_columns(cols).with_format("arrow")[start:start + 700])
+    n0 = -(-len(d0_f) // 700)
+    local = cf.local_matrix(range(n0))
+    assert local.n_features < len(set(fm0.vocab) | set(fmg.vocab))   # D_G's strings are not in it
+    assert list(local.vocab) == sorted(local.vocab)
+    assert _rows(local) == _rows(fm0)
+    # the build (fits in 2 processes, started before D_G's chunks) against fits on the final vocabulary
+    ref, model = out_of_fold_tfidf(fm0, labels_of(d0), 3, seed=3, full_model=True, progress=False)
+    built = featurize_build(d0, dg, "snli", seed=3, chunk_rows=600, num_proc=2, n_jobs=2, progress=False)
+    assert "hypothesis-only model: start" in built.seconds
+    np.testing.assert_array_equal(built.hypothesis_only.probabilities, ref.probabilities)
+    pred_g = model.predict_proba(fmg).argmax(axis=1)
+    assert [r[-1] for r in _rows(built.dg)] == [f"hypo-only-pred={['entailment', 'neutral', 'contradiction'][p]}"
+                                                 for p in pred_g]
+    # and the same as the sequential build
+    again = featurize_build(d0, dg, "snli", seed=3, chunk_rows=600, progress=False)
+    assert _rows(again.dg) == _rows(built.dg)
+
+
 def test_z_filtered_is_byte_identical_with_and_without_new_rows(tmp_path, shared_data):
     files = [f"train={shared_data}/snli/train_sample.parquet"]
     a = build(ROOT / "builders/snli.yaml", tmp_path / "a", data_files=files, max_rows=3000, progress=False)
