@@ -48,15 +48,27 @@ MLM = Path(os.environ.get("PDD_MLM", MODELS / "minilm-mlm-pdd-standin"))
 TAU_SCALED = round(20 * math.sqrt(20000 / 391120), 2)  # 4.52
 
 
-def tau_dir(tau: float) -> Path:
-    return RUNS / f"tau{tau:g}"
+# the runs the report shows: (tau, dtype of the teacher and fill forward passes)
+RUN_KEYS = ((TAU_SCALED, "float32"), (TAU_SCALED, "bfloat16"), (20.0, "float32"))
+_DTYPE_SUFFIX = {"float32": "", "bfloat16": "-bf16"}
 
 
-def release_dir(tau: float) -> Path:
-    return RELEASES / ("pdd-snli" if abs(tau - TAU_SCALED) < 1e-9 else f"pdd-snli-tau{tau:g}")
+def tau_dir(tau: float, dtype: str = "float32") -> Path:
+    return RUNS / f"tau{tau:g}{_DTYPE_SUFFIX[dtype]}"
 
 
-def run(tau: float, threads: int, candidates: int, max_rows: int | None = None, engine: str = "auto") -> None:
+def release_dir(tau: float, dtype: str = "float32") -> Path:
+    name = "pdd-snli" if abs(tau - TAU_SCALED) < 1e-9 else f"pdd-snli-tau{tau:g}"
+    return RELEASES / f"{name}{_DTYPE_SUFFIX[dtype]}"
+
+
+def run_name(tau: float, dtype: str = "float32") -> str:
+    """The run's key in pdd_snli.json and the suffix of its files (``4.52``, ``4.52-bf16``, ``20``)."""
+    return f"{tau:g}{_DTYPE_SUFFIX[dtype]}"
+
+
+def run(tau: float, threads: int, candidates: int, max_rows: int | None = None, engine: str = "auto",
+        dtype: str = "float32") -> None:
     import torch
 
     from debiased_nli.recipe import build, load_recipe
@@ -68,20 +80,21 @@ def run(tau: float, threads: int, candidates: int, max_rows: int | None = None, 
     recipe = load_recipe(ROOT / "builders" / "snli.yaml", profile="pdd")
     step = next(f for f in recipe["filters"] if f["step"] == "pdd")
     step.update({"mlm": str(MLM), "teacher": str(TEACHER), "tau": tau, "candidates": candidates,
-                 "work_dir": str(tau_dir(tau) / "work"), "teacher_max_length": 64, "engine": engine, "progress": True})
+                 "work_dir": str(tau_dir(tau, dtype) / "work"), "teacher_max_length": 64, "engine": engine,
+                 "dtype": dtype, "progress": True})
     recipe["name"], recipe["pretty_name"] = "debiased-snli-pdd-20k", "SNLI 20k sample, PDD (offline stand-in models)"
     start = time.time()
-    res = build(recipe, release_dir(tau), data_files={"train": [str(SNLI)]}, overwrite=True, progress=True,
+    res = build(recipe, release_dir(tau, dtype), data_files={"train": [str(SNLI)]}, overwrite=True, progress=True,
                 max_rows=max_rows)
     seconds = time.time() - start
     report = next(s["report"] for s in res.manifest["stages"] if s["stage"] == "pdd: pdd")
-    out = tau_dir(tau)
+    out = tau_dir(tau, dtype)
     stages = out / "stages.jsonl"
     with open(stages, "a") as f:
         f.write(json.dumps({"completed": True, "seconds": round(seconds, 1),
                             "computed": report["operations"]["computed"]}) + "\n")
     (out / "pdd.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
-    print(json.dumps({"tau": tau, "rows": report["rows"], "release": str(release_dir(tau))}))
+    print(json.dumps({"tau": tau, "dtype": dtype, "rows": report["rows"], "release": str(release_dir(tau, dtype))}))
 
 
 def hypothesis_only_eval(ds, task, seed: int = 0) -> dict:
@@ -122,22 +135,24 @@ def report() -> None:
             "model", "learning_rate", "batch_size", "max_length", "epochs", "max_train_rows", "max_dev_rows")}}
     if (MLM / "standin.json").exists():
         out["mlm"] = {"path": str(MLM), **json.loads((MLM / "standin.json").read_text())}
-    for tau in (TAU_SCALED, 20.0):
-        path = tau_dir(tau) / "pdd.json"
+    for tau, dtype in RUN_KEYS:
+        path = tau_dir(tau, dtype) / "pdd.json"
         if not path.exists():
             continue
+        name = run_name(tau, dtype)
         rep = json.loads(path.read_text())
-        stages = [json.loads(l) for l in (tau_dir(tau) / "stages.jsonl").read_text().splitlines() if l.strip()]
-        kept = datasets.load_dataset(str(release_dir(tau)), "pdd", split="train")
-        cache = tau_dir(tau) / "work" / "perturbations.cache.jsonl"
+        stages = [json.loads(l) for l in (tau_dir(tau, dtype) / "stages.jsonl").read_text().splitlines() if l.strip()]
+        kept = datasets.load_dataset(str(release_dir(tau, dtype)), "pdd", split="train")
+        cache = tau_dir(tau, dtype) / "work" / "perturbations.cache.jsonl"
         n_perturbed = sum(1 for line in open(cache) if line.strip()) if cache.exists() else 0
         seconds = sum(s["seconds"] for s in stages)
-        out["runs"][f"{tau:g}"] = {"report": rep, "release": str(release_dir(tau)), "stages": stages,
-                                   "perturbations_computed": n_perturbed, "stage_seconds": round(seconds, 1),
-                                   "perturbations_per_second": round(n_perturbed / seconds, 3) if seconds else None,
-                                   "hypothesis_only_after": hypothesis_only_eval(kept, "snli")}
-        (RESULTS / f"pdd_snli_tau{tau:g}.md").write_text(render_pdd_md(rep, f"PDD on the 20k SNLI sample, tau = {tau:g}"))
-        plot_pdd(rep, RESULTS / f"pdd_snli_tau{tau:g}.png")
+        out["runs"][name] = {"tau": tau, "dtype": dtype, "report": rep, "release": str(release_dir(tau, dtype)),
+                             "stages": stages, "perturbations_computed": n_perturbed, "stage_seconds": round(seconds, 1),
+                             "perturbations_per_second": round(n_perturbed / seconds, 3) if seconds else None,
+                             "hypothesis_only_after": hypothesis_only_eval(kept, "snli")}
+        title = f"PDD on the 20k SNLI sample, tau = {tau:g}" + (f", {dtype} forward passes" if dtype != "float32" else "")
+        (RESULTS / f"pdd_snli_tau{name}.md").write_text(render_pdd_md(rep, title))
+        plot_pdd(rep, RESULTS / f"pdd_snli_tau{name}.png")
     (RESULTS / "pdd_snli.json").write_text(json.dumps(out, indent=2, sort_keys=True, default=str) + "\n")
     (RESULTS / "pdd_snli.md").write_text(render_summary(out))
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1, default=str))
@@ -161,7 +176,8 @@ def render_summary(out: dict) -> str:
                  f"top-1 {m['recovery']['top1']}, top-5 {m['recovery']['top5']}, top-1 among fill tokens "
                  f"{m['recovery']['top1_fill_vocabulary']} (before training: top-1 {m['recovery_before']['top1']})")
     h0 = out["hypothesis_only"]["original"]
-    L += ["", "| | original | " + " | ".join(f"PDD tau = {k}" for k in out["runs"]) + " |",
+    L += ["", "| | original | " + " | ".join(
+        f"PDD tau = {r['tau']:g}" + (f" ({r['dtype']})" if r["dtype"] != "float32" else "") for r in out["runs"].values()) + " |",
           "|---|---|" + "---|" * len(out["runs"])]
     runs = out["runs"]
 
@@ -194,6 +210,7 @@ def render_summary(out: dict) -> str:
         "    --epochs 1 --max-length 64 --batch-size 16 --lr 5e-5 --max-train-rows 6000 --max-dev-rows 1000 --eval-steps 50 --threads 2",
         "flock /tmp/debiased-heavy.lock python benchmarks/pdd_mlm_standin.py --steps 600 --stage-minutes 18 --threads 2   # rerun until done",
         f"flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau {TAU_SCALED}   # rerun until done",
+        f"flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau {TAU_SCALED} --dtype bfloat16",
         "flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau 20",
         "python benchmarks/pdd_run.py report", "```", ""]
     return "\n".join(L) + "\n"
@@ -210,6 +227,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", choices=["auto", "packed", "bucketed", "padded"], default="auto",
                     help="forward passes of fill and teacher (debiased_nli/pdd/teacher.py); the committed runs of "
                          "2026-11-23 used the straightforward one, now `padded`")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="arithmetic of the teacher's and the fill's forward passes (debiased_nli/pdd/encoder.py); "
+                         "a bfloat16 run has its own folders (tau<T>-bf16, pdd-snli-bf16)")
     ap.add_argument("--run-dir", help=f"where the tau<T> folders go (default $PDD_RUN_DIR or ~/runs/pdd, now {RUNS}); "
                                       f"the teacher is still read from $PDD_TEACHER (now {TEACHER})")
     ap.add_argument("--releases", help=f"where the releases go (default $PDD_RELEASES or /work/releases, now {RELEASES})")
@@ -219,12 +239,12 @@ def main(argv=None) -> int:
     if args.releases:
         RELEASES = Path(args.releases).expanduser()
     if args.stage == "run":
-        tau_dir(args.tau).mkdir(parents=True, exist_ok=True)
+        tau_dir(args.tau, args.dtype).mkdir(parents=True, exist_ok=True)
         t0 = time.time()
         try:
-            run(args.tau, args.threads, args.candidates, args.max_rows, args.engine)
+            run(args.tau, args.threads, args.candidates, args.max_rows, args.engine, args.dtype)
         except KeyboardInterrupt:
-            with open(tau_dir(args.tau) / "stages.jsonl", "a") as f:
+            with open(tau_dir(args.tau, args.dtype) / "stages.jsonl", "a") as f:
                 f.write(json.dumps({"completed": False, "seconds": round(time.time() - t0, 1)}) + "\n")
             print("interrupted; rerun the same command to continue", flush=True)
             return 3

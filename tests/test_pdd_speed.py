@@ -97,6 +97,30 @@ def test_teacher_engines_equal_the_padded_reference(tok, demo, engine):
     assert Teacher(model, LABELS, tokenizer=tok).engine == "packed"  # auto
 
 
+@pytest.mark.parametrize("engine", ["packed", "bucketed", "padded"])
+def test_bfloat16_teacher_and_fill_stay_close_to_float32_and_say_so(tok, demo, engine):
+    """--dtype bfloat16: the forward passes under autocast; probabilities within bfloat16's rounding of
+    float32's, the fill still gives valid candidates, and the run's identity records the dtype."""
+    model = tiny_classifier(tok, labels=("contradiction", "entailment", "neutral"), seed=3)
+    P, H = list(demo["premise"][:50]), list(demo["hypothesis"][:50])
+    ref = Teacher(model, LABELS, tokenizer=tok, batch_size=8, engine="padded").label_probs(P, H)
+    half = Teacher(model, LABELS, tokenizer=tok, batch_size=8, engine=engine, dtype="bfloat16")
+    got = half.label_probs(P, H)
+    assert got.dtype == np.float64 and np.allclose(got.sum(1), 1.0)
+    np.testing.assert_allclose(got, ref, atol=3e-2)
+    assert np.abs(got - ref).max() > 0     # it did run in bfloat16
+    assert half.describe()["dtype"] == "bfloat16" and "dtype" not in Teacher(model, LABELS, tokenizer=tok).describe()
+    mlm = tiny_mlm(tok, seed=2)
+    reqs = _fill_requests(demo)
+    filled = MaskFiller(mlm, tok, candidates=6, batch_size=4, max_length=40, engine=engine, dtype="bfloat16").fill(reqs)
+    assert sum(r is not None for r in filled) >= 20
+    for req, cands in zip(reqs, filled):
+        if cands is not None:
+            assert cands and all(len(c) == req.n_masks for c in cands)
+    with pytest.raises(ConfigError, match="dtype"):
+        Teacher(model, LABELS, tokenizer=tok, dtype="float16")
+
+
 def _fill_requests(demo, n=30):
     reqs = []
     for i in range(n):

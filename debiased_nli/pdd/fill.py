@@ -109,13 +109,16 @@ class MaskFiller:
     """Fill :class:`FillRequest` s with a masked LM: per request, up to ``candidates`` word lists."""
 
     def __init__(self, model: Any, tokenizer: Any, *, candidates: int = 8, batch_size: int = 32,
-                 max_length: int = 256, device: str | None = None, engine: str = "auto"):
+                 max_length: int = 256, device: str | None = None, engine: str = "auto", dtype: str = "float32"):
         import torch
 
-        from .encoder import supports
+        from .encoder import DTYPES, supports
 
         if engine not in ENGINES:
             raise ConfigError(f"unknown fill engine {engine!r}; known: {list(ENGINES)}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"unknown fill dtype {dtype!r}; known: {list(DTYPES)}")
+        self.dtype = dtype
         if tokenizer.mask_token is None:
             raise ConfigError("the fill model's tokenizer has no mask token; PDD needs a masked LM")
         if candidates < 1:
@@ -163,8 +166,11 @@ class MaskFiller:
     def describe(self) -> dict:
         """The filler's identity in a run's checkpoint (run.json). The engine is not part of it: engines
         differ only in float rounding, so a run started with one may be continued with another."""
-        return {"model": type(self.model).__name__, "name_or_path": getattr(self.model, "name_or_path", None),
-                "candidates": self.candidates, "top_k_sampling": TOP_K_SAMPLING}
+        out = {"model": type(self.model).__name__, "name_or_path": getattr(self.model, "name_or_path", None),
+               "candidates": self.candidates, "top_k_sampling": TOP_K_SAMPLING}
+        if self.dtype != "float32":  # changes the fills (encoder.DTYPES); float32 runs keep their old identity
+            out["dtype"] = self.dtype
+        return out
 
     def _mask_logits(self, enc, positions):
         head = getattr(self.model, "cls", None) or getattr(self.model, "lm_head", None)
@@ -186,6 +192,12 @@ class MaskFiller:
     def fill(self, requests: Sequence[FillRequest]) -> list[list[list[str]] | None]:
         """Per request: the distinct candidates (each a word per mask), or None if the prompt lost masks
         to truncation."""
+        from .encoder import compute_context
+
+        with compute_context(self.device, self.dtype):
+            return self._fill(requests)
+
+    def _fill(self, requests: Sequence[FillRequest]) -> list[list[list[str]] | None]:
         import torch
 
         if self.engine == "padded":

@@ -223,7 +223,8 @@ def _report(task, state, algo, records, params, before, after, order, fam_max, s
         "seconds": {"total": round(seconds, 2), "features": round(seconds_features, 2),
                     **{k: round(v, 2) for k, v in perturber.seconds.items()}},
         "scoring": {"texts_scored": perturber.scored, "duplicate_texts_scored_once": perturber.deduplicated,
-                    "engine": getattr(teacher, "engine", None), "fill_engine": getattr(filler, "engine", None)},
+                    "engine": getattr(teacher, "engine", None), "fill_engine": getattr(filler, "engine", None),
+                    "dtype": getattr(teacher, "dtype", None), "fill_dtype": getattr(filler, "dtype", None)},
         # perturbations computed by this invocation per second (those read from a checkpoint cost nothing)
         "operations_per_second": round(algo.computed / seconds, 3) if seconds > 0 else None,
     }

@@ -45,6 +45,7 @@ STEP_DEFAULTS: dict[str, Any] = {
     "teacher_batch_size": 64,
     "teacher_max_length": 128,
     "engine": "auto",             # forward passes of teacher and fill: auto / packed / bucketed / padded (teacher.py)
+    "dtype": "float32",           # their arithmetic: float32 / bfloat16 (encoder.DTYPES; the project's option)
     "hypo_only_folds": 5,
     "seed": 0,
     "work_dir": None,
@@ -87,10 +88,10 @@ def pdd_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str
         raise ConfigError("the pdd step needs `teacher`: an NLI classifier trained on the original data (the "
                           "paper's is BERT-base), e.g. a folder written by `debiased-nli train`")
     teacher = Teacher(p["teacher"], task.labels, batch_size=p["teacher_batch_size"], max_length=p["teacher_max_length"],
-                      engine=p["engine"]) if isinstance(p["teacher"], str) else p["teacher"]
+                      engine=p["engine"], dtype=p["dtype"]) if isinstance(p["teacher"], str) else p["teacher"]
     filler = p["filler"] or MaskFiller.from_pretrained(p["mlm"], candidates=p["candidates"],
                                                        batch_size=p["mlm_batch_size"], max_length=p["mlm_max_length"],
-                                                       engine=p["engine"])
+                                                       engine=p["engine"], dtype=p["dtype"])
     cfg = PDDConfig(tau=float(p["tau"]), families=p["families"], order=p["order"], overlap_feature=p["overlap_feature"],
                     label_groups=p["label_groups"], max_passes=int(p["max_passes"]), max_sweeps=int(p["max_sweeps"]),
                     batch_size=int(p["batch_size"]), seed=int(p["seed"]), checkpoint_every=int(p["checkpoint_every"]))

@@ -50,11 +50,16 @@ class Teacher:
     """p_T(label | premise, hypothesis) for lists of pairs (see the module docstring for ``engine``)."""
 
     def __init__(self, model: "str | Any", labels: Sequence[str], *, tokenizer: Any = None, batch_size: int = 64,
-                 max_length: int = 128, device: str | None = None, engine: str = "auto"):
+                 max_length: int = 128, device: str | None = None, engine: str = "auto", dtype: str = "float32"):
         import torch
+
+        from .encoder import DTYPES
 
         if engine not in ENGINES:
             raise ConfigError(f"unknown teacher engine {engine!r}; known: {list(ENGINES)}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"unknown teacher dtype {dtype!r}; known: {list(DTYPES)}")
+        self.dtype = dtype
         self.name = model if isinstance(model, str) else type(model).__name__
         self.model, self.tokenizer = load_classifier(model, tokenizer)
         id2label = {int(i): str(l) for i, l in self.model.config.id2label.items()}
@@ -75,7 +80,10 @@ class Teacher:
     def describe(self) -> dict:
         """The teacher's identity in a run's checkpoint (run.json); the engine is not part of it (see
         MaskFiller.describe)."""
-        return {"model": self.name, "max_length": self.max_length}
+        out = {"model": self.name, "max_length": self.max_length}
+        if self.dtype != "float32":  # changes the probabilities (encoder.DTYPES); float32 runs keep their old identity
+            out["dtype"] = self.dtype
+        return out
 
     def label_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> np.ndarray:
         n = len(premises)
@@ -83,14 +91,17 @@ class Teacher:
             raise ValueError(f"{n} premises but {len(hypotheses)} hypotheses")
         if not n:
             return np.zeros((0, len(self.order)), dtype=np.float64)
-        if self.engine == "padded":
-            return self._padded(premises, hypotheses)
-        enc = self.tokenizer(list(premises), list(hypotheses), truncation=True, max_length=self.max_length)
-        ids = enc["input_ids"]
-        tt = enc.get("token_type_ids")
-        if self.engine == "packed":
-            return self._packed_probs(ids, tt)
-        return self._bucketed(ids, tt)
+        from .encoder import compute_context
+
+        with compute_context(self.device, self.dtype):
+            if self.engine == "padded":
+                return self._padded(premises, hypotheses)
+            enc = self.tokenizer(list(premises), list(hypotheses), truncation=True, max_length=self.max_length)
+            ids = enc["input_ids"]
+            tt = enc.get("token_type_ids")
+            if self.engine == "packed":
+                return self._packed_probs(ids, tt)
+            return self._bucketed(ids, tt)
 
     # -- engines ---------------------------------------------------------------------------------------
     def _probs(self, logits) -> np.ndarray:
