@@ -511,6 +511,7 @@ def eval_config(plan: Plan, progress: bool = True):
     e = plan.evaluate
     return EvalConfig(max_examples=e.get("max_examples"), batch_size=int(e.get("batch_size", 64)),
                       max_length=int(e.get("max_length", 128)), max_tokens=e.get("max_tokens"),
+                      dtype=str(e.get("dtype", "float32")),
                       data_root=str(_path(e["data_root"])) if e.get("data_root") else None, progress=progress)
 
 
@@ -550,7 +551,7 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
             prem, hyp = ds["premise"], ds["hypothesis"]
             parts, seconds, cpu = [], 0.0, 0.0
             for k, start in enumerate(range(0, len(ds), EVAL_CHUNK_ROWS)):
-                f = cache / f"{spec.name}-{len(ds)}-{k:03d}.npz"
+                f = cache / f"{spec.name}-{len(ds)}-{k:03d}{'' if cfg.dtype == 'float32' else '-' + cfg.dtype}.npz"
                 if not f.exists():
                     turns.step()
                     if clf is None:
@@ -561,7 +562,8 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
                     t0, c0 = time.perf_counter(), time.process_time()
                     probs = predict_probabilities(clf, prem[start:stop], hyp[start:stop], batch_size=cfg.batch_size,
                                                   max_length=cfg.max_length, max_tokens=cfg.max_tokens,
-                                                  desc=f"{row['name']}-s{seed} / {spec.name} [{k}]", progress=progress)
+                                                  desc=f"{row['name']}-s{seed} / {spec.name} [{k}]", progress=progress,
+                                                  dtype=cfg.dtype)
                     tmp = f.with_name(f".{f.name}.tmp.npz")
                     np.savez(tmp, probs=probs, seconds=time.perf_counter() - t0, cpu=time.process_time() - c0,
                              git=str(_git()))
@@ -600,6 +602,7 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
                        "command": shlex.join(["debiased-nli", "evaluate", "--model", show(model), "--sets", *plan.evaluate["sets"],
                                               "--max-length", str(cfg.max_length), "--batch-size", str(cfg.batch_size)]
                                              + (["--max-tokens", str(cfg.max_tokens)] if cfg.max_tokens else [])
+                                             + (["--dtype", cfg.dtype] if cfg.dtype != "float32" else [])
                                              + (["--max-examples", str(cfg.max_examples)] if cfg.max_examples else [])
                                              + ["--out", "<dir>"])},
         "sets": per_set, "versions": library_versions(),
@@ -831,16 +834,22 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
           f"- Evaluation: {len(sets)} sets in full, max length {plan.evaluate.get('max_length')}, batches by token length "
           f"(at most {plan.evaluate.get('batch_size')} rows"
           + (f" and {plan.evaluate['max_tokens']} padded tokens" if plan.evaluate.get("max_tokens") else "")
-          + " per batch, padded to the batch's longest row; the batching changes no probability by more than 3e-8), "
+          + " per batch, padded to the batch's longest row; the batching changes no probability by more than 3e-8)"
+          + (f", forward passes in {plan.evaluate['dtype']} autocast" if plan.evaluate.get("dtype", "float32") != "float32" else "")
+          + ", "
           "HANS scored 2-way (neutral and contradiction -> non-entailment), MNLI zero-shot from SNLI.", ""]
     speed_file = path.parent / "efficacy_speed.json"
     if speed_file.exists():
         sp = json.loads(speed_file.read_text())
         L += [f"Evaluation speed (`python benchmarks/efficacy.py speed`: the same {sp['rows']:,} rows, "
-              f"{next(iter(sp['rows_per_set'].values()))} per set, {sp['threads']} threads, one model; ratios against "
-              "64 rows per batch, measured in the same run on the shared machine):", "",
-              "| rows per batch | padded tokens per batch | examples/s | ratio |", "|---:|---:|---:|---:|"]
-        L += [f"| {r['batch_size']} | {r['max_tokens'] or '–'} | {r['examples_per_second']} | {r['ratio_vs_first']} |"
+              f"{next(iter(sp['rows_per_set'].values()))} per set, {sp['threads']} threads, one model"
+              + (f" (`{sp['model']}`)" if sp.get("model") else "") + "; ratios, probability differences and "
+              "argmax agreement against the first row, measured in the same run on the shared machine):", "",
+              "| rows per batch | padded tokens per batch | dtype | examples/s | ratio | max prob. diff. | same argmax |",
+              "|---:|---:|---|---:|---:|---:|---:|"]
+        L += [f"| {r['batch_size']} | {r['max_tokens'] or '–'} | {r.get('dtype', 'float32')} | {r['examples_per_second']} | "
+              f"{r['ratio_vs_first']} | {r['max_abs_prob_diff_vs_first']:.1e} | "
+              + (f"{100 * r['same_argmax_vs_first']:.2f}%" if "same_argmax_vs_first" in r else "–") + " |"
               for r in sp["runs"]]
         L.append("")
     if figure:
@@ -951,14 +960,18 @@ def report(plan: Plan, out_stem: Path | None = None) -> dict:
 
 # ------------------------------------------------------------------------------------------ speed
 
-SPEED_GRID = [(64, None), (16, None), (32, None), (128, None), (256, None), (256, 8192), (1024, 16384)]
+# (rows per batch, padded tokens per batch, dtype)
+SPEED_GRID = [(64, None, "float32"), (64, None, "bfloat16"), (16, None, "float32"), (32, None, "float32"),
+              (128, None, "float32"), (256, 8192, "float32"), (32, None, "bfloat16"), (128, None, "bfloat16")]
 
 
 def speed(plan: Plan, model: str | None = None, rows_per_set: int = 150, threads: int = 2,
-          grid: list[tuple[int, int | None]] = SPEED_GRID) -> dict:
-    """Examples/s of ``predict_probabilities`` for batch sizes / token budgets, on the same seeded rows of
-    every set of the plan (so the mix of short Dasgupta and long MNLI rows is the table's). The first
-    setting (64 rows per batch, no token budget) is the former default; ratios are against it."""
+          grid: list[tuple[int, int | None, str]] = SPEED_GRID) -> dict:
+    """Examples/s of ``predict_probabilities`` for batch sizes / token budgets / dtypes, on the same seeded
+    rows of every set of the plan (so the mix of short Dasgupta and long MNLI rows is the table's). The first
+    setting (64 rows per batch, no token budget, float32) is the default; ratios are against it, and so
+    are the largest probability difference and the share of rows whose argmax is unchanged (meaningful
+    with a trained ``model``; the default is the pretrained encoder with a fresh head)."""
     import numpy as np
     import torch
 
@@ -985,16 +998,19 @@ def speed(plan: Plan, model: str | None = None, rows_per_set: int = 150, threads
     max_length = int(plan.evaluate.get("max_length", 128))
     out = {"rows": len(prem), "rows_per_set": counts, "threads": threads, "max_length": max_length, "runs": []}
     predict_probabilities(clf, prem[:256], hyp[:256], batch_size=64, max_length=max_length, progress=False)  # warm-up
+    out["model"] = show(model)
     ref = None
-    for bs, mt in grid:
+    for bs, mt, dtype in grid:
         t0 = time.perf_counter()
-        probs = predict_probabilities(clf, prem, hyp, batch_size=bs, max_length=max_length, max_tokens=mt, progress=False)
+        probs = predict_probabilities(clf, prem, hyp, batch_size=bs, max_length=max_length, max_tokens=mt,
+                                      progress=False, dtype=dtype)
         sec = time.perf_counter() - t0
         ref = probs if ref is None else ref
-        out["runs"].append({"batch_size": bs, "max_tokens": mt, "seconds": round(sec, 2),
+        out["runs"].append({"batch_size": bs, "max_tokens": mt, "dtype": dtype, "seconds": round(sec, 2),
                             "examples_per_second": round(len(prem) / sec, 1),
-                            "max_abs_prob_diff_vs_first": float(np.abs(probs - ref).max())})
-        log(f"speed: batch {bs}, max_tokens {mt}: {len(prem) / sec:.0f} ex/s")
+                            "max_abs_prob_diff_vs_first": float(np.abs(probs - ref).max()),
+                            "same_argmax_vs_first": float((probs.argmax(1) == ref.argmax(1)).mean())})
+        log(f"speed: batch {bs}, max_tokens {mt}, {dtype}: {len(prem) / sec:.0f} ex/s")
     base = out["runs"][0]["examples_per_second"]
     for r in out["runs"]:
         r["ratio_vs_first"] = round(r["examples_per_second"] / base, 2)
@@ -1015,12 +1031,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-after", type=int, help="stop after this many finished units")
     ap.add_argument("--no-report", action="store_true", help="`run`: do not rewrite the report at the end")
     ap.add_argument("--rows-per-set", type=int, default=150, help="`speed`: rows timed per set (seeded sample)")
+    ap.add_argument("--model", help="`speed`: a trained classifier folder (default: the encoder with a fresh head)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     a = ap.parse_args(argv)
     plan = load_plan(a.plan, runs_dir=a.runs_dir, results_dir=a.results_dir)
     if a.command == "speed":
         with heavy_lock(a.lock, "speed"):
-            res = speed(plan, rows_per_set=a.rows_per_set)
+            res = speed(plan, model=a.model, rows_per_set=a.rows_per_set)
         write_json_atomic(plan.results_dir.parent / "efficacy_speed.json", res)
         print(json.dumps(res, indent=2))
         return 0

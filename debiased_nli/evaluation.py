@@ -120,15 +120,20 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | No
 
 def predict_probabilities(clf: LoadedClassifier, premises: Sequence[str], hypotheses: Sequence[str], *,
                           batch_size: int = 64, max_length: int = 128, max_tokens: int | None = None,
-                          desc: str = "predict", progress: bool = True) -> np.ndarray:
+                          desc: str = "predict", progress: bool = True, dtype: str = "float32") -> np.ndarray:
     """softmax(f(premise, hypothesis)) for every row, rows x (model outputs), in the model's order.
 
     Every row is tokenized once (no padding); rows are then batched in order of token length
     (:func:`length_batches`) and each batch is padded to its own longest row (dynamic padding), so
-    little compute goes to padding. Rows are returned in input order.
+    little compute goes to padding. Rows are returned in input order. ``dtype="bfloat16"`` runs the
+    forward passes under bfloat16 autocast (:mod:`debiased_nli.precision`; the probabilities stay float32).
     """
     import torch
     from tqdm.auto import tqdm
+
+    from .precision import check_dtype, compute_context
+
+    check_dtype(dtype, "evaluation dtype")
 
     n = len(premises)
     out = np.zeros((n, len(clf.id2label)), dtype=np.float32)
@@ -143,7 +148,8 @@ def predict_probabilities(clf: LoadedClassifier, premises: Sequence[str], hypoth
     left = getattr(tok, "padding_side", "right") == "left"
     device = next(clf.model.parameters()).device
     batches = length_batches(lengths, batch_size, max_tokens)
-    with torch.inference_mode(), tqdm(total=n, desc=desc, disable=not progress, unit="ex") as bar:
+    with torch.inference_mode(), compute_context(device, dtype), \
+            tqdm(total=n, desc=desc, disable=not progress, unit="ex") as bar:
         for idx in batches:
             width = max(lengths[i] for i in idx)
             arrays = {}
@@ -219,6 +225,7 @@ class EvalConfig:
     device: str | None = None
     progress: bool = True
     label_order: list[str] | None = None  # names of the model outputs in order, for LABEL_i heads
+    dtype: str = "float32"           # forward passes in float32, or bfloat16 autocast (debiased_nli.precision)
 
 
 def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cfg: EvalConfig | None = None) -> dict:
@@ -245,7 +252,7 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
             start = time.perf_counter()
             probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=cfg.batch_size,
                                           max_length=cfg.max_length, max_tokens=cfg.max_tokens, desc=f"{Path(path).name} / {spec.name}",
-                                          progress=cfg.progress)
+                                          progress=cfg.progress, dtype=cfg.dtype)
             pred, label_map = set_predictions(spec, probs, clf.id2label, str(path))
             scores = score_predictions(spec, ds, pred, metric)
             seconds[spec.name] = round(time.perf_counter() - start, 2)

@@ -129,6 +129,7 @@ def test_train_then_evaluate_writes_a_well_formed_report(trained_pair, shared_da
     assert results["models"][0]["train"]["train_rows"] == 300
     report = (out / "report.md").read_text()
     assert "| set | n | of | tiny |" in report and "**Subsampled:** at most 60 rows" in report
+    assert results["config"]["dtype"] == "float32" and "**Precision:**" not in report
     mean, std = 100 * hans["accuracy"], 100 * hans["accuracy_std"]
     assert f"| hans | 60 | 30000 | {mean:.1f} ± {std:.1f} |" in report
     assert "### hans: by heuristic" in report
@@ -139,6 +140,30 @@ def test_train_then_evaluate_writes_a_well_formed_report(trained_pair, shared_da
     assert rc == 0
     report2 = (base / "eval2" / "report.md").read_text()
     assert "| set | n | of | eval2 | both |" in report2 and f"{mean:.1f} ± {std:.1f}" in report2
+
+
+def test_bfloat16_evaluation_stays_close_to_float32_and_the_report_says_so(trained_pair, shared_data):
+    from debiased_nli.errors import ConfigError
+    from debiased_nli.evaluation import load_classifier, predict_probabilities
+
+    base, runs = trained_pair
+    df = pd.read_parquet(shared_data / "snli" / "dev.parquet").head(200)
+    clf = load_classifier(str(runs[0]), "cpu")
+    f32 = predict_probabilities(clf, list(df.premise), list(df.hypothesis), max_length=48, progress=False)
+    bf16 = predict_probabilities(clf, list(df.premise), list(df.hypothesis), max_length=48, progress=False,
+                                 dtype="bfloat16")
+    assert bf16.dtype == np.float32 and np.allclose(bf16.sum(1), 1, atol=1e-5)
+    diff = np.abs(bf16 - f32).max()
+    assert 0 < diff < 0.05  # bfloat16 really ran (the probabilities moved) and stayed close
+    margin = np.sort(f32, 1)[:, -1] - np.sort(f32, 1)[:, -2]
+    assert (bf16.argmax(1) == f32.argmax(1))[margin > 2 * diff].all()  # only near-ties may flip
+    with pytest.raises(ConfigError, match="unknown evaluation dtype 'float16'"):
+        predict_probabilities(clf, ["a"], ["b"], dtype="float16", progress=False)
+    out = base / "eval-bf16"
+    assert main(["evaluate", "--model", str(runs[0]), "--sets", "snli_dev", "--max-examples", "40", "--out", str(out),
+                 "--data-root", str(shared_data), "--dtype", "bfloat16"]) == 0
+    assert load_results(out / "results.json")["config"]["dtype"] == "bfloat16"
+    assert "**Precision:** the forward passes ran in bfloat16" in (out / "report.md").read_text()
 
 
 def test_evaluate_refuses_unknown_suites_and_missing_files(trained_pair, tmp_path, capsys):

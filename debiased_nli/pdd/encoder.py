@@ -34,27 +34,11 @@ from typing import Any, Sequence
 # padded tokens (sequences x longest) per chunk when the caller gives none; bounds the activations held
 DEFAULT_MAX_TOKENS = 8192
 
-# The arithmetic of the teacher's and the fill's forward passes. "float32" (the default) is the model's
-# own; "bfloat16" runs the matrix products and attention in bfloat16 under torch.autocast (layer norms,
-# softmax and the probabilities stay float32): on a CPU with AVX512-BF16 or AMX, or any recent GPU,
-# about twice as fast. It moves probabilities by ~1e-2, so a choice between near-tied candidates, or a
-# sampled fill, can differ from float32's (benchmarks/bench_pdd.py measures how often). The project's
-# option: the paper does not say in which precision its BERT-base teacher and XLM-R fill ran.
-DTYPES = ("float32", "bfloat16")
-
-
-def compute_context(device: str, dtype: str):
-    """The context the forward passes run in for ``dtype`` (see :data:`DTYPES`)."""
-    import contextlib
-
-    import torch
-
-    if dtype not in DTYPES:
-        from ..errors import ConfigError
-        raise ConfigError(f"unknown compute dtype {dtype!r}; known: {list(DTYPES)}")
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type="cuda" if str(device).startswith("cuda") else "cpu", dtype=torch.bfloat16)
+# The arithmetic of the teacher's and the fill's forward passes: float32 (the default) or bfloat16 under
+# torch.autocast (debiased_nli.precision). bfloat16 can change a choice between near-tied candidates, or a
+# sampled fill (benchmarks/bench_pdd.py measures how often). The project's option: the paper does not say
+# in which precision its BERT-base teacher and XLM-R fill ran.
+from ..precision import DTYPES, compute_context  # noqa: E402,F401  (re-exported for the PDD modules)
 
 
 def _encoder_of(model: Any):
