@@ -203,8 +203,11 @@ def render_summary(out: dict) -> str:
         lambda r: f"{r['perturbations_computed']:,} / {r['stage_seconds']:.0f} / {r['perturbations_per_second']}")
     row("release", "", lambda r: f"`{r['release']}`")
     L += ["", "Per-run details (features, failures, twenty examples): " + ", ".join(
-        f"`pdd_snli_tau{k}.md`" for k in runs) + ".", "",
-        "## Commands", "", "```",
+        f"`pdd_snli_tau{k}.md`" for k in runs) + ".", ""]
+    findings = RESULTS / "pdd_snli_findings.md"  # the hand-written reading of the figures above, kept across reports
+    if findings.exists():
+        L += [findings.read_text().rstrip(), ""]
+    L += ["## Commands", "", "```",
         "flock /tmp/debiased-heavy.lock timeout 1140 debiased-nli train snli --data-files train=../shared/data/snli/train_sample.parquet \\",
         "    --dev-files ../shared/data/snli/dev.parquet --model ~/.cache/debiased-nli/models/all-minilm-l6-v2 --out ~/runs/pdd/teacher \\",
         "    --epochs 1 --max-length 64 --batch-size 16 --lr 5e-5 --max-train-rows 6000 --max-dev-rows 1000 --eval-steps 50 --threads 2",
