@@ -213,7 +213,10 @@ def render_summary(out: dict) -> str:
         "    --epochs 1 --max-length 64 --batch-size 16 --lr 5e-5 --max-train-rows 6000 --max-dev-rows 1000 --eval-steps 50 --threads 2",
         "flock /tmp/debiased-heavy.lock python benchmarks/pdd_mlm_standin.py --steps 600 --stage-minutes 18 --threads 2   # rerun until done",
         f"flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau {TAU_SCALED}   # rerun until done",
-        f"flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau {TAU_SCALED} --dtype bfloat16",
+        f"flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau {TAU_SCALED} --dtype bfloat16"
+        "   # only on a CPU with avx512_bf16 / amx_bf16",
+        f"flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau {TAU_SCALED} --engine padded \\",
+        "    --run-dir ~/runs/pdd-padded --releases /work/releases/pdd-padded   # the same-day baseline of the packed engine",
         "flock /tmp/debiased-heavy.lock timeout -s INT 1140 python benchmarks/pdd_run.py run --tau 20",
         "python benchmarks/pdd_run.py report", "```", ""]
     return "\n".join(L) + "\n"
