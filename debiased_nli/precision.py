@@ -2,13 +2,21 @@
 
 ``bfloat16`` runs the matrix products and attention in bfloat16 under :func:`torch.autocast` (layer norms,
 softmax and the returned probabilities stay float32): on a CPU with AVX512-BF16 or AMX, or any recent GPU,
-about twice as fast. It moves probabilities by ~1e-3 to 1e-2, so the argmax of a near-tied row can differ
-from float32's; whoever uses it records it (the PDD run's identity, an evaluation's config). The project's
-option: none of the papers says in which precision its models ran at inference.
+about twice as fast. On a CPU without them (no ``avx512_bf16`` / ``amx_bf16`` flag) torch emulates
+bfloat16 and it is several times *slower* (``benchmarks/bench_dtype.py``); :func:`compute_context` warns.
+It moves probabilities by ~1e-3 to 1e-2, so the argmax of a near-tied row can differ from float32's;
+whoever uses it records it (the PDD run's identity, an evaluation's config). The project's option: none
+of the papers says in which precision its models ran at inference.
 """
 from __future__ import annotations
 
+import functools
+import logging
+
+log = logging.getLogger(__name__)
+
 DTYPES = ("float32", "bfloat16")
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 CPU flags of native bfloat16 matrix arithmetic
 
 
 def check_dtype(dtype: str, what: str = "compute dtype") -> str:
@@ -16,6 +24,30 @@ def check_dtype(dtype: str, what: str = "compute dtype") -> str:
         from .errors import ConfigError
         raise ConfigError(f"unknown {what} {dtype!r}; known: {list(DTYPES)}")
     return dtype
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags(path: str = "/proc/cpuinfo") -> "frozenset[str] | None":
+    """The CPU's feature flags (Linux), or None where they cannot be read."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def native_bfloat16_cpu() -> "bool | None":
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); None: unknown (not Linux x86)."""
+    flags = cpu_flags()
+    if not flags or not any(f.startswith(("avx", "sse")) for f in flags):
+        return None
+    return any(f in flags for f in NATIVE_BF16_FLAGS)
+
+
+_warned: set = set()
 
 
 def compute_context(device: "str | object", dtype: str):
@@ -27,4 +59,10 @@ def compute_context(device: "str | object", dtype: str):
     check_dtype(dtype)
     if dtype == "float32":
         return contextlib.nullcontext()
+    on_cpu = not str(device).startswith("cuda")
+    if on_cpu and native_bfloat16_cpu() is False and "cpu" not in _warned:
+        _warned.add("cpu")
+        log.warning("bfloat16 on a CPU without native bfloat16 arithmetic (none of %s in /proc/cpuinfo): torch "
+                    "emulates it and it is usually several times slower than float32 here; use float32",
+                    "/".join(NATIVE_BF16_FLAGS))
     return torch.autocast(device_type="cuda" if str(device).startswith("cuda") else "cpu", dtype=torch.bfloat16)

@@ -321,3 +321,33 @@ def test_a_missing_model_folder_is_named(tmp_path, capsys):
     assert main(["evaluate", "--model", str(tmp_path / "runs" / "nothing"), "--sets", "paws_qqp",
                  "--out", str(tmp_path / "o")]) == 2
     assert f"--model {tmp_path / 'runs' / 'nothing'}: no such folder" in capsys.readouterr().err
+
+
+def test_bfloat16_on_a_cpu_without_native_bfloat16_warns_once(monkeypatch, caplog):
+    import logging
+
+    from debiased_nli import precision
+
+    monkeypatch.setattr(precision, "_warned", set())
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"sse4_2", "avx", "avx2", "fma"}))
+    assert precision.native_bfloat16_cpu() is False
+    with caplog.at_level(logging.WARNING, logger="debiased_nli.precision"):
+        precision.compute_context("cpu", "bfloat16")
+        precision.compute_context("cpu", "bfloat16")
+        precision.compute_context("cpu", "float32")
+    warnings = [r for r in caplog.records if "without native bfloat16" in r.getMessage()]
+    assert len(warnings) == 1 and "avx512_bf16/amx_bf16" in warnings[0].getMessage()
+
+    caplog.clear()
+    monkeypatch.setattr(precision, "_warned", set())
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx", "avx2", "avx512f", "avx512_bf16"}))
+    assert precision.native_bfloat16_cpu() is True
+    with caplog.at_level(logging.WARNING, logger="debiased_nli.precision"):
+        precision.compute_context("cpu", "bfloat16")
+        precision.compute_context("cuda:0", "bfloat16")
+    assert not [r for r in caplog.records if "without native bfloat16" in r.getMessage()]
+    # flags that are not an x86 CPU's (or none readable): unknown, no warning
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"fp", "asimd"}))
+    assert precision.native_bfloat16_cpu() is None
+    monkeypatch.setattr(precision, "cpu_flags", lambda: None)
+    assert precision.native_bfloat16_cpu() is None

@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="arithmetic of the forward passes: float32, or bfloat16 autocast (about 2x faster on GPUs "
-                        "and on CPUs with AVX512-BF16/AMX; can flip the argmax of near-tied rows; the report says so)")
+                        "and on CPUs with AVX512-BF16/AMX, several times slower on CPUs without them; can flip the argmax "
+                        "of near-tied rows; the report says so)")
     p.add_argument("--notes", help="a paragraph appended to report.md (e.g. how the models were trained)")
     p.add_argument("--push-to", metavar="MODEL_REPO",
                    help="write the results into this Hub model card's model-index: sets read from a Hub dataset only, "

@@ -84,7 +84,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="arithmetic of the masked LM and the teacher: float32 (default, the models' own) or bfloat16 "
                         "(matrix products in bfloat16 under autocast: about twice as fast on CPUs with AVX512-BF16/AMX "
-                        "and on GPUs; a near-tied choice or a sampled fill can differ from float32's)")
+                        "and on GPUs, several times slower on CPUs without them; a near-tied choice or a sampled fill can differ from float32's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
