@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,22 +29,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, SHARED_DATA  # noqa: E402
+from debiased_nli.precision import cpu_description  # noqa: E402
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 DTYPES = ("float32", "bfloat16")
-
-
-def cpu_description() -> dict:
-    from debiased_nli.precision import NATIVE_BF16_FLAGS, cpu_flags, native_bfloat16_cpu
-
-    import torch
-
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                 platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    flags = cpu_flags() or frozenset()
-    return {"model": model, "cpus": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "avx512f": "avx512f" in flags, **{f: f in flags for f in NATIVE_BF16_FLAGS},
-            "native_bfloat16": native_bfloat16_cpu()}
 
 
 def batches(tok, pairs, batch_size, max_length, mlm=False, seed=0):

@@ -851,7 +851,12 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
               f"{r['ratio_vs_first']} | {r['max_abs_prob_diff_vs_first']:.1e} | "
               + (f"{100 * r['same_argmax_vs_first']:.2f}%" if "same_argmax_vs_first" in r else "–") + " |"
               for r in sp["runs"]]
-        L.append("")
+        cpu = sp.get("cpu")
+        L += ["", (f"CPU: {cpu['model']}, torch CPU capability {cpu['torch_cpu_capability']}, native bfloat16 "
+                   f"(avx512_bf16 / amx_bf16): {'yes' if cpu['native_bfloat16'] else 'no'}." if cpu else
+                   "The CPU's flags were not recorded with this measurement.")
+              + " bfloat16 autocast is faster only on CPUs with avx512_bf16 or amx_bf16; elsewhere torch emulates it "
+                "and it is several times slower (`benchmarks/bench_dtype.py`, `benchmarks/results/dtype_bench.md`).", ""]
     if figure:
         L += [f"![efficacy]({figure})", ""]
     L += ["## Accuracy by set", "", "| row | train rows | " + " | ".join(sets) + " |",
@@ -996,7 +1001,10 @@ def speed(plan: Plan, model: str | None = None, rows_per_set: int = 150, threads
         hyp += ds["hypothesis"]
         counts[spec.name] = len(ds)
     max_length = int(plan.evaluate.get("max_length", 128))
-    out = {"rows": len(prem), "rows_per_set": counts, "threads": threads, "max_length": max_length, "runs": []}
+    from debiased_nli.precision import cpu_description
+
+    out = {"rows": len(prem), "rows_per_set": counts, "threads": threads, "max_length": max_length,
+           "cpu": cpu_description(), "runs": []}
     predict_probabilities(clf, prem[:256], hyp[:256], batch_size=64, max_length=max_length, progress=False)  # warm-up
     out["model"] = show(model)
     ref = None

@@ -47,6 +47,25 @@ def native_bfloat16_cpu() -> "bool | None":
     return any(f in flags for f in NATIVE_BF16_FLAGS)
 
 
+def cpu_description() -> dict:
+    """The CPU a measurement ran on (model name, cores, torch's vector ISA, the bfloat16 flags), for results files."""
+    import os
+    import platform
+
+    import torch
+
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    flags = cpu_flags() or frozenset()
+    return {"model": model, "cpus": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "avx512f": "avx512f" in flags, **{f: f in flags for f in NATIVE_BF16_FLAGS},
+            "native_bfloat16": native_bfloat16_cpu()}
+
+
 _warned: set = set()
 
 
