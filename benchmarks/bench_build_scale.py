@@ -594,7 +594,7 @@ def speedup_report(work: Path) -> None:
                   f"| code | wall (s) | peak PSS (MB) | peak RSS sum (MB) |", "|---|---:|---:|---:|",
                   f"| old ({OLD_CODE_COMMIT}, build_scale.json as committed there) | {o['wall_s']:.0f} | "
                   f"{o['peak_pss_mb']:,} | {o['peak_rss_mb']:,} |",
-                  f"| new (build_scale.json) | {n['wall_s']:.0f} | {n['peak_pss_mb']:,} | {n['peak_rss_mb']:,} |",
+                  f"| new (build_scale.json as it stands when this table is written) | {n['wall_s']:.0f} | {n['peak_pss_mb']:,} | {n['peak_rss_mb']:,} |",
                   f"| **old/new** | **{o['wall_s'] / n['wall_s']:.2f}** | **{o['peak_pss_mb'] / n['peak_pss_mb']:.2f}** | "
                   f"{o['peak_rss_mb'] / n['peak_rss_mb']:.2f} |", "",
                   "Each 10x build ran alone on an otherwise idle machine, but in different sessions: these ratios agree "
