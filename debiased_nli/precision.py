@@ -26,17 +26,26 @@ def check_dtype(dtype: str, what: str = "compute dtype") -> str:
     return dtype
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags(path: str = "/proc/cpuinfo") -> "frozenset[str] | None":
-    """The CPU's feature flags (Linux), or None where they cannot be read."""
+@functools.lru_cache(maxsize=4)
+def _cpuinfo(path: str = "/proc/cpuinfo") -> "dict[str, str] | None":
+    """The first value of each key of /proc/cpuinfo (Linux), or None where it cannot be read."""
+    fields: dict[str, str] = {}
     try:
         with open(path) as f:
             for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
+                key, sep, value = line.partition(":")
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         return None
-    return None
+    return fields
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> "frozenset[str] | None":
+    """The CPU's feature flags (Linux), or None where they cannot be read."""
+    info = _cpuinfo(path)
+    flags = info and (info.get("flags") or info.get("Features"))
+    return frozenset(flags.split()) if flags else None
 
 
 def native_bfloat16_cpu() -> "bool | None":
@@ -54,12 +63,7 @@ def cpu_description() -> dict:
 
     import torch
 
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
+    model = (_cpuinfo() or {}).get("model name") or platform.processor()
     flags = cpu_flags() or frozenset()
     return {"model": model, "cpus": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "avx512f": "avx512f" in flags, **{f: f in flags for f in NATIVE_BF16_FLAGS},
