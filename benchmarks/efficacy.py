@@ -140,6 +140,10 @@ def load_plan(path: str | os.PathLike = DEFAULT_PLAN, *, runs_dir: str | None = 
     for r in raw["rows"]:
         if not isinstance(r.get("data"), dict):
             raise SystemExit(f"{path}: row {r['name']!r} needs a `data:` mapping")
+        for c in _compare_with(r):
+            if c["row"] not in names or c["row"] == r["name"]:
+                raise SystemExit(f"{path}: row {r['name']!r} has compare_with {c['row']!r}, which is not another row "
+                                 f"of the plan; rows: {', '.join(names)}")
     runs = runs_dir or os.environ.get("EFFICACY_RUNS") or raw.get("runs_dir", "~/runs/efficacy")
     return Plan(path=path, raw=raw, task=raw["task"], model=str(_path(raw["model"])), seeds=list(raw["seeds"]),
                 runs_dir=_path(runs), results_dir=_path(results_dir or raw.get("results_dir", "benchmarks/results/efficacy")),
@@ -690,6 +694,31 @@ def _mean_std(values: list[float]) -> tuple[float, float | None]:
     return float(a.mean()), (float(a.std(ddof=1)) if len(a) > 1 else None)
 
 
+def _compare_with(row: dict) -> list[dict]:
+    """A row's `compare_with:` as a list of {row, why}: the rows it is compared with besides the reference
+    (e.g. z_filtered with the random subset of its size, which separates "debiased data" from "less data")."""
+    raw = row.get("compare_with") or []
+    items = raw if isinstance(raw, list) else [raw]
+    return [{"row": c, "why": ""} if isinstance(c, str) else {"row": c["row"], "why": c.get("why", "")} for c in items]
+
+
+def comparisons(plan: Plan, table: dict) -> list[dict]:
+    """Each declared `compare_with` pair whose rows both have finished units: difference and call per set."""
+    out = []
+    for row in plan.rows:
+        a = table["rows"][row["name"]].get("sets") or {}
+        for c in _compare_with(row):
+            b = table["rows"][c["row"]].get("sets") or {}
+            calls = {}
+            for s in table["sets"]:
+                if s in a and s in b:
+                    diff, se, call = compare(a[s], b[s])
+                    calls[s] = {"difference": round(diff, 2), "se": None if se is None else round(se, 2), "call": call}
+            if calls:
+                out.append({"row": row["name"], "against": c["row"], "why": c["why"], "sets": calls})
+    return out
+
+
 def summarise(plan: Plan) -> dict:
     """The table: per row its status, training size/time, and mean ± std per set (and breakdowns)."""
     units = load_units(plan)
@@ -728,6 +757,7 @@ def summarise(plan: Plan) -> dict:
             entry["breakdowns"] = _breakdowns(us)
         table["rows"][name] = entry
     table["verdict"] = verdicts(table)
+    table["comparisons"] = comparisons(plan, table)
     return table
 
 
@@ -785,26 +815,31 @@ def _cell(v: dict | None) -> str:
         (f" ({v['n_seeds']})" if v["n_seeds"] < 3 else "")
 
 
+def _call_line(label: str, calls: dict) -> str:
+    """One verdict line: where the first row helps, hurts or makes no clear change against the second."""
+    helps = [s for s, c in calls.items() if c["call"] == "helps"]
+    hurts = [s for s, c in calls.items() if c["call"] == "hurts"]
+    same = [s for s, c in calls.items() if c["call"] == "no clear change"]
+    if not (helps or hurts or same):
+        return f"- {label}: one seed only, no call yet."
+    fmt = lambda ss: ", ".join(f"{s} ({calls[s]['difference']:+.1f})" for s in ss)  # noqa: E731
+    parts = [f"helps on {fmt(helps)}" if helps else "helps on no set"]
+    if hurts:
+        parts.append(f"hurts on {fmt(hurts)}")
+    if same:
+        parts.append(f"no clear change on {fmt(same)}")
+    return f"- {label}: " + "; ".join(parts) + "."
+
+
 def verdict_paragraph(table: dict) -> str:
     ref = table["reference"]
     finished = [n for n, e in table["rows"].items() if e.get("sets")]
     lines = []
     for name, calls in table["verdict"].items():
-        helps = [s for s, c in calls.items() if c["call"] == "helps"]
-        hurts = [s for s, c in calls.items() if c["call"] == "hurts"]
-        same = [s for s, c in calls.items() if c["call"] == "no clear change"]
-        one = [s for s, c in calls.items() if c["call"] == "one seed"]
-        if one and not (helps or hurts or same):
-            lines.append(f"- **{name}**: one seed only, no call yet.")
-            continue
-        fmt = lambda ss: ", ".join(f"{s} ({calls[s]['difference']:+.1f})" for s in ss)  # noqa: E731
-        parts = []
-        parts.append(f"helps on {fmt(helps)}" if helps else "helps on no set")
-        if hurts:
-            parts.append(f"hurts on {fmt(hurts)}")
-        if same:
-            parts.append(f"no clear change on {fmt(same)}")
-        lines.append(f"- **{name}** vs {ref}: " + "; ".join(parts) + ".")
+        lines.append(_call_line(f"**{name}** vs {ref}", calls))
+    for comp in table.get("comparisons", []):
+        lines.append(_call_line(f"**{comp['row']}** vs {comp['against']}"
+                                + (f" ({comp['why']})" if comp["why"] else ""), comp["sets"]))
     pending = [f"`{n}`" for n, e in table["rows"].items() if not e.get("sets") and e["pending_reason"]]
     todo = [f"`{n}`" for n, e in table["rows"].items() if not e.get("sets") and not e["pending_reason"]]
     head = (f"Finished rows: {', '.join(f'`{n}`' for n in finished) or 'none'}. A method *helps* (or *hurts*) on a "
@@ -876,6 +911,15 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
                 c = calls.get(s)
                 cells.append("–" if not c else f"{c['difference']:+.1f}" + ("*" if c["call"] in ("helps", "hurts") else ""))
             L.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    if table.get("comparisons"):
+        L += ["", "### Other comparisons (first row minus second, points; * = more than 2 standard errors and 1 point)", "",
+              "| rows | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
+        for comp in table["comparisons"]:
+            cells = []
+            for s in sets:
+                c = comp["sets"].get(s)
+                cells.append("–" if not c else f"{c['difference']:+.1f}" + ("*" if c["call"] in ("helps", "hurts") else ""))
+            L.append(f"| `{comp['row']}` − `{comp['against']}` | {comp['why'] or '–'} | " + " | ".join(cells) + " |")
     L += ["", "## Verdict (from finished units only)", "", verdict_paragraph(table), ""]
     L += ["## Breakdowns", ""]
     keys = sorted({k for e in table["rows"].values() for k in (e.get("breakdowns") or {})})

@@ -41,7 +41,8 @@ def setup(tmp_path_factory, shared_data):
                                    "new_rows": [str(tmp / "no-such-generator-run" / "kept.parquet")]}},
         "rows": [
             {"name": "original", "data": {"files": [str(tmp / "train.parquet")]}},
-            {"name": "z_filtered", "data": {"release": "small", "config": "z_filtered"}},
+            {"name": "z_filtered", "data": {"release": "small", "config": "z_filtered"},
+             "compare_with": {"row": "random_control", "why": "same size"}},
             {"name": "random_control", "data": {"random_subset_of": "original", "size_of": "z_filtered", "seed": 0}},
             {"name": "held", "data": {"files": [str(tmp / "train.parquet")]}, "poe": {"beta": 1.0, "gamma": 1.0},
              "hold": "waiting for a fix"},
@@ -134,6 +135,27 @@ def test_the_table_is_mean_and_std_over_seeds(setup):
     assert cell["mean"] == pytest.approx(sum(runs) / 2)
     assert cell["std"] == pytest.approx(abs(runs[0] - runs[1]) / 2 ** 0.5)
     assert set(table["verdict"]) == {"z_filtered", "random_control"}
+
+
+def test_a_row_is_also_compared_with_the_row_it_names(setup, tmp_path):
+    plan, _ = setup
+    table = efficacy.summarise(plan)
+    (comp,) = table["comparisons"]
+    assert (comp["row"], comp["against"], comp["why"]) == ("z_filtered", "random_control", "same size")
+    zf, rc = table["rows"]["z_filtered"]["sets"], table["rows"]["random_control"]["sets"]
+    for s in ("snli_test_hard", "anli"):
+        diff, se, call = efficacy.compare(zf[s], rc[s])
+        assert comp["sets"][s] == {"difference": round(diff, 2), "se": round(se, 2), "call": call}
+    md = tmp_path / "efficacy.md"
+    efficacy.write_markdown(table, plan, md, None)
+    text = md.read_text()
+    assert "| `z_filtered` − `random_control` | same size |" in text
+    assert "**z_filtered** vs random_control (same size)" in text
+    bad = yaml.safe_load(plan.path.read_text())
+    bad["rows"][1]["compare_with"] = "no_such_row"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(SystemExit, match="compare_with 'no_such_row'"):
+        efficacy.load_plan(tmp_path / "bad.yaml")
 
 
 def test_compare_calls_a_difference_only_beyond_two_standard_errors():
