@@ -708,12 +708,7 @@ def comparisons(plan: Plan, table: dict) -> list[dict]:
     for row in plan.rows:
         a = table["rows"][row["name"]].get("sets") or {}
         for c in _compare_with(row):
-            b = table["rows"][c["row"]].get("sets") or {}
-            calls = {}
-            for s in table["sets"]:
-                if s in a and s in b:
-                    diff, se, call = compare(a[s], b[s])
-                    calls[s] = {"difference": round(diff, 2), "se": None if se is None else round(se, 2), "call": call}
+            calls = _calls(a, table["rows"][c["row"]].get("sets") or {})
             if calls:
                 out.append({"row": row["name"], "against": c["row"], "why": c["why"], "sets": calls})
     return out
@@ -791,21 +786,22 @@ def compare(a: dict, b: dict) -> tuple[float, float | None, str]:
     return diff, se, "no clear change"
 
 
+def _calls(a: dict, b: dict) -> dict:
+    """Per set that both rows have: row a's difference from row b, its standard error and the call."""
+    calls = {}
+    for s, v in a.items():
+        if s in b:
+            diff, se, call = compare(v, b[s])
+            calls[s] = {"difference": round(diff, 2), "se": None if se is None else round(se, 2), "call": call}
+    return calls
+
+
 def verdicts(table: dict) -> dict:
     ref = table["rows"].get(table["reference"], {}).get("sets")
-    out = {}
     if not ref:
-        return out
-    for name, entry in table["rows"].items():
-        if name == table["reference"] or not entry.get("sets"):
-            continue
-        calls = {}
-        for s, v in entry["sets"].items():
-            if s in ref:
-                diff, se, call = compare(v, ref[s])
-                calls[s] = {"difference": round(diff, 2), "se": None if se is None else round(se, 2), "call": call}
-        out[name] = calls
-    return out
+        return {}
+    return {name: _calls(entry["sets"], ref) for name, entry in table["rows"].items()
+            if name != table["reference"] and entry.get("sets")}
 
 
 def _cell(v: dict | None) -> str:
@@ -848,6 +844,15 @@ def verdict_paragraph(table: dict) -> str:
     tail = " ".join(([f"Not run yet: {', '.join(todo)}."] if todo else [])
                     + ([f"Pending (their data does not exist yet; reasons below): {', '.join(pending)}."] if pending else []))
     return "\n".join([head, ""] + lines + ([""] + [tail] if tail else []))
+
+
+def _difference_cells(calls: dict, sets: list[str]) -> str:
+    """A table row's cells: the difference per set, starred where it is called, – where a set is missing."""
+    cells = []
+    for s in sets:
+        c = calls.get(s)
+        cells.append("–" if not c else f"{c['difference']:+.1f}" + ("*" if c["call"] in ("helps", "hurts") else ""))
+    return " | ".join(cells)
 
 
 def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> None:
@@ -906,20 +911,13 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         L += ["", f"### Difference from `{table['reference']}` (points; * = more than 2 standard errors and 1 point)", "",
               "| row | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
         for name, calls in table["verdict"].items():
-            cells = []
-            for s in sets:
-                c = calls.get(s)
-                cells.append("–" if not c else f"{c['difference']:+.1f}" + ("*" if c["call"] in ("helps", "hurts") else ""))
-            L.append(f"| `{name}` | " + " | ".join(cells) + " |")
+            L.append(f"| `{name}` | " + _difference_cells(calls, sets) + " |")
     if table.get("comparisons"):
         L += ["", "### Other comparisons (first row minus second, points; * = more than 2 standard errors and 1 point)", "",
               "| rows | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
         for comp in table["comparisons"]:
-            cells = []
-            for s in sets:
-                c = comp["sets"].get(s)
-                cells.append("–" if not c else f"{c['difference']:+.1f}" + ("*" if c["call"] in ("helps", "hurts") else ""))
-            L.append(f"| `{comp['row']}` − `{comp['against']}` | {comp['why'] or '–'} | " + " | ".join(cells) + " |")
+            L.append(f"| `{comp['row']}` − `{comp['against']}` | {comp['why'] or '–'} | "
+                     + _difference_cells(comp["sets"], sets) + " |")
     L += ["", "## Verdict (from finished units only)", "", verdict_paragraph(table), ""]
     L += ["## Breakdowns", ""]
     keys = sorted({k for e in table["rows"].values() for k in (e.get("breakdowns") or {})})
