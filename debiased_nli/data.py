@@ -94,6 +94,42 @@ def file_fingerprint(path: str) -> dict[str, Any]:
     return {"path": str(path), "bytes": size, "sha256": h.hexdigest()}
 
 
+def content_fingerprint(ds) -> str:
+    """A hash of a dataset's rows and features, 16 hex digits.
+
+    ``datasets``' own ``_fingerprint`` of a file it read hashes the file's path and modification time,
+    so the same rows read again after a copy, a checkout or a remount of the data get another one, and a
+    run recorded with it cannot be resumed. This one depends only on the features and the values of the
+    rows, in order: not on how Arrow holds them (chunks, slices, an indices mapping, validity bitmaps
+    allocated or not; Arrow's IPC bytes depend on those). About 0.5 s per million SNLI rows."""
+    table = ds.with_format("arrow")[:] if getattr(ds, "_indices", None) is not None else ds.data.table
+    h = hashlib.sha256(json.dumps(ds.features.to_dict(), sort_keys=True, default=str).encode())
+    h.update(f"rows={table.num_rows}".encode())
+    for name in table.column_names:
+        h.update(f"column={name}".encode())
+        for part in _value_bytes(table.column(name).combine_chunks()):
+            h.update(part)
+    return h.hexdigest()[:16]
+
+
+def _value_bytes(arr: pa.Array):
+    """The values of one column as bytes that depend on nothing but the values (and which are null)."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    yield np.packbits(pc.is_valid(arr).to_numpy(zero_copy_only=False)).tobytes()
+    if any(f(arr.type) for f in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                 pa.types.is_large_binary)):
+        text = arr.cast(pa.large_binary()).fill_null(b"")
+        _, offsets, data = text.buffers()
+        at = np.frombuffer(offsets, dtype=np.int64)[text.offset:text.offset + len(text) + 1]
+        yield (at - at[0]).tobytes()
+        yield memoryview(data)[int(at[0]):int(at[-1])] if data is not None else b""
+    elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type):
+        yield arr.fill_null(False if pa.types.is_boolean(arr.type) else 0).to_numpy(zero_copy_only=False).tobytes()
+    else:  # lists, structs, dates...: rare in a sentence-pair set, hashed through their Python values
+        yield json.dumps(arr.to_pylist(), default=str).encode()
+
+
 def root_cause(err: BaseException) -> str:
     """``Type: message`` of the innermost cause of an error (``datasets`` wraps the reader's own), one line."""
     seen = set()
@@ -130,8 +166,8 @@ def read_data_file(path: str, sha256: str, *, cache_dir: str | None = None):
     level = readers_log.level
     readers_log.setLevel(logging.CRITICAL)  # a reader's own log of the failure would repeat ours
     try:
-        return datasets.load_dataset(builder, name=f"sha256-{sha256[:32]}", data_files=path, split="train",
-                                     cache_dir=cache_dir, **kwargs)
+        ds = datasets.load_dataset(builder, name=f"sha256-{sha256[:32]}", data_files=path, split="train",
+                                   cache_dir=cache_dir, **kwargs)
     except Exception as err:
         cause = root_cause(err).rstrip(".")
         hint = ""
@@ -142,6 +178,11 @@ def read_data_file(path: str, sha256: str, *, cache_dir: str | None = None):
         raise InvalidInputError(f"{path}: cannot read it as {kind}: {cause}.{hint}", file=path) from err
     finally:
         readers_log.setLevel(level)
+    # datasets' fingerprint of a file hashes its path and modification time: the same bytes copied,
+    # checked out or remounted would miss every cache keyed on it (features, hypothesis-only models)
+    from datasets.fingerprint import Hasher
+    ds._fingerprint = Hasher.hash(["read_data_file", builder, sha256, kwargs])
+    return ds
 
 
 @dataclasses.dataclass

@@ -482,12 +482,16 @@ _NOT_THE_RUN = ("output_dir", "resume", "use_cpu", "num_threads", "progress", "e
                 "save_total_limit", "early_stopping_patience")
 
 
-def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> None:
+def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> dict:
     """Resume only the same run: the output folder's ``debiased_nli_run.json`` (model, task, data
     fingerprints, hyper-parameters) must match this one, as ``generate`` checks its shards. A folder
-    with checkpoints but no such file (another tool's run) is refused too; ``--no-resume`` starts over."""
-    run = {"task": task.name, "train_fingerprint": train_ds._fingerprint,
-           "dev_fingerprint": dev_ds._fingerprint if dev_ds is not None else None,
+    with checkpoints but no such file (another tool's run) is refused too; ``--no-resume`` starts over.
+    The data fingerprints hash the rows themselves (:func:`debiased_nli.data.content_fingerprint`), so a
+    run resumes on the same rows read from a copied or remounted file. Returns the run's record."""
+    from .data import content_fingerprint
+
+    run = {"task": task.name, "train_fingerprint": content_fingerprint(train_ds),
+           "dev_fingerprint": content_fingerprint(dev_ds) if dev_ds is not None else None,
            **{k: v for k, v in cfg.to_dict().items() if k not in _NOT_THE_RUN}}
     run = json.loads(json.dumps(run, default=str))  # as the file holds it (tuples are lists there)
     path = Path(cfg.output_dir, RUN_FILE)
@@ -504,6 +508,7 @@ def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> None:
                               f"start over there")
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(run, indent=2, default=str))
+    return run
 
 
 def _last_checkpoint(output_dir: str) -> str | None:
@@ -535,7 +540,7 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     set_seed(cfg.seed)
     tok, model = load_model_for_task(cfg.model, task)
     order = model_label_order(model, task, cfg.model)
-    check_run(cfg, task, train_ds, dev_ds)
+    run = check_run(cfg, task, train_ds, dev_ds)
 
     bias, bias_info, joint = None, None, cfg.poe and cfg.bias_model == "joint"
     if cfg.poe and joint:
@@ -623,8 +628,7 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
         import transformers
 
         record = {"config": cfg.to_dict(), "task": task.name, "labels": list(task.labels),
-                  "train_fingerprint": train_ds._fingerprint,
-                  "dev_fingerprint": dev_ds._fingerprint if dev_ds is not None else None,
+                  "train_fingerprint": run["train_fingerprint"], "dev_fingerprint": run["dev_fingerprint"],
                   "result": result.to_dict(), "world_size": trainer.args.world_size,
                   "versions": {"debiased_nli": __version__, "transformers": transformers.__version__,
                                "datasets": hf_datasets.__version__, "torch": torch.__version__}}

@@ -1,6 +1,7 @@
 import json
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from debiased_nli.data import load_task, new_rows, parse_data_files
@@ -167,3 +168,21 @@ def test_content_uids_of_a_table_are_the_uids_of_its_rows():
     # in chunks hashed by two forked processes, and from a table in several chunks: the same uids
     chunked = pa.concat_tables([table.slice(0, 1000), table.slice(1000)])
     assert content_uids(chunked, names, "files:x:", chunk_rows=700, num_proc=2).to_pylist() == want
+
+
+def test_content_fingerprint_sees_values_and_nulls_not_arrow_layout():
+    import datasets
+
+    from debiased_nli.data import content_fingerprint
+
+    t = pa.table({"a": pa.array(["x", None, "yz", "w"]), "b": pa.array([1, None, 3, 4]),
+                  "c": pa.array([[1], [2, 3], None, []])})
+    one = datasets.Dataset(t)
+    pieces = datasets.Dataset(pa.concat_tables([t.slice(0, 1), t.slice(1, 2), t.slice(3, 1)]))  # 3 chunks, offsets
+    assert content_fingerprint(one) == content_fingerprint(pieces)
+    assert content_fingerprint(one.select([1, 2])) == content_fingerprint(datasets.Dataset(t.slice(1, 2)))
+    empty_not_null = t.set_column(0, "a", pa.array(["x", "", "yz", "w"]))
+    for other in (empty_not_null, t.set_column(1, "b", pa.array([1, 0, 3, 4])),
+                  t.set_column(2, "c", pa.array([[1], [2, 3], None, [0]])),
+                  t.set_column(0, "a", pa.array(["x", None, "y", "zw"]))):  # same bytes, other boundaries
+        assert content_fingerprint(datasets.Dataset(other)) != content_fingerprint(one)

@@ -210,6 +210,52 @@ def test_one_epoch_trains_saves_label_names_and_resumes(tiny_encoder, snli_small
     assert again.resumed_from is not None and again.resumed_from.endswith("checkpoint-10")
 
 
+def test_a_run_resumes_on_the_same_rows_read_from_a_copied_file(tiny_encoder, shared_data, tmp_path):
+    # the efficacy table's random_control-s2 could not resume after ../shared was remounted: datasets'
+    # fingerprint of a file hashes its modification time; the run record now hashes the rows
+    import os
+    import shutil
+
+    import pandas as pd
+
+    rows = pd.read_parquet(shared_data / "snli" / "train_sample.parquet").head(200)
+    first = tmp_path / "a" / "train.parquet"
+    first.parent.mkdir()
+    rows.to_parquet(first)
+    cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "run"), learning_rate=1e-3,
+                      batch_size=32, max_length=32, epochs=1, seed=0, progress=False, use_cpu=True)
+    train_classifier(cfg, "snli", load_task("snli", data_files=str(first)).dataset)
+    copy = tmp_path / "b" / "train.parquet"
+    copy.parent.mkdir()
+    shutil.copy(first, copy)
+    os.utime(copy, (1_000_000_000, 1_000_000_000))  # another path, another modification time, the same bytes
+    again = load_task("snli", data_files=str(copy)).dataset
+    more = TrainConfig(**{**cfg.to_dict(), "epochs": 2})
+    assert train_classifier(more, "snli", again).resumed_from.endswith("checkpoint-7")
+    # other rows are still another run: one label changed is refused, naming the fingerprint
+    rows.loc[5, "label"] = (rows.loc[5, "label"] + 1) % 3
+    changed = tmp_path / "c.parquet"
+    rows.to_parquet(changed)
+    with pytest.raises(ConfigError, match="train_fingerprint"):
+        train_classifier(TrainConfig(**{**cfg.to_dict(), "epochs": 3}), "snli",
+                         load_task("snli", data_files=str(changed)).dataset)
+
+
+def test_content_fingerprint_depends_on_the_rows_not_on_how_they_are_held(snli_small):
+    import datasets
+
+    from debiased_nli.data import content_fingerprint
+
+    train, _ = snli_small
+    picked = train.select(range(10, 60))                               # an indices mapping over the table
+    held = datasets.Dataset(picked.with_format("arrow")[:], info=picked.info.copy())   # the same rows, copied
+    rechunked = datasets.concatenate_datasets([train.select(range(10, 30)).flatten_indices(),
+                                               train.select(range(30, 60)).flatten_indices()])
+    assert content_fingerprint(picked) == content_fingerprint(held) == content_fingerprint(rechunked)
+    assert content_fingerprint(picked) != content_fingerprint(train.select(range(11, 61)))
+    assert content_fingerprint(picked) != content_fingerprint(train.select(list(range(11, 60)) + [10]))  # order
+
+
 def test_training_is_seeded(tiny_encoder, snli_small, tmp_path):
     train, _ = snli_small
     weights = []
