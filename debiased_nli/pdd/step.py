@@ -65,15 +65,10 @@ def _params(params: Mapping[str, Any] | None) -> dict:
 
 def _fingerprint(ds) -> str:
     """A hash of the rows PDD reads (uid, premise, hypothesis, label), whatever other columns ``ds`` has, so the
-    CLI and a recipe build over the same rows share a checkpoint."""
-    import pyarrow as pa
+    CLI and a recipe build over the same rows share a checkpoint (however Arrow holds them)."""
+    from ..data import content_fingerprint
 
-    table = ds.select_columns(["uid", "premise", "hypothesis", "label"]).with_format("arrow")[:]
-    table = table.replace_schema_metadata(None)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table.combine_chunks())
-    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
+    return content_fingerprint(ds.select_columns(["uid", "premise", "hypothesis", "label"]))
 
 
 def pdd_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
