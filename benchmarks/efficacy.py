@@ -732,7 +732,8 @@ def summarise(plan: Plan) -> dict:
                                  "todo_note": next((s["reason"] for s in st if s["state"] == "todo" and s["reason"]), None)}
         if us:
             entry["train_rows"] = us[0]["train"]["rows"]
-            entry["data_command"] = us[0]["data"]["command"]
+            # a release_dir row's own `command` (how its folder is built) over what its first unit recorded
+            entry["data_command"] = row["data"].get("command") or us[0]["data"]["command"]
             entry["config"] = us[0]["data"].get("config")
             entry["train_seconds"] = _mean_std([u["train"]["seconds"] for u in us])[0]
             entry["train_cpu_seconds"] = _mean_std([u["train"]["cpu_seconds"] for u in us])[0]
