@@ -383,6 +383,11 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         raise SystemExit(f"{plan.path}: row {row['name']!r}: data needs files, release, release_dir or random_subset_of")
     info["rows"] = len(ds)
     info["fingerprint"] = ds._fingerprint
+    # the rows themselves, not how they were read: seeds of a row whose release was rebuilt in between
+    # (AFLite, PDD and IBADR rebuilds are not bit-identical across machines) can then be told apart
+    from debiased_nli.data import content_fingerprint
+
+    info["content_fingerprint"] = content_fingerprint(ds)
     cache[row["name"]] = RowData(ds, info)
     return cache[row["name"]]
 
@@ -751,6 +756,7 @@ def summarise(plan: Plan) -> dict:
                 entry["sets"][s] = {"mean": m, "std": sd, "n_seeds": len(vals), "runs": vals,
                                     "n": us[0]["sets"][s]["n"], "subsampled": us[0]["sets"][s]["subsampled"]}
             entry["breakdowns"] = _breakdowns(us)
+            entry["data_fingerprints"] = {u["seed"]: u["data"].get("content_fingerprint") for u in us}
         table["rows"][name] = entry
     table["verdict"] = verdicts(table)
     table["comparisons"] = comparisons(plan, table)
@@ -931,17 +937,18 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
                 L.append(f"| `{name}` | " + " | ".join(_cell(b.get(g)) for g in groups) + " |")
         L.append("")
     L += ["## Rows: data, size, cost, status", "",
-          "| row | status | train rows | train wall / CPU s (mean) | eval wall s (mean) | eval ex/s | dev acc. (selection sample) | commits |",
-          "|---|---|---:|---:|---:|---:|---:|---|"]
+          "| row | status | train rows | same rows in every seed | train wall / CPU s (mean) | eval wall s (mean) | eval ex/s | dev acc. (selection sample) | commits |",
+          "|---|---|---:|---|---:|---:|---:|---:|---|"]
     for name, e in table["rows"].items():
         done = len(e["seeds_done"])
         status = f"{done}/{len(e['seeds_planned'])} seeds" + ("; pending" if e["pending_reason"] else "")
         if e.get("sets"):
-            L.append(f"| `{name}` | {status} | {e['train_rows']:,} | {e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
+            L.append(f"| `{name}` | {status} | {e['train_rows']:,} | {_same_rows(e.get('data_fingerprints') or {})} | "
+                     f"{e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
                      f"{e['eval_seconds']:.0f} | {e['eval_examples_per_second']:.0f} | {100 * e['dev_accuracy_selection']:.1f} | "
                      + ", ".join(f"`{c[:10]}`" for c in e["commits"]) + " |")
         else:
-            L.append(f"| `{name}` | {status} | – | – | – | – | – | – |")
+            L.append(f"| `{name}` | {status} | – | – | – | – | – | – | – |")
     L += ["", "How each row's data was built:", ""]
     for name, e in table["rows"].items():
         if e.get("data_command"):
@@ -954,6 +961,21 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
     L += ["", "Times are wall-clock on a 2-core machine shared with other work (CPU seconds beside them); the exact "
           "`debiased-nli train` / `evaluate` commands of each unit are in its result file.", ""]
     path.write_text("\n".join(L))
+
+
+def _same_rows(fingerprints: dict) -> str:
+    """Whether the finished seeds of a row trained on the same rows, from their content fingerprints
+    (``debiased_nli.data.content_fingerprint``; units finished before it was recorded have none)."""
+    known = {s: f for s, f in fingerprints.items() if f}
+    missing = sorted(s for s in fingerprints if s not in known)
+    if not known:
+        return "not recorded"
+    distinct = sorted(set(known.values()))
+    if len(distinct) == 1:
+        text = f"yes (`{distinct[0][:8]}`)" if len(known) > 1 else f"one seed (`{distinct[0][:8]}`)"
+    else:
+        text = "**no**: " + ", ".join(f"s{s} `{f[:8]}`" for s, f in sorted(known.items()))
+    return text + (f"; not recorded for seed {', '.join(map(str, missing))}" if missing else "")
 
 
 def plot(table: dict, path: Path) -> Path | None:

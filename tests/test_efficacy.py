@@ -137,6 +137,25 @@ def test_the_table_is_mean_and_std_over_seeds(setup):
     assert set(table["verdict"]) == {"z_filtered", "random_control"}
 
 
+def test_each_unit_records_the_rows_it_trained_on_and_the_report_says_whether_the_seeds_agree(setup):
+    from debiased_nli.data import content_fingerprint
+    from debiased_nli.tasks import get_task
+    from debiased_nli.training import load_training_split
+
+    plan, _ = setup
+    unit = {(r, s): json.loads(plan.unit_file(r, s).read_text())["data"] for r in ("original", "z_filtered") for s in (0, 1)}
+    rows = load_training_split(get_task("snli"), data_files={"train": plan.rows[0]["data"]["files"]})
+    assert unit[("original", 0)]["content_fingerprint"] == content_fingerprint(rows)  # what `train` reads
+    assert unit[("z_filtered", 0)]["content_fingerprint"] == unit[("z_filtered", 1)]["content_fingerprint"]
+    assert unit[("z_filtered", 0)]["content_fingerprint"] != unit[("original", 0)]["content_fingerprint"]
+    table = efficacy.summarise(plan)
+    fp = unit[("z_filtered", 0)]["content_fingerprint"]
+    assert efficacy._same_rows(table["rows"]["z_filtered"]["data_fingerprints"]) == f"yes (`{fp[:8]}`)"
+    assert efficacy._same_rows({0: "a" * 16, 1: "b" * 16}) == "**no**: s0 `aaaaaaaa`, s1 `bbbbbbbb`"
+    assert efficacy._same_rows({0: None, 1: "a" * 16}) == "one seed (`aaaaaaaa`); not recorded for seed 0"
+    assert efficacy._same_rows({0: None}) == "not recorded"
+
+
 def test_a_row_is_also_compared_with_the_row_it_names(setup, tmp_path):
     plan, _ = setup
     table = efficacy.summarise(plan)
