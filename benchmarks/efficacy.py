@@ -946,7 +946,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
             L.append(f"| `{name}` | {status} | {e['train_rows']:,} | {_same_rows(e.get('data_fingerprints') or {})} | "
                      f"{e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
                      f"{e['eval_seconds']:.0f} | {e['eval_examples_per_second']:.0f} | {100 * e['dev_accuracy_selection']:.1f} | "
-                     + ", ".join(f"`{c[:10]}`" for c in e["commits"]) + " |")
+                     + ", ".join(f"`{c[:10]}{'-dirty' if c.endswith('-dirty') else ''}`" for c in e["commits"]) + " |")
         else:
             L.append(f"| `{name}` | {status} | – | – | – | – | – | – | – |")
     L += ["", "How each row's data was built:", ""]
