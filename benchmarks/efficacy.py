@@ -314,15 +314,26 @@ def _load_release(plan: Plan, folder: Path, config: str):
     return load_training_split(get_task(plan.task), release=str(folder), config=config)
 
 
+def per_unit_subset(row: dict) -> bool:
+    """A random control drawn anew for each seed (``seed: unit``): its seeds vary the subset as well as
+    the model, so its spread includes which rows a random subset happens to hold."""
+    return "random_subset_of" in row["data"] and row["data"].get("seed") == "unit"
+
+
 def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None = None,
-                _cache: dict | None = None) -> RowData:
-    """The row's training rows, or :class:`Pending`. With ``build``, releases of ``releases:`` are built."""
+                _cache: dict | None = None, unit_seed: int | None = None) -> RowData:
+    """The row's training rows, or :class:`Pending`. With ``build``, releases of ``releases:`` are built.
+    ``unit_seed``: the seed of the unit, which draws the subset of a ``seed: unit`` random control."""
     from debiased_nli.tasks import get_task
     from debiased_nli.training import load_training_split
 
     cache = _cache if _cache is not None else {}
-    if row["name"] in cache:
-        return cache[row["name"]]
+    per_unit = per_unit_subset(row)
+    if per_unit and unit_seed is None:
+        raise ValueError(f"row {row['name']!r} draws its subset with the unit's seed: give unit_seed")
+    key = f"{row['name']}@{unit_seed}" if per_unit else row["name"]
+    if key in cache:
+        return cache[key]
     if row.get("hold"):
         raise Pending(f"on hold: {row['hold']}")
     d = row["data"]
@@ -371,11 +382,16 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
                                    for st in manifest.get("stages", [])],
                 "release_versions": manifest.get("versions")}
     elif "random_subset_of" in d:
-        base = resolve_row(plan, plan.row(d["random_subset_of"]), build=build, lock=lock, _cache=cache)
-        size = resolve_row(plan, plan.row(d["size_of"]), build=build, lock=lock, _cache=cache)
-        n, seed = len(size.dataset), int(d.get("seed", 0))
+        if not per_unit and not isinstance(d.get("seed", 0), int):
+            raise SystemExit(f"{plan.path}: row {row['name']!r}: random subset seed {d['seed']!r} is neither an "
+                             f"integer nor 'unit' (the unit's seed)")
+        base = resolve_row(plan, plan.row(d["random_subset_of"]), build=build, lock=lock, _cache=cache,
+                           unit_seed=unit_seed)
+        size = resolve_row(plan, plan.row(d["size_of"]), build=build, lock=lock, _cache=cache, unit_seed=unit_seed)
+        n, seed = len(size.dataset), (int(unit_seed) if per_unit else int(d.get("seed", 0)))
         ds = base.dataset.shuffle(seed=seed).select(range(min(n, len(base.dataset))))
         info = {"kind": "random_subset", "of": d["random_subset_of"], "size_of": d["size_of"], "seed": seed,
+                "subset_seed_is_unit_seed": per_unit,
                 "base": {k: v for k, v in base.info.items() if k in ("files", "release", "config")},
                 "command": f"{d['random_subset_of']}.shuffle(seed={seed}).select(range(len({d['size_of']}) = {n})); "
                            f"{d['random_subset_of']}: {base.info['command']}; {d['size_of']}: {size.info['command']}"}
@@ -388,8 +404,8 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
     from debiased_nli.data import content_fingerprint
 
     info["content_fingerprint"] = content_fingerprint(ds)
-    cache[row["name"]] = RowData(ds, info)
-    return cache[row["name"]]
+    cache[key] = RowData(ds, info)
+    return cache[key]
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -634,7 +650,7 @@ def unit_states(plan: Plan, rows: list[str] | None = None, seeds: list[int] | No
             continue
         reason, buildable = None, False
         try:
-            resolve_row(plan, row, build=False, _cache=cache)
+            resolve_row(plan, row, build=False, _cache=cache, unit_seed=plan.seeds[0])
         except Pending as p:
             reason, buildable = str(p), isinstance(p, NotBuilt)
         for seed in plan.seeds:
@@ -662,11 +678,13 @@ def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = Non
         if not todo:
             continue
         try:
-            data = resolve_row(plan, row, build=True, lock=lock, _cache=cache)
+            data = resolve_row(plan, row, build=True, lock=lock, _cache=cache, unit_seed=todo[0])
         except Pending as p:
             log(f"pending {row['name']}: {p}")
             continue
         for seed in todo:
+            if per_unit_subset(row):
+                data = resolve_row(plan, row, build=True, lock=lock, _cache=cache, unit_seed=seed)
             rec = train_unit(plan, row, seed, data, lock, progress)
             evaluate_unit(plan, row, seed, rec, lock, progress)
             finished += 1
@@ -757,6 +775,7 @@ def summarise(plan: Plan) -> dict:
                                     "n": us[0]["sets"][s]["n"], "subsampled": us[0]["sets"][s]["subsampled"]}
             entry["breakdowns"] = _breakdowns(us)
             entry["data_fingerprints"] = {u["seed"]: u["data"].get("content_fingerprint") for u in us}
+            entry["subset_per_seed"] = per_unit_subset(row)
         table["rows"][name] = entry
     table["verdict"] = verdicts(table)
     table["comparisons"] = comparisons(plan, table)
@@ -943,7 +962,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         done = len(e["seeds_done"])
         status = f"{done}/{len(e['seeds_planned'])} seeds" + ("; pending" if e["pending_reason"] else "")
         if e.get("sets"):
-            L.append(f"| `{name}` | {status} | {e['train_rows']:,} | {_same_rows(e.get('data_fingerprints') or {})} | "
+            L.append(f"| `{name}` | {status} | {e['train_rows']:,} | {_same_rows(e.get('data_fingerprints') or {}, e.get('subset_per_seed', False))} | "
                      f"{e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
                      f"{e['eval_seconds']:.0f} | {e['eval_examples_per_second']:.0f} | {100 * e['dev_accuracy_selection']:.1f} | "
                      + ", ".join(f"`{c[:10]}{'-dirty' if c.endswith('-dirty') else ''}`" for c in e["commits"]) + " |")
@@ -963,10 +982,13 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
     path.write_text("\n".join(L))
 
 
-def _same_rows(fingerprints: dict) -> str:
+def _same_rows(fingerprints: dict, per_seed: bool = False) -> str:
     """Whether the finished seeds of a row trained on the same rows, from their content fingerprints
-    (``debiased_nli.data.content_fingerprint``; units finished before it was recorded have none)."""
+    (``debiased_nli.data.content_fingerprint``; units finished before it was recorded have none).
+    ``per_seed``: a random control drawn anew for each seed, whose rows are meant to differ."""
     known = {s: f for s, f in fingerprints.items() if f}
+    if per_seed:
+        return f"no, drawn per seed ({len(set(known.values()))} distinct)"
     missing = sorted(s for s in fingerprints if s not in known)
     if not known:
         return "not recorded"

@@ -44,6 +44,8 @@ def setup(tmp_path_factory, shared_data):
             {"name": "z_filtered", "data": {"release": "small", "config": "z_filtered"},
              "compare_with": {"row": "random_control", "why": "same size"}},
             {"name": "random_control", "data": {"random_subset_of": "original", "size_of": "z_filtered", "seed": 0}},
+            {"name": "random_control_resampled",
+             "data": {"random_subset_of": "original", "size_of": "z_filtered", "seed": "unit"}},
             {"name": "held", "data": {"files": [str(tmp / "train.parquet")]}, "poe": {"beta": 1.0, "gamma": 1.0},
              "hold": "waiting for a fix"},
             {"name": "aflite", "data": {"release_dir": str(tmp / "releases" / "aflite-snli"), "config": "aflite"}},
@@ -134,7 +136,7 @@ def test_the_table_is_mean_and_std_over_seeds(setup):
     cell = table["rows"]["original"]["sets"]["anli"]
     assert cell["mean"] == pytest.approx(sum(runs) / 2)
     assert cell["std"] == pytest.approx(abs(runs[0] - runs[1]) / 2 ** 0.5)
-    assert set(table["verdict"]) == {"z_filtered", "random_control"}
+    assert set(table["verdict"]) == {"z_filtered", "random_control", "random_control_resampled"}
 
 
 def test_each_unit_records_the_rows_it_trained_on_and_the_report_says_whether_the_seeds_agree(setup):
@@ -154,6 +156,24 @@ def test_each_unit_records_the_rows_it_trained_on_and_the_report_says_whether_th
     assert efficacy._same_rows({0: "a" * 16, 1: "b" * 16}) == "**no**: s0 `aaaaaaaa`, s1 `bbbbbbbb`"
     assert efficacy._same_rows({0: None, 1: "a" * 16}) == "one seed (`aaaaaaaa`); not recorded for seed 0"
     assert efficacy._same_rows({0: None}) == "not recorded"
+
+
+def test_a_control_drawn_per_seed_trains_each_seed_on_its_own_subset_of_the_same_size(setup):
+    plan, _ = setup
+    units = [json.loads(plan.unit_file("random_control_resampled", s).read_text()) for s in (0, 1)]
+    fixed = json.loads(plan.unit_file("random_control", 0).read_text())
+    assert units[0]["data"]["content_fingerprint"] != units[1]["data"]["content_fingerprint"]
+    assert units[0]["data"]["content_fingerprint"] == fixed["data"]["content_fingerprint"]  # seed 0 draws subset 0
+    for seed, u in enumerate(units):
+        assert u["data"]["seed"] == seed and u["data"]["subset_seed_is_unit_seed"]
+        assert u["train"]["rows"] == fixed["train"]["rows"]
+        args = build_parser().parse_args(__import__("shlex").split(u["train"]["command"])[1:])
+        assert args.data_seed == seed and args.seed == seed and args.max_train_rows == fixed["train"]["rows"]
+    table = efficacy.summarise(plan)
+    e = table["rows"]["random_control_resampled"]
+    assert efficacy._same_rows(e["data_fingerprints"], e["subset_per_seed"]) == "no, drawn per seed (2 distinct)"
+    with pytest.raises(ValueError, match="unit_seed"):
+        efficacy.resolve_row(plan, plan.row("random_control_resampled"))
 
 
 def test_a_row_is_also_compared_with_the_row_it_names(setup, tmp_path):
