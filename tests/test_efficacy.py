@@ -176,6 +176,23 @@ def test_a_control_drawn_per_seed_trains_each_seed_on_its_own_subset_of_the_same
         efficacy.resolve_row(plan, plan.row("random_control_resampled"))
 
 
+def test_each_set_records_its_confusion_matrix_and_the_report_shows_predicted_label_shares(setup, monkeypatch):
+    plan, _ = setup
+    for seed in (0, 1):
+        for name, v in json.loads(plan.unit_file("original", seed).read_text())["sets"].items():
+            m = v["confusion"]
+            assert list(m) == ["entailment", "neutral", "contradiction"]
+            assert sum(sum(r.values()) for r in m.values()) == v["n"]
+            assert sum(m[lab][lab] for lab in m) / v["n"] == pytest.approx(v["accuracy"])
+    monkeypatch.setattr(efficacy, "SHARE_SETS", ["snli_test_hard"])
+    table = efficacy.report(plan)
+    shares = table["rows"]["original"]["predicted_shares"]["snli_test_hard"]
+    assert shares["n_seeds"] == 2 and sum(shares["predicted"].values()) == pytest.approx(1.0)
+    assert sum(shares["gold"].values()) == pytest.approx(1.0)
+    md = plan.results_dir.with_suffix(".md").read_text()
+    assert "### Predicted labels" in md and "| *gold* |" in md
+
+
 def test_a_row_is_also_compared_with_the_row_it_names(setup, tmp_path):
     plan, _ = setup
     table = efficacy.summarise(plan)
