@@ -786,8 +786,9 @@ def summarise(plan: Plan) -> dict:
 
 BREAKDOWNS = [("hans", "heuristic/label"), ("anli", "round"), ("snli_test", "hard")]
 # sets whose predicted-label shares the report shows: a model that drifts to one label out of domain
-# (a random subset's model predicts neutral on 56% of MNLI matched, the original's on 43%) shows it here
-SHARE_SETS = ["snli_dev", "mnli_dev_matched", "mnli_dev_mismatched"]
+# (a random subset's model predicts neutral on 56% of MNLI matched, the original's on 43%), or that
+# answers HANS by word overlap (entailment on nearly every row, McCoy et al. 2019), shows it here
+SHARE_SETS = ["snli_dev", "mnli_dev_matched", "mnli_dev_mismatched", "hans"]
 
 
 def confusion(labels, gold, pred) -> dict[str, dict[str, int]]:
