@@ -1032,7 +1032,7 @@ def _same_rows(fingerprints: dict, per_seed: bool = False) -> str:
     ``per_seed``: a random control drawn anew for each seed, whose rows are meant to differ."""
     known = {s: f for s, f in fingerprints.items() if f}
     if per_seed:
-        return f"no, drawn per seed ({len(set(known.values()))} distinct)"
+        return f"no, drawn anew per seed ({len(set(known.values()))} distinct in {len(known)} seeds)"
     missing = sorted(s for s in fingerprints if s not in known)
     if not known:
         return "not recorded"

@@ -171,7 +171,7 @@ def test_a_control_drawn_per_seed_trains_each_seed_on_its_own_subset_of_the_same
         assert args.data_seed == seed and args.seed == seed and args.max_train_rows == fixed["train"]["rows"]
     table = efficacy.summarise(plan)
     e = table["rows"]["random_control_resampled"]
-    assert efficacy._same_rows(e["data_fingerprints"], e["subset_per_seed"]) == "no, drawn per seed (2 distinct)"
+    assert efficacy._same_rows(e["data_fingerprints"], e["subset_per_seed"]) == "no, drawn anew per seed (2 distinct in 2 seeds)"
     with pytest.raises(ValueError, match="unit_seed"):
         efficacy.resolve_row(plan, plan.row("random_control_resampled"))
 
