@@ -756,6 +756,7 @@ def summarise(plan: Plan) -> dict:
                                  "todo_note": next((s["reason"] for s in st if s["state"] == "todo" and s["reason"]), None)}
         if us:
             entry["train_rows"] = us[0]["train"]["rows"]
+            entry["train_rows_by_seed"] = {u["seed"]: u["train"]["rows"] for u in us}
             # a release_dir row's own `command` (how its folder is built) over what its first unit recorded
             entry["data_command"] = row["data"].get("command") or us[0]["data"]["command"]
             entry["config"] = us[0]["data"].get("config")
@@ -961,7 +962,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
           "|---|---:|" + "---:|" * len(sets)]
     for name, e in table["rows"].items():
         if e.get("sets"):
-            L.append(f"| `{name}` | {e['train_rows']:,} | " + " | ".join(_cell(e["sets"].get(s)) for s in sets) + " |")
+            L.append(f"| `{name}` | {_train_rows(e)} | " + " | ".join(_cell(e["sets"].get(s)) for s in sets) + " |")
         else:
             L.append(f"| `{name}` | {'pending' if e['pending_reason'] else 'not run yet'} | "
                      + " | ".join("–" for _ in sets) + " |")
@@ -1006,7 +1007,8 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         done = len(e["seeds_done"])
         status = f"{done}/{len(e['seeds_planned'])} seeds" + ("; pending" if e["pending_reason"] else "")
         if e.get("sets"):
-            L.append(f"| `{name}` | {status} | {e['train_rows']:,} | {_same_rows(e.get('data_fingerprints') or {}, e.get('subset_per_seed', False))} | "
+            L.append(f"| `{name}` | {status} | {_train_rows(e)} | "
+                     f"{_same_rows(e.get('data_fingerprints') or {}, e.get('subset_per_seed', False), e.get('train_rows_by_seed'))} | "
                      f"{e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
                      f"{e['eval_seconds']:.0f} | {e['eval_examples_per_second']:.0f} | {100 * e['dev_accuracy_selection']:.1f} | "
                      + ", ".join(f"`{c[:10]}{'-dirty' if c.endswith('-dirty') else ''}`" for c in e["commits"]) + " |")
@@ -1026,13 +1028,24 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
     path.write_text("\n".join(L))
 
 
-def _same_rows(fingerprints: dict, per_seed: bool = False) -> str:
+def _train_rows(e: dict) -> str:
+    """The row's training size; each seed's where they differ (a release rebuilt on another machine)."""
+    sizes = e.get("train_rows_by_seed") or {}
+    if len(set(sizes.values())) > 1:
+        return " / ".join(f"{n:,} (s{s})" for s, n in sorted(sizes.items()))
+    return f"{e['train_rows']:,}"
+
+
+def _same_rows(fingerprints: dict, per_seed: bool = False, sizes: dict | None = None) -> str:
     """Whether the finished seeds of a row trained on the same rows, from their content fingerprints
-    (``debiased_nli.data.content_fingerprint``; units finished before it was recorded have none).
-    ``per_seed``: a random control drawn anew for each seed, whose rows are meant to differ."""
+    (``debiased_nli.data.content_fingerprint``; units finished before it was recorded have none) and,
+    failing those, their sizes. ``per_seed``: a random control drawn anew for each seed, whose rows are
+    meant to differ."""
     known = {s: f for s, f in fingerprints.items() if f}
     if per_seed:
         return f"no, drawn anew per seed ({len(set(known.values()))} distinct in {len(known)} seeds)"
+    if sizes and len(set(sizes.values())) > 1:
+        return "**no**: " + ", ".join(f"s{s} {n:,} rows" for s, n in sorted(sizes.items()))
     missing = sorted(s for s in fingerprints if s not in known)
     if not known:
         return "not recorded"

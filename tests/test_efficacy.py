@@ -156,6 +156,8 @@ def test_each_unit_records_the_rows_it_trained_on_and_the_report_says_whether_th
     assert efficacy._same_rows({0: "a" * 16, 1: "b" * 16}) == "**no**: s0 `aaaaaaaa`, s1 `bbbbbbbb`"
     assert efficacy._same_rows({0: None, 1: "a" * 16}) == "one seed (`aaaaaaaa`); not recorded for seed 0"
     assert efficacy._same_rows({0: None}) == "not recorded"
+    assert efficacy._same_rows({0: None, 1: None}, sizes={0: 7454, 1: 7609}) == "**no**: s0 7,454 rows, s1 7,609 rows"
+    assert efficacy._train_rows({"train_rows": 7454, "train_rows_by_seed": {0: 7454, 1: 7609}}) == "7,454 (s0) / 7,609 (s1)"
 
 
 def test_a_control_drawn_per_seed_trains_each_seed_on_its_own_subset_of_the_same_size(setup):
