@@ -399,11 +399,6 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         raise SystemExit(f"{plan.path}: row {row['name']!r}: data needs files, release, release_dir or random_subset_of")
     info["rows"] = len(ds)
     info["fingerprint"] = ds._fingerprint
-    # the rows themselves, not how they were read: seeds of a row whose release was rebuilt in between
-    # (AFLite, PDD and IBADR rebuilds are not bit-identical across machines) can then be told apart
-    from debiased_nli.data import content_fingerprint
-
-    info["content_fingerprint"] = content_fingerprint(ds)
     cache[key] = RowData(ds, info)
     return cache[key]
 
@@ -475,7 +470,7 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
     Training runs in turns of the heavy lock: when a turn is over the Trainer checkpoints and stops, the
     lock is given up, and the next turn resumes from the checkpoint; wall and CPU time are summed."""
     from debiased_nli.tasks import get_task
-    from debiased_nli.training import load_training_split, train_classifier
+    from debiased_nli.training import TRAIN_CONFIG_FILE, load_training_split, train_classifier
 
     out = plan.model_dir(row["name"], seed)
     rec_path = out / TRAIN_RECORD
@@ -503,8 +498,13 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
             if not cb.stopped:
                 break
             log(f"{what}: checkpointed after {sessions[-1]['seconds']:.0f}s; resuming in the next turn")
+        # the rows themselves, as train_classifier hashed them for its run record (not how they were read):
+        # seeds of a row whose release was rebuilt in between (AFLite, PDD and IBADR rebuilds are not
+        # bit-identical across machines) can then be told apart
+        hashed = json.loads((out / TRAIN_CONFIG_FILE).read_text())["train_fingerprint"]
         record = {"row": row["name"], "seed": seed, "git": commit, "config": cfg.to_dict(),
-                  "command": train_cli(cfg, data, shown, plan.task), "data": data.info,
+                  "command": train_cli(cfg, data, shown, plan.task),
+                  "data": data.info | {"content_fingerprint": hashed},
                   "result": res.to_dict(), "seconds": round(sum(x["seconds"] for x in sessions), 1),
                   "cpu_seconds": round(sum(x["cpu_seconds"] for x in sessions), 1), "sessions": sessions,
                   "commits": sorted({x["git"] or "?" for x in sessions}),
