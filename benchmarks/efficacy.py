@@ -915,6 +915,8 @@ def _difference_cells(calls: dict, sets: list[str]) -> str:
 
 
 def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> None:
+    from debiased_nli.efficacy import train_rows_text  # the release card shows the same sizes
+
     sets = table["sets"]
     ref = table["rows"].get(table["reference"], {})
     L = ["# The efficacy table: every method, one model, every challenge set", "",
@@ -962,7 +964,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
           "|---|---:|" + "---:|" * len(sets)]
     for name, e in table["rows"].items():
         if e.get("sets"):
-            L.append(f"| `{name}` | {_train_rows(e)} | " + " | ".join(_cell(e["sets"].get(s)) for s in sets) + " |")
+            L.append(f"| `{name}` | {train_rows_text(e)} | " + " | ".join(_cell(e["sets"].get(s)) for s in sets) + " |")
         else:
             L.append(f"| `{name}` | {'pending' if e['pending_reason'] else 'not run yet'} | "
                      + " | ".join("–" for _ in sets) + " |")
@@ -1007,7 +1009,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         done = len(e["seeds_done"])
         status = f"{done}/{len(e['seeds_planned'])} seeds" + ("; pending" if e["pending_reason"] else "")
         if e.get("sets"):
-            L.append(f"| `{name}` | {status} | {_train_rows(e)} | "
+            L.append(f"| `{name}` | {status} | {train_rows_text(e)} | "
                      f"{_same_rows(e.get('data_fingerprints') or {}, e.get('subset_per_seed', False), e.get('train_rows_by_seed'))} | "
                      f"{e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
                      f"{e['eval_seconds']:.0f} | {e['eval_examples_per_second']:.0f} | {100 * e['dev_accuracy_selection']:.1f} | "
@@ -1026,14 +1028,6 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
     L += ["", "Times are wall-clock on a 2-core machine shared with other work (CPU seconds beside them); the exact "
           "`debiased-nli train` / `evaluate` commands of each unit are in its result file.", ""]
     path.write_text("\n".join(L))
-
-
-def _train_rows(e: dict) -> str:
-    """The row's training size; each seed's where they differ (a release rebuilt on another machine)."""
-    sizes = e.get("train_rows_by_seed") or {}
-    if len(set(sizes.values())) > 1:
-        return " / ".join(f"{n:,} (s{s})" for s, n in sorted(sizes.items()))
-    return f"{e['train_rows']:,}"
 
 
 def _same_rows(fingerprints: dict, per_seed: bool = False, sizes: dict | None = None) -> str:

@@ -33,6 +33,15 @@ def _cell(v: dict | None) -> str:
     return f"{100 * v['mean']:.1f}" + (f" ± {100 * v['std']:.1f}" if v.get("std") is not None else "")
 
 
+def train_rows_text(entry: dict) -> str:
+    """A table row's training size; each seed's where they differ (a release rebuilt on another machine
+    need not keep the same rows). Seeds are JSON keys once the table is read back, hence ``int``."""
+    sizes = entry.get("train_rows_by_seed") or {}
+    if len(set(sizes.values())) > 1:
+        return " / ".join(f"{n:,} (s{s})" for s, n in sorted(sizes.items(), key=lambda kv: int(kv[0])))
+    return f"{entry['train_rows']:,}"
+
+
 def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | None = None) -> str | None:
     """Markdown for the card: the reference row and the rows trained on one of ``configs`` (finished or
     pending); None when the table has no row for any of them."""
@@ -55,7 +64,7 @@ def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | N
             if name != ref_name and s in e["sets"] and s in (ref.get("sets") or {}):
                 c += f" ({100 * (e['sets'][s]['mean'] - ref['sets'][s]['mean']):+.1f})"
             cells.append(c)
-        lines.append(f"| `{name}` | {e['train_rows']:,} | {len(e['seeds_done'])} | " + " | ".join(cells) + " |")
+        lines.append(f"| `{name}` | {train_rows_text(e)} | {len(e['seeds_done'])} | " + " | ".join(cells) + " |")
     model = Path(str(table["plan"].get("model", "the model"))).name
     pending = [f"`{n}` ({e['pending_reason']})" for n, e in rows.items() if not e.get("sets") and e.get("pending_reason")]
     text = (f"Accuracy (%) of `{model}` trained on each config with the same settings, mean ± std over seeds, "

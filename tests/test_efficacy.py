@@ -157,7 +157,9 @@ def test_each_unit_records_the_rows_it_trained_on_and_the_report_says_whether_th
     assert efficacy._same_rows({0: None, 1: "a" * 16}) == "one seed (`aaaaaaaa`); not recorded for seed 0"
     assert efficacy._same_rows({0: None}) == "not recorded"
     assert efficacy._same_rows({0: None, 1: None}, sizes={0: 7454, 1: 7609}) == "**no**: s0 7,454 rows, s1 7,609 rows"
-    assert efficacy._train_rows({"train_rows": 7454, "train_rows_by_seed": {0: 7454, 1: 7609}}) == "7,454 (s0) / 7,609 (s1)"
+    from debiased_nli.efficacy import train_rows_text
+
+    assert train_rows_text({"train_rows": 7454, "train_rows_by_seed": {0: 7454, 1: 7609}}) == "7,454 (s0) / 7,609 (s1)"
 
 
 def test_a_control_drawn_per_seed_trains_each_seed_on_its_own_subset_of_the_same_size(setup):
@@ -239,6 +241,14 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
     assert "| `original` |" in section and "| `z_filtered` |" in section
     assert f"{100 * zf['mean']:.1f} ± {100 * zf['std']:.1f} ({100 * (zf['mean'] - ref['mean']):+.1f})" in section
     assert "| `aflite` |" not in section  # the release has no aflite config
+
+    # seeds that trained on different sizes (a release rebuilt on another machine): the card shows each,
+    # as efficacy.md does, not the first seed's size alone
+    from debiased_nli.efficacy import card_markdown
+
+    table["rows"]["z_filtered"]["train_rows_by_seed"] = {"0": 7454, "1": 7609, "10": 7609}
+    table_json.write_text(json.dumps(table))
+    assert "| `z_filtered` | 7,454 (s0) / 7,609 (s1) / 7,609 (s10) |" in card_markdown(table_json, ["z_filtered"])
 
 
 # ------------------------------------------------------------------ evaluation batching (evaluation.py)
