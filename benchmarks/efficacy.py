@@ -125,12 +125,38 @@ class Plan:
         return self.runs_dir / "models" / f"{row}-s{seed}"
 
 
-def load_plan(path: str | os.PathLike = DEFAULT_PLAN, *, runs_dir: str | None = None,
-              results_dir: str | None = None) -> Plan:
+def _read_plan(path: Path, _seen: tuple = ()) -> dict:
+    """The plan's YAML; ``extends: other.yaml`` (relative to this file) starts from that plan: a key given
+    here replaces the other's, except the mappings ``train``, ``evaluate`` and ``releases``, which are
+    updated key by key (so a GPU plan restates only what differs from the CPU one)."""
     import yaml
 
+    path = path.resolve()
+    if path in _seen:
+        raise SystemExit(f"{path}: `extends` loops: {' -> '.join(map(str, (*_seen, path)))}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    base = raw.pop("extends", None)
+    if not base:
+        return raw
+    parent_path = _path(base, path.parent)
+    if not parent_path.exists():
+        raise SystemExit(f"{path}: extends {base!r}, which does not exist ({parent_path})")
+    merged = _read_plan(parent_path, (*_seen, path))
+    for key, value in raw.items():
+        if key in ("train", "evaluate", "releases") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    merged["extends"] = show(parent_path)
+    return merged
+
+
+def load_plan(path: str | os.PathLike = DEFAULT_PLAN, *, runs_dir: str | None = None,
+              results_dir: str | None = None) -> Plan:
     path = Path(path)
-    raw = yaml.safe_load(path.read_text())
+    raw = _read_plan(path)
+    if raw.get("device", "any") not in ("any", "cpu", "cuda"):
+        raise SystemExit(f"{path}: device {raw['device']!r} is not one of any, cpu, cuda")
     for key in ("task", "model", "seeds", "train", "evaluate", "rows"):
         if key not in raw:
             raise SystemExit(f"{path}: the plan needs {key!r}")
@@ -436,7 +462,8 @@ def train_config(plan: Plan, row: dict, seed: int, progress: bool = True):
                        early_stopping_patience=int(t.get("patience", 3)), poe=poe is not None,
                        poe_beta=poe["beta"] if poe else 1.0, poe_gamma=poe["gamma"] if poe else 1.0,
                        bias_model=poe["bias_model"] if poe else "tfidf",
-                       num_threads=t.get("threads"), progress=progress)
+                       num_threads=t.get("threads"), progress=progress,
+                       use_cpu=True if plan.raw.get("device") == "cpu" else None)
 
 
 def train_cli(cfg, data: RowData, dev_files: list[str], task: str) -> str:
@@ -507,7 +534,7 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
                   "data": data.info | {"content_fingerprint": hashed},
                   "result": res.to_dict(), "seconds": round(sum(x["seconds"] for x in sessions), 1),
                   "cpu_seconds": round(sum(x["cpu_seconds"] for x in sessions), 1), "sessions": sessions,
-                  "commits": sorted({x["git"] or "?" for x in sessions}),
+                  "commits": sorted({x["git"] or "?" for x in sessions}), "device": device_name(),
                   "epoch_dev_accuracy": _epoch_history(out, res.best_checkpoint),
                   "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         for ck in out.glob("checkpoint-*"):  # the best model is saved in `out`; checkpoints are only for resuming
@@ -537,7 +564,8 @@ def eval_config(plan: Plan, progress: bool = True):
     return EvalConfig(max_examples=e.get("max_examples"), batch_size=int(e.get("batch_size", 64)),
                       max_length=int(e.get("max_length", 128)), max_tokens=e.get("max_tokens"),
                       dtype=str(e.get("dtype", "float32")),
-                      data_root=str(_path(e["data_root"])) if e.get("data_root") else None, progress=progress)
+                      data_root=str(_path(e["data_root"])) if e.get("data_root") else None, progress=progress,
+                      device="cpu" if plan.raw.get("device") == "cpu" else None)
 
 
 EVAL_CHUNK_ROWS = 5000
@@ -619,7 +647,7 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
         "schema": SCHEMA, "row": row["name"], "seed": seed, "description": row.get("description", ""),
         "poe": poe_settings(row), "data": train_record["data"],
         "train": {k: train_record.get(k) for k in ("git", "commits", "command", "seconds", "cpu_seconds",
-                                                   "epoch_dev_accuracy", "config", "finished", "sessions")}
+                                                   "epoch_dev_accuracy", "config", "finished", "sessions", "device")}
                  | {"rows": train_record["result"]["train_rows"], "dev_accuracy": train_record["result"]["dev_accuracy"],
                     "dev_rows": train_record["result"]["dev_rows"]},
         "evaluation": {"git": sorted(commits), "config": dataclasses.asdict(cfg),
@@ -631,7 +659,7 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
                                              + (["--dtype", cfg.dtype] if cfg.dtype != "float32" else [])
                                              + (["--max-examples", str(cfg.max_examples)] if cfg.max_examples else [])
                                              + ["--out", "<dir>"])},
-        "sets": per_set, "versions": library_versions(),
+        "sets": per_set, "versions": library_versions(), "device": device_name(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     write_json_atomic(path, unit)
@@ -669,28 +697,84 @@ def unit_states(plan: Plan, rows: list[str] | None = None, seeds: list[int] | No
     return out
 
 
+def device_name() -> str:
+    """What a unit ran on, as its result file records it: the GPU's name, or the CPU's model."""
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}, torch {torch.__version__})"
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), cpu)
+    return f"CPU: {cpu} (torch {torch.__version__})"
+
+
+def require_device(plan: Plan) -> None:
+    """A plan with ``device: cuda`` refuses to run where no GPU is visible (a GPU table is never
+    quietly computed on a CPU)."""
+    if plan.raw.get("device") == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit(f"{show(plan.path)} is the GPU plan (device: cuda) and this machine has no CUDA GPU "
+                             f"visible; run benchmarks/efficacy.yaml here, or this plan on a GPU machine")
+
+
+def unit_order(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = None,
+               seed_major: bool = False) -> list[tuple[str, int]]:
+    """The (row, seed) units to run, row by row (all seeds of a row, then the next row), or with
+    ``seed_major`` seed by seed (every row's seed 0 first), so a run stopped early has whole seeds."""
+    names = list(rows) if rows else [r["name"] for r in plan.rows]  # in the order asked for
+    for n in names:
+        plan.row(n)
+    ss = [s for s in plan.seeds if seeds is None or s in seeds]
+    return [(n, s) for s in ss for n in names] if seed_major else [(n, s) for n in names for s in ss]
+
+
+def claim(claims: Path, row: str, seed: int) -> bool:
+    """Take the unit for this process (``O_CREAT | O_EXCL``: of several processes sharing ``claims``,
+    exactly one gets each unit). A claim is never released: a unit whose process died is run again by
+    a later ``run`` with a fresh claims folder (it resumes from its checkpoint)."""
+    claims.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(claims / f"{row}-s{seed}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()} {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}\n")
+    return True
+
+
 def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = None, lock: str | None = None,
-        progress: bool = True, stop_after: int | None = None) -> list[dict]:
-    """Train and evaluate every unit that has no result file; returns the states (pending rows reported)."""
+        progress: bool = True, stop_after: int | None = None, claims: str | os.PathLike | None = None,
+        seed_major: bool = False) -> list[dict]:
+    """Train and evaluate every unit that has no result file; returns the states (pending rows reported).
+
+    ``claims``: a folder shared by several ``run`` processes (one per GPU share, say); each takes the
+    next unit nobody has claimed, so they split the table between them without running a unit twice."""
+    require_device(plan)
     cache: dict = {}
     finished = 0
-    for row in ([plan.row(n) for n in rows] if rows else plan.rows):  # in the order asked for
-        todo = [s for s in plan.seeds if (seeds is None or s in seeds) and not plan.unit_file(row["name"], s).exists()]
-        if not todo:
+    pending: set[str] = set()
+    for name, seed in unit_order(plan, rows, seeds, seed_major):
+        row = plan.row(name)
+        if name in pending or plan.unit_file(name, seed).exists():
             continue
         try:
-            data = resolve_row(plan, row, build=True, lock=lock, _cache=cache, unit_seed=todo[0])
+            data = resolve_row(plan, row, build=True, lock=lock, _cache=cache, unit_seed=seed)
         except Pending as p:
-            log(f"pending {row['name']}: {p}")
+            log(f"pending {name}: {p}")
+            pending.add(name)
             continue
-        for seed in todo:
-            if per_unit_subset(row):
-                data = resolve_row(plan, row, build=True, lock=lock, _cache=cache, unit_seed=seed)
-            rec = train_unit(plan, row, seed, data, lock, progress)
-            evaluate_unit(plan, row, seed, rec, lock, progress)
-            finished += 1
-            if stop_after and finished >= stop_after:
-                return unit_states(plan, rows, seeds)
+        if claims is not None and not claim(Path(claims), name, seed):
+            continue
+        rec = train_unit(plan, row, seed, data, lock, progress)
+        evaluate_unit(plan, row, seed, rec, lock, progress)
+        finished += 1
+        if stop_after and finished >= stop_after:
+            return unit_states(plan, rows, seeds)
     states = unit_states(plan, rows, seeds)
     for s in states:
         if s["state"] == "pending":
@@ -744,7 +828,8 @@ def summarise(plan: Plan) -> dict:
     states = unit_states(plan)
     table: dict[str, Any] = {"schema": TABLE_SCHEMA, "plan": plan.raw, "reference": plan.reference,
                              "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                             "sets": list(plan.evaluate["sets"]), "rows": {}}
+                             "sets": list(plan.evaluate["sets"]), "rows": {},
+                             "devices": sorted({u.get("device") or "not recorded" for us in units.values() for u in us})}
     for row in plan.rows:
         name = row["name"]
         us = [u for u in units.get(name, []) if u["seed"] in plan.seeds]
@@ -923,15 +1008,22 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
          "Does training on a debiased release make a model more robust? all-MiniLM-L6-v2, the same settings for "
          "every row, scored on every challenge set **in full** (no samples). Accuracy (%), mean ± sample std over "
          "the finished seeds (a number in brackets: fewer than 3 seeds finished).", "",
-         "Commands (resumable; one result file per (row, seed) in `benchmarks/results/efficacy/`):", "", "```",
-         "python benchmarks/efficacy.py status",
-         "nohup python benchmarks/efficacy.py run --lock /tmp/debiased-heavy.lock > efficacy.log 2>&1 &",
-         "python benchmarks/efficacy.py report", "```", ""]
+         f"Commands (resumable; one result file per (row, seed) in `{show(plan.results_dir)}/`):", "", "```"]
+    plan_arg = "" if plan.path.resolve() == DEFAULT_PLAN.resolve() else f" --plan {show(plan.path)}"
+    L += plan.raw.get("commands") or [
+        f"python benchmarks/efficacy.py status{plan_arg}",
+        f"nohup python benchmarks/efficacy.py run{plan_arg} --lock /tmp/debiased-heavy.lock > efficacy.log 2>&1 &",
+        f"python benchmarks/efficacy.py report{plan_arg}"]
+    L += ["```", ""]
+    if plan.raw.get("note"):
+        L += [" ".join(str(plan.raw["note"]).split()), ""]
     t = plan.train
+    gpus = [d for d in table.get("devices", []) if not d.startswith("CPU") and d != "not recorded"]
+    where = (f"on {', '.join(gpus)}" if gpus else f"{t.get('threads')} CPU threads")
     L += [f"- Model: `{Path(plan.model).name}` (a fresh 3-way head). Training: lr {t['learning_rate']}, batch "
           f"{t['batch_size']}, max length {t['max_length']}, {t['epochs']} epochs, {int(100 * t.get('warmup_ratio', 0.1))}% linear "
           f"warm-up, the best epoch by accuracy on a seeded {t.get('max_dev_rows') or 'full'}-row sample of SNLI dev, "
-          f"{t.get('threads')} CPU threads; seeds {', '.join(map(str, plan.seeds))}.",
+          f"{where}; seeds {', '.join(map(str, plan.seeds))}.",
           f"- Evaluation: {len(sets)} sets in full, max length {plan.evaluate.get('max_length')}, batches by token length "
           f"(at most {plan.evaluate.get('batch_size')} rows"
           + (f" and {plan.evaluate['max_tokens']} padded tokens" if plan.evaluate.get("max_tokens") else "")
@@ -939,7 +1031,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
           + (f", forward passes in {plan.evaluate['dtype']} autocast" if plan.evaluate.get("dtype", "float32") != "float32" else "")
           + ", "
           "HANS scored 2-way (neutral and contradiction -> non-entailment), MNLI zero-shot from SNLI.", ""]
-    speed_file = path.parent / "efficacy_speed.json"
+    speed_file = path.parent / f"{path.stem}_speed.json"
     if speed_file.exists():
         sp = json.loads(speed_file.read_text())
         L += [f"Evaluation speed (`python benchmarks/efficacy.py speed`: the same {sp['rows']:,} rows, "
@@ -1025,8 +1117,10 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         else:
             how = "not run yet" + (f" ({e['todo_note']})" if e.get("todo_note") else "")
         L.append(f"- `{name}` ({e['description']}): {how}")
-    L += ["", "Times are wall-clock on a 2-core machine shared with other work (CPU seconds beside them); the exact "
-          "`debiased-nli train` / `evaluate` commands of each unit are in its result file.", ""]
+    L += ["", ((f"Times are wall-clock on {', '.join(gpus)}, shared by the units that ran at once (CPU seconds "
+                "beside them)") if gpus else
+               "Times are wall-clock on a 2-core machine shared with other work (CPU seconds beside them)")
+          + "; the exact `debiased-nli train` / `evaluate` commands of each unit are in its result file.", ""]
     path.write_text("\n".join(L))
 
 
@@ -1181,6 +1275,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-dir", help="result files (default: the plan's results_dir)")
     ap.add_argument("--stop-after", type=int, help="stop after this many finished units")
     ap.add_argument("--no-report", action="store_true", help="`run`: do not rewrite the report at the end")
+    ap.add_argument("--claims", help="`run`: a folder shared by several run processes; each takes the next unit no "
+                                     "other has claimed (parallel workers on one GPU or several)")
+    ap.add_argument("--seed-major", action="store_true",
+                    help="`run`: every row's seed 0 first, then seed 1, ... (a run stopped early has whole seeds)")
     ap.add_argument("--rows-per-set", type=int, default=150, help="`speed`: rows timed per set (seeded sample)")
     ap.add_argument("--model", help="`speed`: a trained classifier folder (default: the encoder with a fresh head)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -1197,7 +1295,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s['row']:16s} seed {s['seed']}  {s['state']:8s} {s['reason'] or ''}")
         return 0
     if a.command == "run":
-        run(plan, a.rows, a.seeds, a.lock, progress=not a.quiet, stop_after=a.stop_after)
+        run(plan, a.rows, a.seeds, a.lock, progress=not a.quiet, stop_after=a.stop_after, claims=a.claims,
+            seed_major=a.seed_major)
         if a.no_report:
             return 0
     table = report(plan)

@@ -1,6 +1,7 @@
 """What produced an output: library versions and the project's git revision, for manifests and reports."""
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -25,6 +26,8 @@ def library_versions() -> dict[str, str]:
 
 def git_hash() -> str | None:
     """The checkout's commit (``-dirty`` if tracked files changed), or None outside a git checkout."""
+    if os.environ.get("DEBIASED_NLI_GIT_COMMIT"):  # a copy of a checkout without .git (a lent GPU machine)
+        return os.environ["DEBIASED_NLI_GIT_COMMIT"]
     root = Path(__file__).resolve().parents[1]
     if not (root / "pyproject.toml").exists():  # an installed wheel: site-packages is not the project's checkout
         return None

@@ -6,6 +6,7 @@ the harness's bookkeeping is tested end to end without the real model.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -335,3 +336,95 @@ def test_poe_rows_take_wu_et_als_table_10_preset(setup):
     data = efficacy.RowData(None, {"kind": "files", "files": ["train.parquet"]})
     args = build_parser().parse_args(__import__("shlex").split(efficacy.train_cli(cfg, data, ["dev.parquet"], "snli"))[1:])
     assert args.poe and (args.poe_beta, args.poe_gamma, args.bias_model) == (2.0, 0.4, "joint")
+
+
+# ------------------------------------------------------------------ the GPU plan (efficacy_gpu.yaml, gpu_kit.py)
+
+def test_a_plan_extends_another_restating_only_what_differs(setup, tmp_path):
+    plan, _ = setup
+    child = tmp_path / "gpu.yaml"
+    child.write_text(yaml.safe_dump({"extends": str(plan.path), "device": "cuda", "results_dir": str(tmp_path / "res"),
+                                     "train": {"epochs": 2}}))
+    p = efficacy.load_plan(child)
+    assert [r["name"] for r in p.rows] == [r["name"] for r in plan.rows]
+    assert p.train["epochs"] == 2 and p.train["learning_rate"] == plan.train["learning_rate"]  # merged key by key
+    assert p.evaluate == plan.evaluate and p.results_dir == tmp_path / "res" and p.raw["device"] == "cuda"
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(yaml.safe_dump({"extends": "loop.yaml"}))
+    with pytest.raises(SystemExit, match="loops"):
+        efficacy.load_plan(loop)
+    import torch
+
+    if not torch.cuda.is_available():  # a GPU table is never computed on a CPU
+        with pytest.raises(SystemExit, match="no CUDA GPU"):
+            efficacy.run(p, progress=False)
+    # the real GPU plan is the CPU plan with its own results and runs folders
+    gpu, cpu = efficacy.load_plan(efficacy.ROOT / "benchmarks" / "efficacy_gpu.yaml"), efficacy.load_plan()
+    assert gpu.rows == cpu.rows and gpu.train == cpu.train and gpu.evaluate == cpu.evaluate and gpu.model == cpu.model
+    assert gpu.results_dir != cpu.results_dir and gpu.runs_dir != cpu.runs_dir
+
+
+def test_runs_sharing_a_claims_folder_split_the_units_and_seed_major_takes_every_rows_seed_0_first(setup, tmp_path,
+                                                                                                 monkeypatch):
+    plan, _ = setup
+    child = tmp_path / "p.yaml"
+    child.write_text(yaml.safe_dump({"extends": str(plan.path), "results_dir": str(tmp_path / "res")}))
+    p = efficacy.load_plan(child)
+    ran = []
+    monkeypatch.setattr(efficacy, "train_unit", lambda plan, row, seed, *a, **k: ran.append((row["name"], seed)) or {})
+    monkeypatch.setattr(efficacy, "evaluate_unit", lambda *a, **k: None)
+    claims = tmp_path / "claims"
+    assert efficacy.claim(claims, "original", 0) and not efficacy.claim(claims, "original", 0)  # another process has it
+    efficacy.run(p, rows=["original", "z_filtered"], claims=claims, seed_major=True, progress=False)
+    assert ran == [("z_filtered", 0), ("original", 1), ("z_filtered", 1)]
+    assert sorted(f.name for f in claims.iterdir()) == ["original-s0", "original-s1", "z_filtered-s0", "z_filtered-s1"]
+    ran.clear()
+    efficacy.run(p, rows=["original", "z_filtered"], claims=claims, progress=False)  # everything is claimed
+    assert ran == []
+    assert efficacy.unit_order(p, ["original", "z_filtered"]) == [("original", 0), ("original", 1),
+                                                                  ("z_filtered", 0), ("z_filtered", 1)]
+
+
+def test_a_copy_without_git_records_the_commit_it_was_given(monkeypatch):
+    from debiased_nli.provenance import git_hash
+
+    monkeypatch.setenv("DEBIASED_NLI_GIT_COMMIT", "0123abcd")
+    assert git_hash() == "0123abcd"
+
+
+def test_the_gpu_kit_carries_the_weights_as_float16_and_writes_them_back_as_float32(setup, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from benchmarks import gpu_kit
+
+    plan, _ = setup
+    info = gpu_kit._float16_model(Path(plan.model), tmp_path / "kit" / "model")
+    (w,) = info["weights"].values()
+    assert w["bytes_float16"] < 0.6 * w["bytes_float32"] and 0 < w["max_rel_change_above_1e-4"] <= 2 ** -11
+    src, half = load_file(str(Path(plan.model) / "model.safetensors")), load_file(str(tmp_path / "kit" / "model" / "model.safetensors"))
+    assert {k: t.dtype for k, t in half.items() if t.is_floating_point()} == {k: torch.float16 for k, t in src.items()
+                                                                                if t.is_floating_point()}
+    assert max((half[k].float() - src[k]).abs().max().item() for k in src) == w["max_abs_change"]
+
+
+def test_collect_adds_the_units_a_gpu_run_packed_and_keeps_those_already_there(setup, tmp_path):
+    import tarfile
+
+    from benchmarks import gpu_kit
+
+    plan, _ = setup
+    res = tmp_path / "res"
+    child = tmp_path / "p.yaml"
+    child.write_text(yaml.safe_dump({"extends": str(plan.path), "results_dir": str(res)}))
+    res.mkdir()
+    (res / "original-s0.json").write_text('{"kept": true}')
+    archive = tmp_path / "efficacy_gpu.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in ("original-s0.json", "original-s1.json"):
+            tar.add(plan.unit_file("original", int(name[-6])), arcname=f"results/{name}")
+        tar.add(plan.unit_file("original", 1), arcname="logs/worker0.log")
+    assert gpu_kit.collect(archive, child, tmp_path / "logs") == ["original-s1.json"]
+    assert json.loads((res / "original-s0.json").read_text()) == {"kept": True}
+    assert (res / "original-s1.json").read_bytes() == plan.unit_file("original", 1).read_bytes()
+    assert (tmp_path / "logs" / "logs" / "worker0.log").exists()
