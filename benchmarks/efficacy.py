@@ -758,23 +758,35 @@ def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = Non
     cache: dict = {}
     finished = 0
     pending: set[str] = set()
+    failed: dict[str, str] = {}
     for name, seed in unit_order(plan, rows, seeds, seed_major):
         row = plan.row(name)
-        if name in pending or plan.unit_file(name, seed).exists():
+        if name in pending or name in failed or plan.unit_file(name, seed).exists():
             continue
         try:
-            data = resolve_row(plan, row, build=True, lock=lock, _cache=cache, unit_seed=seed)
-        except Pending as p:
-            log(f"pending {name}: {p}")
-            pending.add(name)
+            try:
+                data = resolve_row(plan, row, build=True, lock=lock, _cache=cache, unit_seed=seed)
+            except Pending as p:
+                log(f"pending {name}: {p}")
+                pending.add(name)
+                continue
+            if claims is not None and not claim(Path(claims), name, seed):
+                continue
+            rec = train_unit(plan, row, seed, data, lock, progress)
+            evaluate_unit(plan, row, seed, rec, lock, progress)
+        except Exception as err:  # noqa: BLE001 - a shared worker logs a broken row and goes on with the next
+            if claims is None:
+                raise
+            import traceback
+
+            log(f"FAILED {name} seed {seed}: {type(err).__name__}: {err}\n{traceback.format_exc()}")
+            failed[name] = f"{type(err).__name__}: {err}"
             continue
-        if claims is not None and not claim(Path(claims), name, seed):
-            continue
-        rec = train_unit(plan, row, seed, data, lock, progress)
-        evaluate_unit(plan, row, seed, rec, lock, progress)
         finished += 1
         if stop_after and finished >= stop_after:
             return unit_states(plan, rows, seeds)
+    if failed:
+        raise SystemExit("rows that failed (the others ran): " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     states = unit_states(plan, rows, seeds)
     for s in states:
         if s["state"] == "pending":

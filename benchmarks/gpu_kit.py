@@ -96,7 +96,20 @@ def _rows_with_data(plan) -> tuple[list[dict], dict[str, str]]:
     return rows, pending
 
 
+def _default_configs(readme: Path) -> set[str]:
+    """The config(s) a release card marks ``default: true``: ``datasets`` resolves its data files
+    whichever config is loaded, so the kit carries it too."""
+    import yaml
+
+    text = readme.read_text() if readme.exists() else ""
+    if not text.startswith("---"):
+        return set()
+    head = yaml.safe_load(text.split("---", 2)[1]) or {}
+    return {c["config_name"] for c in head.get("configs") or [] if c.get("default")}
+
+
 def _copy_release(src: Path, dst: Path, configs: set[str]) -> None:
+    configs = set(configs) | _default_configs(src / "README.md")
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("efficacy_build.json", "manifest.json", "README.md"):  # README.md: the configs' data files
         if (src / name).exists():
@@ -348,6 +361,11 @@ def run_there(kit: Path, plan_path: Path, workers: int, deadline: float, out: Pa
         f.flush()
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True), f
 
+    smi = None
+    if shutil.which("nvidia-smi"):  # utilisation every 10 s: how busy the workers kept the GPU
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used,power.draw",
+                                "--format=csv", "-l", "10"], stdout=open(logs / "gpu_utilisation.csv", "w"),
+                               stderr=subprocess.DEVNULL)
     procs, restarts = [], [0] * workers
     for w in range(workers):
         procs.append(start(w, 0))
@@ -378,8 +396,8 @@ def run_there(kit: Path, plan_path: Path, workers: int, deadline: float, out: Pa
         time.sleep(2)
     for _, f in procs:
         f.close()
-    with open(logs / "nvidia-smi.txt", "w") as f:
-        subprocess.run(["nvidia-smi"], stdout=f, stderr=subprocess.STDOUT, check=False) if shutil.which("nvidia-smi") else None
+    if smi is not None:
+        smi.terminate()
     n = _pack(plan, logs, out)
     codes = [p.poll() for p, _ in procs]
     log(f"done in {time.monotonic() - t_start:.0f}s: {n} unit files in {out / 'efficacy_gpu.tar.gz'}; worker exits {codes}")

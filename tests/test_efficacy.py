@@ -360,7 +360,8 @@ def test_a_plan_extends_another_restating_only_what_differs(setup, tmp_path):
             efficacy.run(p, progress=False)
     # the real GPU plan is the CPU plan with its own results and runs folders
     gpu, cpu = efficacy.load_plan(efficacy.ROOT / "benchmarks" / "efficacy_gpu.yaml"), efficacy.load_plan()
-    assert gpu.rows == cpu.rows and gpu.train == cpu.train and gpu.evaluate == cpu.evaluate and gpu.model == cpu.model
+    assert gpu.rows == cpu.rows and gpu.train == cpu.train and gpu.model == cpu.model
+    assert gpu.evaluate == {**cpu.evaluate, "batch_size": 256}  # batching changes no probability beyond 3e-8
     assert gpu.results_dir != cpu.results_dir and gpu.runs_dir != cpu.runs_dir
 
 
@@ -381,6 +382,16 @@ def test_runs_sharing_a_claims_folder_split_the_units_and_seed_major_takes_every
     ran.clear()
     efficacy.run(p, rows=["original", "z_filtered"], claims=claims, progress=False)  # everything is claimed
     assert ran == []
+    # a row that breaks does not stop a shared worker: the others run, and the worker names it at the end
+    def train(plan, row, seed, *a, **k):
+        if row["name"] == "original":
+            raise ValueError("broken rows")
+        ran.append((row["name"], seed))
+
+    monkeypatch.setattr(efficacy, "train_unit", train)
+    with pytest.raises(SystemExit, match="original: ValueError: broken rows"):
+        efficacy.run(p, rows=["original", "z_filtered"], claims=tmp_path / "claims2", progress=False)
+    assert ran == [("z_filtered", 0), ("z_filtered", 1)]
     assert efficacy.unit_order(p, ["original", "z_filtered"]) == [("original", 0), ("original", 1),
                                                                   ("z_filtered", 0), ("z_filtered", 1)]
 
