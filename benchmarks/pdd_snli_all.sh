@@ -21,7 +21,7 @@ for i in $(seq 1 8); do
 done
 for i in $(seq 1 8); do
   echo "== mlm stage $i $(date)"
-  flock $LOCK python benchmarks/pdd_mlm_standin.py --steps 400 --stage-minutes 18 --threads 2 && break
+  flock $LOCK python benchmarks/pdd_mlm_standin.py --steps 600 --stage-minutes 18 --threads 2 && break
 done
 for tau in 4.52 20; do
   for i in $(seq 1 16); do
