@@ -879,7 +879,32 @@ def summarise(plan: Plan) -> dict:
         table["rows"][name] = entry
     table["verdict"] = verdicts(table)
     table["comparisons"] = comparisons(plan, table)
+    rep = replication(plan, table)
+    if rep:
+        table["replication"] = rep
     return table
+
+
+def replication(plan: Plan, table: dict) -> dict | None:
+    """With ``replicates: other.yaml`` (the GPU plan names the CPU one): per row finished in both tables,
+    this table's mean minus the other's on each set, with the same call as between rows (more than twice
+    the standard error of the difference and one point): does the other table replicate here?"""
+    if not plan.raw.get("replicates"):
+        return None
+    other = load_plan(_path(plan.raw["replicates"], plan.path.parent))
+    if other.results_dir == plan.results_dir:
+        raise SystemExit(f"{plan.path}: replicates {plan.raw['replicates']!r}, which writes to the same results_dir")
+    theirs = summarise(other)["rows"]
+    rows = {name: _calls(e["sets"], theirs[name]["sets"]) for name, e in table["rows"].items()
+            if e.get("sets") and (theirs.get(name) or {}).get("sets")}
+    calls = [c for r in rows.values() for c in r.values() if c["se"] is not None]
+    return {"against": show(other.path), "results": show(other.results_dir), "rows": rows,
+            "differences": len(calls), "called": sum(c["call"] in ("helps", "hurts") for c in calls),
+            "devices": sorted({d for d in summarise_devices(other)})}
+
+
+def summarise_devices(plan: Plan) -> set[str]:
+    return {u.get("device") or "not recorded" for us in load_units(plan).values() for u in us}
 
 
 BREAKDOWNS = [("hans", "heuristic/label"), ("anli", "round"), ("snli_test", "hard")]
@@ -1083,6 +1108,14 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         for comp in table["comparisons"]:
             L.append(f"| `{comp['row']}` − `{comp['against']}` | {comp['why'] or '–'} | "
                      + _difference_cells(comp["sets"], sets) + " |")
+    rep = table.get("replication")
+    if rep and rep["rows"]:
+        L += ["", f"### Against `{rep['results']}.md` ({rep['against']}: the same rows, model, recipe and sets; "
+                  f"this table minus that one, points; * = more than 2 standard errors and 1 point)", "",
+              f"{rep['called']} of the {rep['differences']} differences with at least two seeds on both sides are called.",
+              "", "| row | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+        for name, calls in rep["rows"].items():
+            L.append(f"| `{name}` | " + _difference_cells(calls, sets) + " |")
     L += ["", "## Verdict (from finished units only)", "", verdict_paragraph(table), ""]
     L += ["## Breakdowns", ""]
     keys = sorted({k for e in table["rows"].values() for k in (e.get("breakdowns") or {})})

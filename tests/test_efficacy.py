@@ -439,3 +439,23 @@ def test_collect_adds_the_units_a_gpu_run_packed_and_keeps_those_already_there(s
     assert json.loads((res / "original-s0.json").read_text()) == {"kept": True}
     assert (res / "original-s1.json").read_bytes() == plan.unit_file("original", 1).read_bytes()
     assert (tmp_path / "logs" / "logs" / "worker0.log").exists()
+
+
+def test_a_table_that_replicates_another_reports_each_rows_difference_from_it(setup, tmp_path):
+    import shutil
+
+    plan, _ = setup
+    res = tmp_path / "res"
+    shutil.copytree(plan.results_dir, res)
+    child = tmp_path / "p.yaml"
+    child.write_text(yaml.safe_dump({"extends": str(plan.path), "replicates": str(plan.path), "results_dir": str(res)}))
+    p = efficacy.load_plan(child)
+    table = efficacy.summarise(p)
+    rep = table["replication"]
+    assert rep["against"] == efficacy.show(plan.path) and rep["called"] == 0  # the same units: no difference
+    assert all(c["difference"] == 0 for r in rep["rows"].values() for c in r.values())
+    assert set(rep["rows"]) >= {"original", "z_filtered"}
+    efficacy.write_markdown(table, p, tmp_path / "t.md", None)
+    text = (tmp_path / "t.md").read_text()
+    assert f"0 of the {rep['differences']} differences with at least two seeds on both sides are called" in text
+    assert "| `original` | +0.0 | +0.0 |" in text
