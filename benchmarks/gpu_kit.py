@@ -30,7 +30,6 @@ run again by the next ``run`` (its result file is what counts).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -70,14 +69,6 @@ def _tree_size() -> int:
     out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          capture_output=True, check=True).stdout.split(b"\0")
     return sum((ROOT / f.decode()).stat().st_size for f in out if f and (ROOT / f.decode()).is_file())
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------ make
@@ -123,6 +114,8 @@ def _float16_model(src: Path, dst: Path) -> dict:
     import torch
     from safetensors.torch import load_file, save_file
 
+    from debiased_nli.release import _sha256 as file_sha256
+
     dst.mkdir(parents=True, exist_ok=True)
     info = {"source": str(src), "weights": {}}
     for p in src.iterdir():
@@ -145,7 +138,7 @@ def _float16_model(src: Path, dst: Path) -> dict:
                 else:
                     half[k] = t.contiguous()
             save_file(half, str(dst / p.name), metadata={"debiased_nli_gpu_kit": "float32 rounded to float16"})
-            info["weights"][p.name] = {"sha256_float32": _sha256(p), "bytes_float32": p.stat().st_size,
+            info["weights"][p.name] = {"sha256_float32": file_sha256(p), "bytes_float32": p.stat().st_size,
                                        "bytes_float16": (dst / p.name).stat().st_size,
                                        "max_abs_change": worst, "max_rel_change_above_1e-4": rel}
         else:
