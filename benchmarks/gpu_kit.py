@@ -5,7 +5,7 @@ transformers but not the Hub, the shared data, this project's releases or ``data
 and what travels there is limited (64 MiB here). Three steps:
 
     python benchmarks/gpu_kit.py make                        # here: .gpu/ (git-ignored), size checked
-    python benchmarks/gpu_kit.py run --workers 6 --deadline 500 --out "$OUT"     # there
+    python benchmarks/gpu_kit.py run --workers 10 --deadline 555 --out "$OUT"    # there
     python benchmarks/gpu_kit.py collect efficacy_gpu.tar.gz # here: unit files into results_dir
 
 ``make`` packs, for the plan's rows that have their data here:
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--releases-from", default="~/runs/efficacy",
                     help="`make`: the runs_dir whose releases/ holds the releases the plan builds itself (default: the "
                          "CPU plan's, ~/runs/efficacy)")
-    ap.add_argument("--workers", type=int, default=6, help="`run`: efficacy.py processes at once on the GPU")
+    ap.add_argument("--workers", type=int, default=10, help="`run`: efficacy.py processes at once on the GPU")
     ap.add_argument("--deadline", type=float, default=500, help="`run`: stop the workers after this many seconds")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_out"), help="`run`: where efficacy_gpu.tar.gz goes")
     ap.add_argument("--rows", nargs="+", help="`run`: only these rows")
