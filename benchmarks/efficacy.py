@@ -894,17 +894,14 @@ def replication(plan: Plan, table: dict) -> dict | None:
     other = load_plan(_path(plan.raw["replicates"], plan.path.parent))
     if other.results_dir == plan.results_dir:
         raise SystemExit(f"{plan.path}: replicates {plan.raw['replicates']!r}, which writes to the same results_dir")
-    theirs = summarise(other)["rows"]
+    their_table = summarise(other)
+    theirs = their_table["rows"]
     rows = {name: _calls(e["sets"], theirs[name]["sets"]) for name, e in table["rows"].items()
             if e.get("sets") and (theirs.get(name) or {}).get("sets")}
     calls = [c for r in rows.values() for c in r.values() if c["se"] is not None]
     return {"against": show(other.path), "results": show(other.results_dir), "rows": rows,
             "differences": len(calls), "called": sum(c["call"] in ("helps", "hurts") for c in calls),
-            "devices": sorted({d for d in summarise_devices(other)})}
-
-
-def summarise_devices(plan: Plan) -> set[str]:
-    return {u.get("device") or "not recorded" for us in load_units(plan).values() for u in us}
+            "devices": their_table["devices"]}
 
 
 BREAKDOWNS = [("hans", "heuristic/label"), ("anli", "round"), ("snli_test", "hard")]

@@ -167,6 +167,25 @@ def _download_wheels(dest: Path) -> list[str]:
     return got + [f"{' '.join(FALLBACK)} (instead, where the image's pyarrow is older than 24)"]
 
 
+MARKER = ".debiased-nli-gpu-kit"  # written first into every kit folder: only such a folder is ever emptied
+
+
+def clear_kit(kit: Path) -> None:
+    """An empty kit folder: a folder an earlier ``make`` created (it holds MARKER) is removed and made
+    again; any other existing file or folder (a user's, given by mistake as ``--kit``) is refused."""
+    if kit.is_symlink() or kit.is_file():
+        raise SystemExit(f"--kit {kit}: not a folder this tool made; give a new folder (default .gpu)")
+    if kit.exists():
+        if not (kit / MARKER).is_file():
+            if any(kit.iterdir()):
+                raise SystemExit(f"--kit {kit}: the folder exists and was not made by gpu_kit.py make (no {MARKER}); "
+                                 f"nothing was deleted; give a new folder or remove it yourself")
+        else:
+            shutil.rmtree(kit)
+    kit.mkdir(parents=True, exist_ok=True)
+    (kit / MARKER).write_text("made by benchmarks/gpu_kit.py make; `make` empties this folder when run again\n")
+
+
 def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None = None) -> dict:
     from benchmarks import efficacy
     from debiased_nli.challenge import default_data_root, resolve_sets
@@ -174,9 +193,7 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
 
     # the releases this table builds itself are read from where they were built (the CPU plan's runs_dir)
     plan = efficacy.load_plan(plan_path, runs_dir=releases_from)
-    if kit.exists():
-        shutil.rmtree(kit)
-    kit.mkdir(parents=True)
+    clear_kit(kit)
     exclude = ROOT / ".git" / "info" / "exclude"  # the kit travels as a carried path, not in the working tree
     if exclude.parent.exists() and f"/{kit.name}/" not in (exclude.read_text() if exclude.exists() else ""):
         with open(exclude, "a") as f:
@@ -190,19 +207,19 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
     files |= {data_root / s.local for s in resolve_sets(sets=plan.evaluate["sets"])}
     releases: dict[str, set[str]] = {}
     release_dirs: dict[str, set[str]] = {}
-    for row in rows:
-        d = row["data"]
-        files |= {efficacy._path(p) for p in d.get("files", [])}
+
+    def need(d: dict) -> None:  # the release config a row's data reads
         if "release" in d:
             releases.setdefault(d["release"], set()).add(d["config"])
         if "release_dir" in d:
             release_dirs.setdefault(str(efficacy._path(d["release_dir"])), set()).add(d["config"])
+
+    for row in rows:
+        d = row["data"]
+        files |= {efficacy._path(p) for p in d.get("files", [])}
+        need(d)
         if "random_subset_of" in d:  # its size comes from another row's release
-            size_row = plan.row(d["size_of"])["data"]
-            if "release" in size_row:
-                releases.setdefault(size_row["release"], set()).add(size_row["config"])
-            if "release_dir" in size_row:
-                release_dirs.setdefault(str(efficacy._path(size_row["release_dir"])), set()).add(size_row["config"])
+            need(plan.row(d["size_of"])["data"])
     for f in sorted(files):
         try:
             rel = f.relative_to(shared)
@@ -269,8 +286,9 @@ def _link(target: Path, link: Path) -> None:
     link.symlink_to(target.resolve(), target_is_directory=target.is_dir())
 
 
-def unpack(kit: Path, plan_path: Path) -> dict:
-    """Put the kit's files where the plan's paths point; the float16 weights back as float32."""
+def unpack(kit: Path, plan_path: Path) -> tuple[dict, object]:
+    """Put the kit's files where the plan's paths point; the float16 weights back as float32.
+    Returns the kit's record and the plan."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -301,7 +319,7 @@ def unpack(kit: Path, plan_path: Path) -> dict:
         _link(kit / "releases" / name, efficacy.release_dir(plan, name))
     for folder, v in info["release_dirs"].items():
         _link(kit / v["kit"], Path(folder))
-    return info
+    return info, plan
 
 
 def _pack(plan, logs: Path, out: Path) -> int:
@@ -327,7 +345,7 @@ def run_there(kit: Path, plan_path: Path, workers: int, deadline: float, out: Pa
     logs.mkdir(parents=True, exist_ok=True)
     site = Path(os.environ.get("GPU_KIT_SITE", "/tmp/site"))
     env_info = _install_wheels(kit, site)
-    info = unpack(kit, plan_path)
+    info, plan = unpack(kit, plan_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS="1", DEBIASED_NLI_GIT_COMMIT=str(info.get("git") or ""))
@@ -340,10 +358,6 @@ def run_there(kit: Path, plan_path: Path, workers: int, deadline: float, out: Pa
     log(f"environment: {smoke.stdout.strip()} {smoke.stderr.strip()[-2000:]} (wheels: {env_info})")
     if smoke.returncode != 0:
         return smoke.returncode
-    sys.path.insert(0, str(site))
-    from benchmarks import efficacy
-
-    plan = efficacy.load_plan(plan_path)
     claims = Path(os.environ.get("GPU_KIT_CLAIMS", "/tmp/efficacy_claims"))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "efficacy.py"), "run", "--plan", str(plan_path),
            "--claims", str(claims), "--seed-major", "--no-report", "--quiet", *(["--rows", *rows] if rows else [])]

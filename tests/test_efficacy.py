@@ -459,3 +459,34 @@ def test_a_table_that_replicates_another_reports_each_rows_difference_from_it(se
     text = (tmp_path / "t.md").read_text()
     assert f"0 of the {rep['differences']} differences with at least two seeds on both sides are called" in text
     assert "| `original` | +0.0 | +0.0 |" in text
+
+
+def test_the_gpu_kit_empties_only_a_folder_it_made(tmp_path):
+    from benchmarks import gpu_kit
+
+    user = tmp_path / "thesis"  # a user's folder given as --kit by mistake
+    user.mkdir()
+    (user / "chapter1.tex").write_text("keep me")
+    with pytest.raises(SystemExit, match="not made by gpu_kit.py make"):
+        gpu_kit.clear_kit(user)
+    assert (user / "chapter1.tex").read_text() == "keep me" and not (user / gpu_kit.MARKER).exists()
+    (tmp_path / "notes.txt").write_text("a file")
+    with pytest.raises(SystemExit, match="not a folder this tool made"):
+        gpu_kit.clear_kit(tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "a file"
+    link = tmp_path / "link"
+    link.symlink_to(user, target_is_directory=True)
+    with pytest.raises(SystemExit, match="not a folder this tool made"):
+        gpu_kit.clear_kit(link)
+    assert (user / "chapter1.tex").exists()
+
+    kit = tmp_path / "kit"  # a new folder, then a kit made earlier: emptied and marked again
+    gpu_kit.clear_kit(kit)
+    (kit / "model").mkdir()
+    (kit / "model" / "old.safetensors").write_text("old")
+    gpu_kit.clear_kit(kit)
+    assert sorted(p.name for p in kit.iterdir()) == [gpu_kit.MARKER]
+    empty = tmp_path / "empty"  # an empty folder holds nothing to lose
+    empty.mkdir()
+    gpu_kit.clear_kit(empty)
+    assert (empty / gpu_kit.MARKER).exists()
