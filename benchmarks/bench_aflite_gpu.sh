@@ -6,13 +6,19 @@
 #   3. two reports against the same scikit-learn fits: <stem>.md (ours on the GPU) and <stem>_cpu.md (ours
 #      on one CPU thread of the same machine).
 # Usage: bash benchmarks/bench_aflite_gpu.sh EMBEDDINGS.npz OUT_DIR [STEM]
-#   EMBEDDINGS.npz: the real run's embeddings as X, y (a machine without this project's cache and the
-#   encoder: write them here with benchmarks.bench_aflite.real_embeddings and carry the file).
+#   EMBEDDINGS.npz: the real run's embeddings as X, y, for a machine without this project's cache and the
+#   encoder; written where the AFLite SNLI run's cache is (27.8 MB) with
+#     python -c "import numpy as np; from benchmarks.bench_aflite import real_embeddings as r; \
+#       from debiased_nli.embeddings import OFFLINE_ENCODER as e; X, y = r(e); np.savez('emb.npz', X=X, y=y)"
+# Measured on an H200 (benchmarks/results/aflite_bench_gpu.md, aflite_bench_gpu_cpu.md) with
+#   bash benchmarks/bench_aflite_gpu.sh .aflite_gpu/emb.npz "$OUT/res"
 set -euo pipefail
 EMB=${1:?usage: bench_aflite_gpu.sh EMBEDDINGS.npz OUT_DIR [STEM]}
 OUT=${2:?usage: bench_aflite_gpu.sh EMBEDDINGS.npz OUT_DIR [STEM]}
 STEM=${3:-aflite_bench_gpu}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+# the checkout's package, where it is not installed (a copy of the working tree on a lent machine)
+export PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 W=$(mktemp -d)
 G="--embeddings $EMB --out $OUT --work $W/gpu --device cuda --stem $STEM"
 C="--embeddings $EMB --out $OUT --work $W/cpu --stem ${STEM}_cpu"
