@@ -697,6 +697,17 @@ def unit_states(plan: Plan, rows: list[str] | None = None, seeds: list[int] | No
     return out
 
 
+def _row_command(us: list[dict]) -> str:
+    """How a row's data was made, from its first unit's record; a subset drawn anew for each seed says so
+    (its first unit's shuffle seed is only that unit's)."""
+    d = us[0]["data"]
+    if d.get("kind") == "random_subset" and d.get("subset_seed_is_unit_seed"):
+        seeds = ", ".join(str(u["seed"]) for u in sorted(us, key=lambda u: u["seed"]))
+        return (d["command"].replace(f".shuffle(seed={d['seed']})", ".shuffle(seed=s)", 1)
+                + f"; s = the unit's seed ({seeds})")
+    return d["command"]
+
+
 def device_name() -> str:
     """What a unit ran on, as its result file records it: the GPU's name, or the CPU's model."""
     import platform
@@ -855,7 +866,7 @@ def summarise(plan: Plan) -> dict:
             entry["train_rows"] = us[0]["train"]["rows"]
             entry["train_rows_by_seed"] = {u["seed"]: u["train"]["rows"] for u in us}
             # a release_dir row's own `command` (how its folder is built) over what its first unit recorded
-            entry["data_command"] = row["data"].get("command") or us[0]["data"]["command"]
+            entry["data_command"] = row["data"].get("command") or _row_command(us)
             entry["config"] = us[0]["data"].get("config")
             entry["train_seconds"] = _mean_std([u["train"]["seconds"] for u in us])[0]
             entry["train_cpu_seconds"] = _mean_std([u["train"]["cpu_seconds"] for u in us])[0]

@@ -177,6 +177,10 @@ def test_a_control_drawn_per_seed_trains_each_seed_on_its_own_subset_of_the_same
     table = efficacy.summarise(plan)
     e = table["rows"]["random_control_resampled"]
     assert efficacy._same_rows(e["data_fingerprints"], e["subset_per_seed"]) == "no, drawn anew per seed (2 distinct in 2 seeds)"
+    # the report's "how it was built" names the unit's seed as the shuffle seed, not seed 0's draw alone
+    assert e["data_command"].startswith("original.shuffle(seed=s).select(range(len(z_filtered) = ")
+    assert e["data_command"].endswith("; s = the unit's seed (0, 1)")
+    assert table["rows"]["random_control"]["data_command"].startswith("original.shuffle(seed=0).select(")
     with pytest.raises(ValueError, match="unit_seed"):
         efficacy.resolve_row(plan, plan.row("random_control_resampled"))
 
