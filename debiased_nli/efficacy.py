@@ -42,9 +42,30 @@ def train_rows_text(entry: dict) -> str:
     return f"{entry['train_rows']:,}"
 
 
-def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | None = None) -> str | None:
+def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
+    """The table's other comparisons whose first row is one of ``rows`` (above all: a config against a random
+    subset of the original of its own size, which separates debiased data from less data)."""
+    sets = table["sets"]
+    comps = [c for c in table.get("comparisons") or [] if c["row"] in set(rows)]
+    if not comps:
+        return None
+    lines = ["| comparison | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
+    for c in comps:
+        cells = []
+        for s in sets:
+            v = c["sets"].get(s)
+            cells.append("–" if v is None else f"{v['difference']:+.1f}" + ("*" if v["call"] in ("helps", "hurts") else ""))
+        lines.append(f"| `{c['row']}` − `{c['against']}` | {c['why']} | " + " | ".join(cells) + " |")
+    return ("Against other rows of the table (first minus second, points; * = more than 2 standard errors and "
+            "1 point):\n\n" + "\n".join(lines))
+
+
+def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | None = None,
+                  sizes: "dict[str, int] | None" = None) -> str | None:
     """Markdown for the card: the reference row and the rows trained on one of ``configs`` (finished or
-    pending); None when the table has no row for any of them."""
+    pending), the table's comparisons of those rows (e.g. against a random subset of the same size), and,
+    given ``sizes`` (this release's train rows per config), a note where the table's models trained on a
+    build of another size; None when the table has no row for any of them."""
     table = load_table(path)
     ref_name = table["reference"]
     rows = {n: e for n, e in table["rows"].items() if (e.get("data") or {}).get("config") in set(configs)}
@@ -70,6 +91,20 @@ def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | N
     text = (f"Accuracy (%) of `{model}` trained on each config with the same settings, mean ± std over seeds, "
             f"on the full challenge sets; in brackets the difference from `{ref_name}` (the original data). "
             f"From the efficacy table{f' ({source})' if source else ''}, {table['created']}.\n\n" + "\n".join(lines))
+    comps = _comparisons_md(table, [n for n, e in rows.items() if e.get("sets")])
+    if comps:
+        text += "\n\n" + comps
     if pending:
         text += "\n\nNot measured yet: " + "; ".join(pending) + "."
+    notes = []
+    for name, e in rows.items():
+        config = (e.get("data") or {}).get("config")
+        have = (sizes or {}).get(config)
+        trained = sorted(set((e.get("train_rows_by_seed") or {}).values()) or ({e["train_rows"]} if e.get("train_rows") else set()))
+        if have is not None and trained and any(n != have for n in trained):
+            notes.append(f"`{name}` trained on {' / '.join(f'{n:,}' for n in trained)} rows of `{config}`, "
+                         f"this release's `{config}` has {have:,}")
+    if notes:
+        text += ("\n\nThe table's models trained on a build of another size (a release rebuilt on another "
+                 "machine need not keep the same rows): " + "; ".join(notes) + ".")
     return text + "\n"

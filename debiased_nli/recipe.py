@@ -573,7 +573,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     if efficacy is not None:
         from .efficacy import card_markdown
 
-        meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name)
+        meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name,
+                                            sizes={c.name: len(c.splits["train"]) for c in configs})
     out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0,
                         overwrite=overwrite, set_aside=set_aside, original_features=parts(all0=True), timings=timings,
                         num_proc=zc["num_proc"])

@@ -246,6 +246,11 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
     assert "| `original` |" in section and "| `z_filtered` |" in section
     assert f"{100 * zf['mean']:.1f} ± {100 * zf['std']:.1f} ({100 * (zf['mean'] - ref['mean']):+.1f})" in section
     assert "| `aflite` |" not in section  # the release has no aflite config
+    # the same-size control, which separates debiased data from less data, comes with the row
+    comp = next(c for c in table["comparisons"] if c["row"] == "z_filtered" and c["against"] == "random_control")
+    d = comp["sets"]["anli"]
+    assert "| `z_filtered` − `random_control` | same size" in section
+    assert f"{d['difference']:+.1f}" + ("*" if d["call"] in ("helps", "hurts") else "") in section
 
     # seeds that trained on different sizes (a release rebuilt on another machine): the card shows each,
     # as efficacy.md does, not the first seed's size alone
@@ -254,6 +259,12 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
     table["rows"]["z_filtered"]["train_rows_by_seed"] = {"0": 7454, "1": 7609, "10": 7609}
     table_json.write_text(json.dumps(table))
     assert "| `z_filtered` | 7,454 (s0) / 7,609 (s1) / 7,609 (s10) |" in card_markdown(table_json, ["z_filtered"])
+    # this release's config has another size than some seeds trained on: the card says so
+    note = "`z_filtered` trained on 7,454 / 7,609 rows of `z_filtered`, this release's `z_filtered` has 7,609"
+    assert note in card_markdown(table_json, ["z_filtered"], sizes={"z_filtered": 7609})
+    table["rows"]["z_filtered"]["train_rows_by_seed"] = {"0": 7609, "1": 7609}
+    table_json.write_text(json.dumps(table))
+    assert "another size" not in card_markdown(table_json, ["z_filtered"], sizes={"z_filtered": 7609})
 
 
 # ------------------------------------------------------------------ evaluation batching (evaluation.py)
