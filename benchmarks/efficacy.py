@@ -1035,17 +1035,8 @@ def verdict_paragraph(table: dict) -> str:
     return "\n".join([head, ""] + lines + ([""] + [tail] if tail else []))
 
 
-def _difference_cells(calls: dict, sets: list[str]) -> str:
-    """A table row's cells: the difference per set, starred where it is called, – where a set is missing."""
-    cells = []
-    for s in sets:
-        c = calls.get(s)
-        cells.append("–" if not c else f"{c['difference']:+.1f}" + ("*" if c["call"] in ("helps", "hurts") else ""))
-    return " | ".join(cells)
-
-
 def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> None:
-    from debiased_nli.efficacy import train_rows_text  # the release card shows the same sizes
+    from debiased_nli.efficacy import difference_cells, train_rows_text  # the release card shows the same sizes and cells
 
     sets = table["sets"]
     ref = table["rows"].get(table["reference"], {})
@@ -1109,13 +1100,13 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         L += ["", f"### Difference from `{table['reference']}` (points; * = more than 2 standard errors and 1 point)", "",
               "| row | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
         for name, calls in table["verdict"].items():
-            L.append(f"| `{name}` | " + _difference_cells(calls, sets) + " |")
+            L.append(f"| `{name}` | " + difference_cells(calls, sets) + " |")
     if table.get("comparisons"):
         L += ["", "### Other comparisons (first row minus second, points; * = more than 2 standard errors and 1 point)", "",
               "| rows | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
         for comp in table["comparisons"]:
             L.append(f"| `{comp['row']}` − `{comp['against']}` | {comp['why'] or '–'} | "
-                     + _difference_cells(comp["sets"], sets) + " |")
+                     + difference_cells(comp["sets"], sets) + " |")
     rep = table.get("replication")
     if rep and rep["rows"]:
         L += ["", f"### Against `{rep['results']}.md` ({rep['against']}: the same rows, model, recipe and sets; "
@@ -1123,7 +1114,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
               f"{rep['called']} of the {rep['differences']} differences with at least two seeds on both sides are called.",
               "", "| row | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
         for name, calls in rep["rows"].items():
-            L.append(f"| `{name}` | " + _difference_cells(calls, sets) + " |")
+            L.append(f"| `{name}` | " + difference_cells(calls, sets) + " |")
     L += ["", "## Verdict (from finished units only)", "", verdict_paragraph(table), ""]
     L += ["## Breakdowns", ""]
     keys = sorted({k for e in table["rows"].values() for k in (e.get("breakdowns") or {})})

@@ -42,6 +42,15 @@ def train_rows_text(entry: dict) -> str:
     return f"{entry['train_rows']:,}"
 
 
+def difference_cells(calls: dict, sets: Sequence[str]) -> str:
+    """A table row's cells: the difference per set, starred where it is called, – where a set is missing."""
+    cells = []
+    for s in sets:
+        c = calls.get(s)
+        cells.append("–" if not c else f"{c['difference']:+.1f}" + ("*" if c["call"] in ("helps", "hurts") else ""))
+    return " | ".join(cells)
+
+
 def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
     """The table's other comparisons whose first row is one of ``rows`` (above all: a config against a random
     subset of the original of its own size, which separates debiased data from less data)."""
@@ -51,11 +60,7 @@ def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
         return None
     lines = ["| comparison | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
     for c in comps:
-        cells = []
-        for s in sets:
-            v = c["sets"].get(s)
-            cells.append("–" if v is None else f"{v['difference']:+.1f}" + ("*" if v["call"] in ("helps", "hurts") else ""))
-        lines.append(f"| `{c['row']}` − `{c['against']}` | {c['why']} | " + " | ".join(cells) + " |")
+        lines.append(f"| `{c['row']}` − `{c['against']}` | {c['why'] or '–'} | " + difference_cells(c["sets"], sets) + " |")
     return ("Against other rows of the table (first minus second, points; * = more than 2 standard errors and "
             "1 point):\n\n" + "\n".join(lines))
 
@@ -100,8 +105,9 @@ def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | N
     for name, e in rows.items():
         config = (e.get("data") or {}).get("config")
         have = (sizes or {}).get(config)
-        trained = sorted(set((e.get("train_rows_by_seed") or {}).values()) or ({e["train_rows"]} if e.get("train_rows") else set()))
-        if have is not None and trained and any(n != have for n in trained):
+        by_seed = e.get("train_rows_by_seed") or ({0: e["train_rows"]} if e.get("train_rows") else {})
+        trained = sorted(set(by_seed.values()))
+        if have is not None and any(n != have for n in trained):
             notes.append(f"`{name}` trained on {' / '.join(f'{n:,}' for n in trained)} rows of `{config}`, "
                          f"this release's `{config}` has {have:,}")
     if notes:
