@@ -11,7 +11,7 @@ L-BFGS-B's ``gtol``, a bound on the largest gradient entry; ours tests the same 
 iteration cap high enough that every fit of both sides converges (checked and reported). Each side
 then scores every row on the partitions that held it out (the predictability scores of one round).
 
-- ``ours``: ``debiased_nli.aflite.fit_linear_ensemble`` + ``heldout_correct`` (all m classifiers in
+- ``ours``: ``debiased_nli.methods.aflite.fit_linear_ensemble`` + ``heldout_correct`` (all m classifiers in
   one pass per iteration: two matrix products over the shared rows, preconditioned L-BFGS), torch.
 - ``sklearn-A-B``: classifiers A..B-1 fitted one at a time with scikit-learn (lbfgs, float32 input as
   given), each predicting all rows. The m fits are split into units so that no unit runs long.
@@ -50,8 +50,8 @@ def real_embeddings(encoder: str, path: str | None = None):
     if path:
         data = np.load(path)
         return data["X"], data["y"].astype(np.int64)
-    from debiased_nli.data import load_task
-    from debiased_nli.embeddings import compute_embeddings, warm_up_encoder
+    from debiased_nli.data.loading import load_task
+    from debiased_nli.methods.embeddings import compute_embeddings, warm_up_encoder
     ds = load_task("snli", data_files=str(SHARED / "data/snli/train_sample.parquet")).dataset
     wu = warm_up_encoder(ds, encoder, num_labels=3, **REAL_RUN)
     rest = ds.select(wu.rest(len(ds)))
@@ -64,7 +64,7 @@ def _peak_mb() -> float:
 
 
 def problem(args):
-    from debiased_nli.aflite import random_partitions, standardize
+    from debiased_nli.methods.aflite.algorithm import random_partitions, standardize
     emb, y = real_embeddings(args["encoder"], args["embeddings"])
     idx = np.random.default_rng(args["seed"]).integers(0, len(y), size=args["rows"])
     X = standardize(np.ascontiguousarray(emb[idx], dtype=np.float32))
@@ -82,7 +82,8 @@ def _child(unit, args, queue):
     base = _peak_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     if unit == "ours":
-        from debiased_nli.aflite import fit_linear_ensemble, heldout_correct
+        from debiased_nli.methods.aflite.ensemble import fit_linear_ensemble
+        from debiased_nli.methods.aflite.algorithm import heldout_correct
         fit = fit_linear_ensemble(X, Y, train, 3, tol=args["tol"], max_iter=args["max_iter"], device=args["device"],
                                   progress=True)
         fit_s, fit_c = time.perf_counter() - t0, time.process_time() - c0
@@ -249,7 +250,7 @@ def render(r) -> str:
 
 
 def main(argv=None):
-    from debiased_nli.embeddings import OFFLINE_ENCODER
+    from debiased_nli.methods.embeddings import OFFLINE_ENCODER
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=500_000)
     ap.add_argument("--train-size", type=int, default=50_000, help="t (default 50,000: a 10%% warm-up of 500k)")
@@ -268,7 +269,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results"))
     ap.add_argument("--stem", default="aflite_bench", help="name of the result files in --out (default aflite_bench)")
     a = ap.parse_args(argv)
-    from debiased_nli.featurize import default_cache_dir
+    from debiased_nli.utils.cache import default_cache_dir
     work = Path(a.work or default_cache_dir() / f"bench-aflite-{a.rows}-{a.train_size}-{a.m}")
     args = {"rows": a.rows, "train_size": a.train_size, "m": a.m, "tol": a.tol, "max_iter": a.max_iter,
             "per_unit": a.per_unit, "encoder": a.encoder, "embeddings": a.embeddings, "device": a.device,

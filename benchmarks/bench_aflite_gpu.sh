@@ -9,7 +9,7 @@
 #   EMBEDDINGS.npz: the real run's embeddings as X, y, for a machine without this project's cache and the
 #   encoder; written where the AFLite SNLI run's cache is (27.8 MB) with
 #     python -c "import numpy as np; from benchmarks.bench_aflite import real_embeddings as r; \
-#       from debiased_nli.embeddings import OFFLINE_ENCODER as e; X, y = r(e); np.savez('emb.npz', X=X, y=y)"
+#       from debiased_nli.methods.embeddings import OFFLINE_ENCODER as e; X, y = r(e); np.savez('emb.npz', X=X, y=y)"
 # Measured on an H200 (benchmarks/results/aflite_bench_gpu.md, aflite_bench_gpu_cpu.md) with
 #   bash benchmarks/bench_aflite_gpu.sh .aflite_gpu/emb.npz "$OUT/res"
 set -euo pipefail

@@ -290,7 +290,7 @@ def same_as_in_memory(rows: int, data: Path, work: Path, base_share: float = 0.2
 
 
 # the hypothesis-only solver of the old code (scikit-learn's default L-BFGS, 300 iterations), put back
-OLD_SOLVER = ("import debiased_nli.hypothesis_only as h; h.LOGREG_SOLVER.clear(); "
+OLD_SOLVER = ("import debiased_nli.bias.hypothesis_only as h; h.LOGREG_SOLVER.clear(); "
               "h.LOGREG_SOLVER.update(solver='lbfgs', tol=1e-4, max_iter=300)")
 RUNS = ("old", "new")
 
@@ -619,7 +619,7 @@ def profile_build(scale: int, data: Path, work: Path, top: int = 30) -> Path:
     cache = work / f"profile-cache-{scale}"
     shutil.rmtree(cache, ignore_errors=True)
     os.environ.update(HF_DATASETS_CACHE=str(cache / "hf"), DEBIASED_NLI_CACHE=str(cache / "dn"))
-    from debiased_nli.recipe import build
+    from debiased_nli.release.recipe import build
 
     prof = cProfile.Profile()
     start = time.perf_counter()

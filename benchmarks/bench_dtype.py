@@ -4,7 +4,7 @@
 Whether bfloat16 helps depends on the CPU: with AVX512-BF16 or AMX (recent Xeon, AMD Zen 4) the matrix
 products run natively and autocast is about twice as fast; without them torch emulates bfloat16 and it
 is slower. This script measures both on real SNLI dev pairs with the same code path as the commands
-(`debiased_nli.precision.compute_context`), alternating float32 and bfloat16 round by round, and records
+(`debiased_nli.utils.precision.compute_context`), alternating float32 and bfloat16 round by round, and records
 the CPU's flags beside the figures:
 
     python benchmarks/bench_dtype.py --rows 512 --rounds 3      # writes benchmarks/results/dtype_bench.{json,md}
@@ -29,7 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, SHARED_DATA  # noqa: E402
-from debiased_nli.precision import cpu_description  # noqa: E402
+from debiased_nli.utils.precision import cpu_description
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 DTYPES = ("float32", "bfloat16")
@@ -55,7 +55,7 @@ def batches(tok, pairs, batch_size, max_length, mlm=False, seed=0):
 def forward_all(model, encs, dtype, mlm=False):
     import torch
 
-    from debiased_nli.precision import compute_context
+    from debiased_nli.utils.precision import compute_context
 
     probs = []
     t0 = time.perf_counter()

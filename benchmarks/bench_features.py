@@ -35,7 +35,7 @@ LABELS = ["entailment", "neutral", "contradiction"]
 def resampled(n: int, seed: int = 0):
     import numpy as np
 
-    from debiased_nli.data import labels_of
+    from debiased_nli.data.loading import labels_of
 
     pool = real_nli_rows()
     idx = np.random.default_rng(seed).integers(0, len(pool), size=n)
@@ -45,10 +45,10 @@ def resampled(n: int, seed: int = 0):
 def stage_lexical(rows: int, num_proc: int) -> dict:
     import numpy as np
 
-    from debiased_nli.data import labels_of
+    from debiased_nli.data.loading import labels_of
 
-    from debiased_nli.features import add_feature_columns, build_feature_matrix
-    from debiased_nli.zstats import compute_zstats
+    from debiased_nli.bias.features import add_feature_columns, build_feature_matrix
+    from debiased_nli.bias.zstats import compute_zstats
 
     ds, pool = resampled(rows)
     base = peak_rss_mb()
@@ -72,10 +72,10 @@ def stage_lexical(rows: int, num_proc: int) -> dict:
 def stage_hypothesis_only(rows: int) -> dict:
     import numpy as np
 
-    from debiased_nli.data import labels_of
+    from debiased_nli.data.loading import labels_of
 
-    from debiased_nli.features import add_feature_columns, build_feature_matrix
-    from debiased_nli.hypothesis_only import out_of_fold_tfidf
+    from debiased_nli.bias.features import add_feature_columns, build_feature_matrix
+    from debiased_nli.bias.hypothesis_only import out_of_fold_tfidf
 
     ds, _ = resampled(rows)
     with tempfile.TemporaryDirectory() as tmp:

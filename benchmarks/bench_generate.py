@@ -39,9 +39,9 @@ def generated_tokens(tok, texts: list[str], end: str) -> int:
 
 def plain_loop(model_path: str, task: str, n: int, max_new_tokens: int, seed: int, top_p: float) -> dict:
     import torch
-    from debiased_nli.generation.format import SequenceFormat
-    from debiased_nli.generation.models import load_generator
-    from debiased_nli.tasks import get_task
+    from debiased_nli.methods.generation.format import SequenceFormat
+    from debiased_nli.methods.generation.models import load_generator
+    from debiased_nli.data.tasks import get_task
     model, tok = load_generator(model_path)
     model.eval()
     fmt = SequenceFormat.for_tokenizer(tok, get_task(task).labels)
@@ -65,10 +65,10 @@ def plain_loop(model_path: str, task: str, n: int, max_new_tokens: int, seed: in
 
 def cli_run(model_path: str, task: str, n: int, batch_size: int, max_new_tokens: int, seed: int, top_p: float) -> dict:
     from debiased_nli.cli import main
-    from debiased_nli.generation.format import SequenceFormat
-    from debiased_nli.generation.models import load_tokenizer
-    from debiased_nli.generation.sample import REPORT_FILE, load_generated
-    from debiased_nli.tasks import get_task
+    from debiased_nli.methods.generation.format import SequenceFormat
+    from debiased_nli.methods.generation.models import load_tokenizer
+    from debiased_nli.methods.generation.sample import REPORT_FILE, load_generated
+    from debiased_nli.data.tasks import get_task
     out = Path(tempfile.mkdtemp(prefix="bench_generate_"))
     try:
         main(["generate", task, "--generator", model_path, "--out", str(out), "--num-samples", str(n),

@@ -63,7 +63,7 @@ def _read_cache(path: Path) -> list[dict]:
 
 
 def _chosen(res: dict, label_name: str, method: str):
-    from debiased_nli.pdd.algorithm import choose
+    from debiased_nli.methods.pdd.algorithm import choose
 
     if res["status"] != "ok":
         return None
@@ -72,11 +72,11 @@ def _chosen(res: dict, label_name: str, method: str):
 
 def setup(meta: dict):
     """The input rows, the featurizer and prompt words exactly as the committed run built them."""
-    from debiased_nli.data import labels_of, load_task
-    from debiased_nli.pdd.algorithm import PairFeaturizer
-    from debiased_nli.pdd.hyponly import HypothesisOnlyFolds
-    from debiased_nli.pdd.step import _fingerprint
-    from debiased_nli.tasks import get_task
+    from debiased_nli.data.loading import labels_of, load_task
+    from debiased_nli.methods.pdd.algorithm import PairFeaturizer
+    from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+    from debiased_nli.methods.pdd.step import _fingerprint
+    from debiased_nli.data.tasks import get_task
 
     task = get_task("snli")
     ds = load_task(task, data_files=str(SNLI)).dataset
@@ -95,7 +95,7 @@ def setup(meta: dict):
 
 
 def build_requests(entries, rows, params):
-    from debiased_nli.pdd.algorithm import PerturbRequest, derive_seed, family_of
+    from debiased_nli.methods.pdd.algorithm import PerturbRequest, derive_seed, family_of
 
     out = []
     for e in entries:
@@ -130,9 +130,9 @@ def replay_walk(meta: dict, cache: list[dict], fallback) -> dict:
 
     import pyarrow.parquet as pq
 
-    from debiased_nli.data import load_task
-    from debiased_nli.pdd import run as run_mod
-    from debiased_nli.pdd.algorithm import PDDConfig, Perturber, Prepared
+    from debiased_nli.data.loading import load_task
+    from debiased_nli.methods.pdd import run as run_mod
+    from debiased_nli.methods.pdd.algorithm import PDDConfig, Perturber, Prepared
 
     cached = {e["key"]: e["result"] for e in cache}
     stats = {"prepared": 0, "scored_requests": 0, "scored_texts": 0, "not_in_checkpoint": 0}
@@ -236,9 +236,9 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from debiased_nli.pdd.algorithm import Perturber
-    from debiased_nli.pdd.fill import MaskFiller
-    from debiased_nli.pdd.teacher import Teacher
+    from debiased_nli.methods.pdd.algorithm import Perturber
+    from debiased_nli.methods.pdd.fill import MaskFiller
+    from debiased_nli.methods.pdd.teacher import Teacher
 
     torch.set_num_threads(args.threads)
     meta = json.loads((RUN / "work" / "run.json").read_text())

@@ -7,7 +7,7 @@ changes differs:
   plain ``Trainer`` with its defaults (random batches).
 * ``trainer_dynamic_padding``: plain ``Trainer`` defaults with unpadded rows (its default collator,
   ``DataCollatorWithPadding``, pads each batch to its longest row).
-* ``debiased_nli_train``: :func:`debiased_nli.training.train_classifier` (what `debiased-nli train`
+* ``debiased_nli_train``: :func:`debiased_nli.models.training.train_classifier` (what `debiased-nli train`
   runs): dynamic padding and length-grouped batches (``train_sampling_strategy="group_by_length"``).
 
 Each configuration runs ``--repeats`` times, interleaved (the machine is shared), and the median of
@@ -60,7 +60,7 @@ def plain_trainer(model_path, task, train, *, pad_max_length: bool, args, out_di
 
 
 def harness(model_path, task, train, *, args, out_dir):
-    from debiased_nli.training import TrainConfig, train_classifier
+    from debiased_nli.models.training import TrainConfig, train_classifier
 
     cfg = TrainConfig(model=str(model_path), output_dir=str(out_dir), learning_rate=args.lr,
                       batch_size=args.batch_size, max_length=args.max_length, epochs=1, seed=args.seed,
@@ -87,8 +87,8 @@ def main() -> None:
     import torch
     import transformers
 
-    from debiased_nli.data import load_task
-    from debiased_nli.tasks import get_task
+    from debiased_nli.data.loading import load_task
+    from debiased_nli.data.tasks import get_task
 
     torch.set_num_threads(args.threads)
     task = get_task("snli")

@@ -28,10 +28,10 @@ from benchmarks.common import RESULTS, machine, peak_rss_mb, real_nli_rows, run_
 def _pool():
     import numpy as np
 
-    from debiased_nli.data import labels_of
+    from debiased_nli.data.loading import labels_of
 
-    from debiased_nli.features import build_feature_matrix
-    from debiased_nli.featurize import add_features
+    from debiased_nli.bias.features import build_feature_matrix
+    from debiased_nli.bias.featurize import add_features
 
     t0 = time.perf_counter()
     ds, hyp = add_features(real_nli_rows(), "snli", progress=False)
@@ -42,9 +42,9 @@ def _pool():
 def stage_seq_z(base: int, new: int) -> dict:
     import numpy as np
 
-    from debiased_nli.data import labels_of
+    from debiased_nli.data.loading import labels_of
 
-    from debiased_nli.zfilter import z_filter_matrix
+    from debiased_nli.bias.zfilter import z_filter_matrix
 
     fm, labels, feat_s, acc = _pool()
     rng = np.random.default_rng(0)
@@ -70,9 +70,9 @@ def stage_seq_z(base: int, new: int) -> dict:
 def stage_baseline(rows: int) -> dict:
     import numpy as np
 
-    from debiased_nli.data import labels_of
+    from debiased_nli.data.loading import labels_of
 
-    from debiased_nli.zfilter import reference_z_filter, z_filter_matrix
+    from debiased_nli.bias.zfilter import reference_z_filter, z_filter_matrix
 
     fm, labels, feat_s, _ = _pool()  # the first stage: the feature cache is cold here
     idx = np.random.default_rng(0).integers(0, fm.n_rows, size=rows)

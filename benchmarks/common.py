@@ -19,7 +19,7 @@ def real_nli_rows():
     """Every real 3-way NLI row in ../shared/data (SNLI sample/dev/test, MNLI dev m/mm), canonical."""
     import datasets
 
-    from debiased_nli.data import load_task
+    from debiased_nli.data.loading import load_task
 
     parts = [load_task("snli", data_files=str(SHARED_DATA / f)).dataset for f in NLI_FILES]
     return datasets.concatenate_datasets(parts)

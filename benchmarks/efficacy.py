@@ -6,8 +6,8 @@ same model and settings and scored on every challenge set in full:
     for row in rows, seed in seeds:                   # one unit; its result file is skipped when present
         data  = the row's training rows               # a file, a config of a release (built here when it
                                                       # is one of `releases:`), or a random control subset
-        train = debiased_nli.training.train_classifier(model, data, dev)       # `debiased-nli train`
-        score = debiased_nli.evaluation.evaluate_models([train], sets)         # `debiased-nli evaluate`
+        train = debiased_nli.models.training.train_classifier(model, data, dev)       # `debiased-nli train`
+        score = debiased_nli.models.evaluation.evaluate_models([train], sets)         # `debiased-nli evaluate`
         write results_dir/<row>-s<seed>.json atomically
 
 A row whose data does not exist yet (a release another branch has not written, generated rows not on
@@ -262,7 +262,7 @@ def _stop_at_deadline_callback(seconds: float | None):
 
 
 def _git() -> str | None:
-    from debiased_nli.provenance import git_hash
+    from debiased_nli.utils.provenance import git_hash
 
     return git_hash()
 
@@ -313,7 +313,7 @@ def build_command(plan: Plan, name: str) -> list[str]:
 
 def build_release(plan: Plan, name: str, lock: str | None, progress: bool = True) -> Path:
     """Build one of the plan's releases (``debiased-nli build``) if it is not there; records the commit."""
-    from debiased_nli.recipe import build
+    from debiased_nli.release.recipe import build
 
     out = release_dir(plan, name)
     if (out / "efficacy_build.json").exists():
@@ -334,8 +334,8 @@ def build_release(plan: Plan, name: str, lock: str | None, progress: bool = True
 
 
 def _load_release(plan: Plan, folder: Path, config: str):
-    from debiased_nli.tasks import get_task
-    from debiased_nli.training import load_training_split
+    from debiased_nli.data.tasks import get_task
+    from debiased_nli.models.training import load_training_split
 
     return load_training_split(get_task(plan.task), release=str(folder), config=config)
 
@@ -350,8 +350,8 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
                 _cache: dict | None = None, unit_seed: int | None = None) -> RowData:
     """The row's training rows, or :class:`Pending`. With ``build``, releases of ``releases:`` are built.
     ``unit_seed``: the seed of the unit, which draws the subset of a ``seed: unit`` random control."""
-    from debiased_nli.tasks import get_task
-    from debiased_nli.training import load_training_split
+    from debiased_nli.data.tasks import get_task
+    from debiased_nli.models.training import load_training_split
 
     cache = _cache if _cache is not None else {}
     per_unit = per_unit_subset(row)
@@ -433,24 +433,24 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
 
 def poe_settings(row: dict) -> dict | None:
     """``{beta, gamma, bias_model}`` of a PoE row: explicit values, or a preset of Wu et al.'s Table 10
-    (``debiased_nli.training.poe_preset``, with the table's words as its source)."""
+    (``debiased_nli.models.training.poe_preset``, with the table's words as its source)."""
     poe = row.get("poe")
     if not poe:
         return None
     out = {"bias_model": str(poe.get("bias_model", "tfidf"))}
     if "preset" in poe:
-        import debiased_nli.training as training
+        import debiased_nli.models.training as training
 
         if not hasattr(training, "poe_preset"):
             raise SystemExit(f"row {row['name']!r}: PoE preset {poe['preset']!r} needs "
-                             f"debiased_nli.training.poe_preset (not in this checkout); give beta and gamma")
+                             f"debiased_nli.models.training.poe_preset (not in this checkout); give beta and gamma")
         beta, gamma, source = training.poe_preset(poe["preset"])
         return out | {"beta": float(beta), "gamma": float(gamma), "preset": poe["preset"], "source": source}
     return out | {"beta": float(poe["beta"]), "gamma": float(poe["gamma"])}
 
 
 def train_config(plan: Plan, row: dict, seed: int, progress: bool = True):
-    from debiased_nli.training import TrainConfig
+    from debiased_nli.models.training import TrainConfig
 
     t = plan.train
     poe = poe_settings(row)
@@ -496,8 +496,9 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
 
     Training runs in turns of the heavy lock: when a turn is over the Trainer checkpoints and stops, the
     lock is given up, and the next turn resumes from the checkpoint; wall and CPU time are summed."""
-    from debiased_nli.tasks import get_task
-    from debiased_nli.training import TRAIN_CONFIG_FILE, load_training_split, train_classifier
+    from debiased_nli.data.tasks import get_task
+    from debiased_nli.bias.poe import bias_model_for
+    from debiased_nli.models.training import TRAIN_CONFIG_FILE, load_training_split, train_classifier
 
     out = plan.model_dir(row["name"], seed)
     rec_path = out / TRAIN_RECORD
@@ -517,7 +518,8 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
             log(f"{what}: {len(data.dataset):,} rows at {commit}, session {len(sessions) + 1}")
             cb = _stop_at_deadline_callback(turns.remaining())
             t0, c0 = time.perf_counter(), time.process_time()
-            res = train_classifier(cfg, plan.task, data.dataset, dev, callbacks=[cb])
+            bias = bias_model_for(cfg, plan.task) if cfg.poe and cfg.bias_model != "joint" else None
+            res = train_classifier(cfg, plan.task, data.dataset, dev, callbacks=[cb], bias_model=bias)
             sessions.append({"git": commit, "seconds": round(time.perf_counter() - t0, 1),
                              "cpu_seconds": round(time.process_time() - c0, 1), "stopped_for_the_lock": cb.stopped,
                              "resumed_from": res.resumed_from})
@@ -558,7 +560,7 @@ def _epoch_history(out: Path, best_checkpoint: str | None) -> list[dict]:
 # ------------------------------------------------------------------------------------------ evaluation
 
 def eval_config(plan: Plan, progress: bool = True):
-    from debiased_nli.evaluation import EvalConfig
+    from debiased_nli.models.evaluation import EvalConfig
 
     e = plan.evaluate
     return EvalConfig(max_examples=e.get("max_examples"), batch_size=int(e.get("batch_size", 64)),
@@ -574,7 +576,7 @@ EVAL_CHUNK_ROWS = 5000
 def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: str | None, progress: bool = True) -> dict:
     """Score the unit's model on every set (full sets unless the plan says ``max_examples``).
 
-    The same steps as ``debiased-nli evaluate`` (:func:`debiased_nli.evaluation.evaluate_models`): the
+    The same steps as ``debiased-nli evaluate`` (:func:`debiased_nli.models.evaluation.evaluate_models`): the
     model's probabilities (:func:`predict_probabilities`), mapped onto each set's labels
     (:func:`set_predictions`) and scored with the ``challenge_accuracy`` metric (:func:`score_predictions`);
     here the probabilities are computed in chunks of at most 5,000 rows, each cached in the model folder,
@@ -582,10 +584,10 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
     import numpy as np
     import torch
 
-    from debiased_nli.challenge import load_challenge_set, load_metric, resolve_sets
-    from debiased_nli.evaluation import (load_classifier, predict_probabilities, sample_rows, score_predictions,
-                                         set_predictions)
-    from debiased_nli.provenance import library_versions
+    from debiased_nli.models.challenge import load_challenge_set, load_metric, resolve_sets
+    from debiased_nli.models.evaluation import (load_classifier, predict_probabilities, sample_rows,
+                                                score_predictions, set_predictions)
+    from debiased_nli.utils.provenance import library_versions
 
     path = plan.unit_file(row["name"], seed)
     model = str(plan.model_dir(row["name"], seed))
@@ -1036,7 +1038,7 @@ def verdict_paragraph(table: dict) -> str:
 
 
 def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> None:
-    from debiased_nli.efficacy import difference_cells, train_rows_text  # the release card shows the same sizes and cells
+    from debiased_nli.release.efficacy import difference_cells, train_rows_text
 
     sets = table["sets"]
     ref = table["rows"].get(table["reference"], {})
@@ -1170,7 +1172,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
 
 def _same_rows(fingerprints: dict, per_seed: bool = False, sizes: dict | None = None) -> str:
     """Whether the finished seeds of a row trained on the same rows, from their content fingerprints
-    (``debiased_nli.data.content_fingerprint``; units finished before it was recorded have none) and,
+    (``debiased_nli.data.loading.content_fingerprint``; units finished before it was recorded have none) and,
     failing those, their sizes. ``per_seed``: a random control drawn anew for each seed, whose rows are
     meant to differ."""
     known = {s: f for s, f in fingerprints.items() if f}
@@ -1261,10 +1263,10 @@ def speed(plan: Plan, model: str | None = None, rows_per_set: int = 150, threads
     import numpy as np
     import torch
 
-    from debiased_nli.challenge import load_challenge_set, resolve_sets
-    from debiased_nli.evaluation import load_classifier, predict_probabilities, sample_rows
-    from debiased_nli.tasks import get_task
-    from debiased_nli.training import load_model_for_task
+    from debiased_nli.models.challenge import load_challenge_set, resolve_sets
+    from debiased_nli.models.evaluation import load_classifier, predict_probabilities, sample_rows
+    from debiased_nli.data.tasks import get_task
+    from debiased_nli.models.training import load_model_for_task
 
     torch.set_num_threads(threads)
     if model is None:  # the pretrained encoder with a fresh head: the same cost as a trained one
@@ -1282,7 +1284,7 @@ def speed(plan: Plan, model: str | None = None, rows_per_set: int = 150, threads
         hyp += ds["hypothesis"]
         counts[spec.name] = len(ds)
     max_length = int(plan.evaluate.get("max_length", 128))
-    from debiased_nli.precision import cpu_description
+    from debiased_nli.utils.precision import cpu_description
 
     out = {"rows": len(prem), "rows_per_set": counts, "threads": threads, "max_length": max_length,
            "cpu": cpu_description(), "runs": []}

@@ -2,7 +2,7 @@
 
 Stages (each resumable; a finished stage is skipped):
   train_g   LoRA-tune SmolLM2-135M on the 20k SNLI sample: MLE + 0.5 * label-consistency unlikelihood
-  train_m   fine-tune all-MiniLM-L6-v2 on the same sample as the confidence model M (debiased_nli.training)
+  train_m   fine-tune all-MiniLM-L6-v2 on the same sample as the confidence model M (debiased_nli.models.training)
   generate  sample from G (debiased-nli generate; premise-conditioned on SNLI dev premises, see below)
   filter    confidence-filter with M (tau 0.95), z-filter the accepted rows conditionally on Z(D0): seq_z
   report    generator_run.json / generator_run.md
@@ -50,8 +50,8 @@ def train_g() -> None:
 
 def train_m() -> None:
     import torch
-    from debiased_nli.data import load_task
-    from debiased_nli.training import TrainConfig, train_classifier
+    from debiased_nli.data.loading import load_task
+    from debiased_nli.models.training import TrainConfig, train_classifier
     torch.set_num_threads(1)
     if (RUN / "M" / "config.json").exists():
         return
@@ -88,8 +88,8 @@ def filter_() -> None:
                 "--model", str(RUN / "M"), "--tau", str(tau), "--out", str(out), "--threads", "1"])
     # reference: M's confidence in the gold label of real SNLI dev rows (the same number of rows)
     import numpy as np
-    from debiased_nli.confidence import confidence_filter
-    from debiased_nli.data import load_task as _load
+    from debiased_nli.methods.confidence import confidence_filter
+    from debiased_nli.data.loading import load_task as _load
     dev = _load("snli", data_files=str(SNLI_DEV), max_rows=512).dataset
     k, r = confidence_filter(dev, str(RUN / "M"), "snli", tau=0.95, progress=False)
     conf = np.concatenate([np.asarray(k["confidence"]), np.asarray(r["confidence"])])
@@ -97,9 +97,9 @@ def filter_() -> None:
         "rows": len(dev), "acceptance_at_tau": {str(t): round(float((conf > t).mean()), 4) for t in (0.5, 0.7, 0.9, 0.95)},
         "confidence_quantiles": {q: round(float(np.quantile(conf, q)), 4) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}))
     import datasets
-    from debiased_nli.data import load_task
-    from debiased_nli.featurize import add_features
-    from debiased_nli.zfilter import z_filter
+    from debiased_nli.data.loading import load_task
+    from debiased_nli.bias.featurize import add_features
+    from debiased_nli.bias.zfilter import z_filter
     d0 = load_task("snli", data_files=str(SNLI)).dataset
     d0f, _ = add_features(d0, "snli")
     z0 = z_filter(d0f, "snli", top_k=20, batch_size=1000, seed=0)
@@ -154,7 +154,7 @@ def report() -> None:
         "seq_z": seq,
         "examples": examples,
     }
-    from debiased_nli.generation.sample import summarize
+    from debiased_nli.methods.generation.sample import summarize
     if (RUN / "samples_premise_only").exists():
         summary["premise_only"] = summarize(RUN / "samples_premise_only", "snli")
     bug = RUN / "samples_trailing_space_bug"
@@ -201,7 +201,7 @@ def markdown(s: dict) -> str:
         f"({g['seconds_per_step']} s/step on 1 thread of a shared 2-core machine); "
         f"{g['parameters']['trainable']:,} of {g['parameters']['total']:,} parameters trained. "
         f"Loss {g['loss_history'][0]['loss']} (first 5 steps) -> {g['loss_history'][-1]['loss']} (last 5).",
-        f"* **M**: all-MiniLM-L6-v2 fine-tuned (`debiased_nli.training.train_classifier`) on {m['train_rows']:,} rows "
+        f"* **M**: all-MiniLM-L6-v2 fine-tuned (`debiased_nli.models.training.train_classifier`) on {m['train_rows']:,} rows "
         f"of the same sample, 1 epoch; SNLI dev accuracy {m['dev_accuracy']} (first {m['dev_rows']} dev rows).",
         f"* **Sampling**: {gen['config']['num_samples']} samples, {gen['config']['num_shards']} shards, top-p "
         f"{gen['config']['top_p']}, at most {gen['config']['max_new_tokens']} new tokens, condition "

@@ -114,7 +114,7 @@ def _float16_model(src: Path, dst: Path) -> dict:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from debiased_nli.release import _sha256 as file_sha256
+    from debiased_nli.release.layout import _sha256 as file_sha256
 
     dst.mkdir(parents=True, exist_ok=True)
     info = {"source": str(src), "weights": {}}
@@ -188,8 +188,8 @@ def clear_kit(kit: Path) -> None:
 
 def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None = None) -> dict:
     from benchmarks import efficacy
-    from debiased_nli.challenge import default_data_root, resolve_sets
-    from debiased_nli.provenance import git_hash
+    from debiased_nli.models.challenge import default_data_root, resolve_sets
+    from debiased_nli.utils.provenance import git_hash
 
     # the releases this table builds itself are read from where they were built (the CPU plan's runs_dir)
     plan = efficacy.load_plan(plan_path, runs_dir=releases_from)
@@ -350,8 +350,8 @@ def run_there(kit: Path, plan_path: Path, workers: int, deadline: float, out: Pa
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS="1", DEBIASED_NLI_GIT_COMMIT=str(info.get("git") or ""))
     smoke = subprocess.run([sys.executable, "-c",
-                            "import torch, transformers, datasets, evaluate, pyarrow; import debiased_nli.training, "
-                            "debiased_nli.evaluation; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), "
+                            "import torch, transformers, datasets, evaluate, pyarrow; import debiased_nli.models.training, "
+                            "debiased_nli.models.evaluation; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), "
                             "torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transformers', "
                             "transformers.__version__, 'datasets', datasets.__version__, 'evaluate', evaluate.__version__, "
                             "'pyarrow', pyarrow.__version__)"], env=env, capture_output=True, text=True)

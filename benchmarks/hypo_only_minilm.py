@@ -32,16 +32,17 @@ DATA = f"train={SHARED_DATA / 'snli/train_sample.parquet'}"
 
 
 def _setup():
-    from debiased_nli.data import labels_of, load_task
-    from debiased_nli.featurize import _transformer_dir, default_cache_dir
-    from debiased_nli.hypothesis_only import transformer_params
-    from debiased_nli.recipe import load_recipe
+    from debiased_nli.data.loading import labels_of, load_task
+    from debiased_nli.bias.featurize import transformer_dir
+    from debiased_nli.utils.cache import default_cache_dir
+    from debiased_nli.bias.hypothesis_only import transformer_params
+    from debiased_nli.release.recipe import load_recipe
 
     recipe = load_recipe(ROOT / "builders/snli.yaml")
     d = recipe["data"]
     d0 = load_task("snli", d["split"], data_files=[DATA], on_invalid=d["on_invalid"]).dataset  # as the build loads it
     params = transformer_params(SPEC)
-    return d0, labels_of(d0), params, _transformer_dir(default_cache_dir(), d0, params, SEED)
+    return d0, labels_of(d0), params, transformer_dir(default_cache_dir(), d0, params, SEED)
 
 
 def run_fold(fold: int) -> None:
@@ -49,8 +50,8 @@ def run_fold(fold: int) -> None:
     seconds are added to ``fold-<i>.time.json``, also when the attempt is stopped (SIGTERM)."""
     import signal
 
-    from debiased_nli.hypothesis_only import out_of_fold_transformer
-    from debiased_nli.tasks import get_task
+    from debiased_nli.bias.hypothesis_only import out_of_fold_transformer
+    from debiased_nli.data.tasks import get_task
 
     d0, labels, params, work = _setup()
     if (work / f"fold-{fold}.npz").exists():
@@ -82,9 +83,9 @@ def workdir() -> None:
 def report() -> None:
     import numpy as np
 
-    from debiased_nli.featurize import add_features
-    from debiased_nli.hypothesis_only import out_of_fold_transformer
-    from debiased_nli.tasks import get_task
+    from debiased_nli.bias.featurize import add_features
+    from debiased_nli.bias.hypothesis_only import out_of_fold_transformer
+    from debiased_nli.data.tasks import get_task
 
     d0, labels, params, work = _setup()
     task = get_task("snli")

@@ -104,7 +104,7 @@ def ibadr_unit() -> None:
 
 
 def _load_d0():
-    from debiased_nli.data import load_task
+    from debiased_nli.data.loading import load_task
     return load_task("snli", data_files=str(SNLI)).dataset
 
 
@@ -112,10 +112,10 @@ def check() -> None:
     """Samples with b1 and with b5 (the same label sequence) from the last iteration's generator."""
     import numpy as np
 
-    from debiased_nli.generation.conditional import ConditionalFormat
-    from debiased_nli.generation.models import load_tokenizer
-    from debiased_nli.generation.sample import generate_samples
-    from debiased_nli.ibadr.indicators import sample_labels
+    from debiased_nli.methods.generation.conditional import ConditionalFormat
+    from debiased_nli.methods.generation.models import load_tokenizer
+    from debiased_nli.methods.generation.sample import generate_samples
+    from debiased_nli.methods.ibadr.indicators import sample_labels
 
     gen = RUN / "ibadr" / "iter-2" / "generator"
     tok = load_tokenizer(str(gen))
@@ -137,11 +137,11 @@ def measure_check(seconds: float | None = None) -> None:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from debiased_nli.audit import audit_dataset
-    from debiased_nli.confidence import confidence_filter
-    from debiased_nli.data import labels_of
-    from debiased_nli.generation.sample import load_generated, summarize
-    from debiased_nli.ibadr.shallow import bias_degree
+    from debiased_nli.bias.audit import audit_dataset
+    from debiased_nli.methods.confidence import confidence_filter
+    from debiased_nli.data.loading import labels_of
+    from debiased_nli.methods.generation.sample import load_generated, summarize
+    from debiased_nli.methods.ibadr.shallow import bias_degree
 
     d0 = _load_d0()
     vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
@@ -183,7 +183,7 @@ def measure_check(seconds: float | None = None) -> None:
 def release() -> None:
     if (RELEASE / "README.md").exists():
         return
-    from debiased_nli.recipe import build, load_recipe
+    from debiased_nli.release.recipe import build, load_recipe
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "builders" / "snli.yaml", profile="ibadr")
     params = ibadr_params()
@@ -207,7 +207,7 @@ def ibadr_params() -> dict:
 def audit_pool() -> dict:
     import datasets
 
-    from debiased_nli.audit import audit_dataset
+    from debiased_nli.bias.audit import audit_dataset
     d0 = _load_d0()
     pool = datasets.Dataset.from_parquet(str(RUN / "ibadr" / "pool.parquet"))
     out = {}

@@ -51,7 +51,7 @@ NOT_DONE = 3
 
 def prompt_parts(premise: str, label: int, hypothesis: str) -> list[tuple[str, bool]]:
     """(text piece, maskable) pieces of ``P ? w . H``; the words of P and H are maskable pieces."""
-    from debiased_nli.generation.format import word_spans
+    from debiased_nli.methods.generation.format import word_spans
 
     out: list[tuple[str, bool]] = []
     for side, text in (("p", premise), ("h", hypothesis)):
@@ -118,7 +118,7 @@ def recovery(model, tok, rows, seed: int = 123, batch_size: int = 64, max_length
     """Masked-word recovery on held-out prompts (ratio 0.25): top-1, top-5, and top-1 among fill tokens."""
     import torch
 
-    from debiased_nli.pdd.fill import fill_vocabulary
+    from debiased_nli.methods.pdd.fill import fill_vocabulary
 
     allowed = torch.tensor(fill_vocabulary(tok), dtype=torch.bool)
     rng = np.random.default_rng(seed)

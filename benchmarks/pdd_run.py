@@ -71,7 +71,7 @@ def run(tau: float, threads: int, candidates: int, max_rows: int | None = None, 
         dtype: str = "float32") -> None:
     import torch
 
-    from debiased_nli.recipe import build, load_recipe
+    from debiased_nli.release.recipe import build, load_recipe
 
     torch.set_num_threads(threads)
     for need in (TEACHER / "config.json", MLM / "config.json"):
@@ -104,10 +104,10 @@ def hypothesis_only_eval(ds, task, seed: int = 0) -> dict:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from debiased_nli.data import labels_of, load_task
-    from debiased_nli.features import build_feature_matrix
-    from debiased_nli.featurize import add_features
-    from debiased_nli.hypothesis_only import out_of_fold_tfidf
+    from debiased_nli.data.loading import labels_of, load_task
+    from debiased_nli.bias.features import build_feature_matrix
+    from debiased_nli.bias.featurize import add_features
+    from debiased_nli.bias.hypothesis_only import out_of_fold_tfidf
 
     feats, _ = add_features(ds.select_columns(["premise", "hypothesis", "label", "uid", "origin", "method"]), task,
                             hypothesis_only=None, seed=seed, progress=False)
@@ -123,8 +123,8 @@ def hypothesis_only_eval(ds, task, seed: int = 0) -> dict:
 def report() -> None:
     import datasets
 
-    from debiased_nli.data import load_task
-    from debiased_nli.pdd.step import plot_pdd, render_pdd_md
+    from debiased_nli.data.loading import load_task
+    from debiased_nli.methods.pdd.step import plot_pdd, render_pdd_md
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     original = load_task("snli", data_files=str(SNLI)).dataset
@@ -231,10 +231,10 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", type=int, default=8)
     ap.add_argument("--max-rows", type=int, help="only the first N rows (a smoke test; use other --run-dir/--releases)")
     ap.add_argument("--engine", choices=["auto", "packed", "bucketed", "padded"], default="auto",
-                    help="forward passes of fill and teacher (debiased_nli/pdd/teacher.py); the committed runs of "
+                    help="forward passes of fill and teacher (debiased_nli/methods/pdd/teacher.py); the committed runs of "
                          "2026-11-23 used the straightforward one, now `padded`")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="arithmetic of the teacher's and the fill's forward passes (debiased_nli/pdd/encoder.py); "
+                    help="arithmetic of the teacher's and the fill's forward passes (debiased_nli/methods/pdd/encoder.py); "
                          "a bfloat16 run has its own folders (tau<T>-bf16, pdd-snli-bf16)")
     ap.add_argument("--run-dir", help=f"where the tau<T> folders go (default $PDD_RUN_DIR or ~/runs/pdd, now {RUNS}); "
                                       f"the teacher is still read from $PDD_TEACHER (now {TEACHER})")

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.aflite import (AFLiteParams, aflite, aflite_filter, aflite_step, fit_linear_ensemble,
-                                 predict_ensemble, predictability_scores, random_partitions, shared_preconditioner,
-                                 standardize)
-from debiased_nli.data import new_rows
-from debiased_nli.errors import ConfigError, InvalidInputError
+from debiased_nli.methods.aflite.algorithm import AFLiteParams, aflite, predictability_scores, random_partitions, standardize
+from debiased_nli.methods.aflite.step import aflite_filter, aflite_step
+from debiased_nli.methods.aflite.ensemble import fit_linear_ensemble, predict_ensemble, shared_preconditioner
+from debiased_nli.data.loading import new_rows
+from debiased_nli.utils.errors import ConfigError, InvalidInputError
 from test_embeddings import tiny_encoder  # noqa: F401  (the tiny BERT model folder fixture)
 
 K = 3

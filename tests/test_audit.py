@@ -47,7 +47,7 @@ def test_audit_bad_input_is_a_clear_error(tmp_path, capsys):
 def test_the_picture_draws_each_distinct_point_once_with_the_opacity_of_its_copies():
     import numpy as np
 
-    from debiased_nli.audit import _stacked
+    from debiased_nli.bias.audit import _stacked
 
     n = np.array([1, 1, 1, 5, 1, 5])
     counts = np.array([1, 1, 0, 1, 1, 1])  # p_hat = counts / n

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from debiased_nli.cli import main
-from debiased_nli.outputs import TMP_MARKER, is_release_folder
+from debiased_nli.utils.outputs import TMP_MARKER, is_release_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "builders" / "demo.yaml"
@@ -91,7 +91,7 @@ class World:
     def fake_release(self, name="rel") -> Path:
         p = self.path(name)
         (p / "data").mkdir(parents=True)
-        from debiased_nli.release import HISTORY_END, HISTORY_START
+        from debiased_nli.release.card import HISTORY_END, HISTORY_START
         (p / "README.md").write_text(f"# not really\n\n{HISTORY_START}\n{HISTORY_END}\n")
         (p / "manifest.json").write_text('{"history": []}')
         return p
@@ -505,8 +505,8 @@ def test_a_second_build_into_a_locked_target_is_refused(world, capsys):
 
 
 def test_a_full_or_read_only_disk_leaves_no_half_release(world, capsys, monkeypatch):
-    import debiased_nli.outputs as outputs
-    import debiased_nli.release as release
+    import debiased_nli.utils.outputs as outputs
+    import debiased_nli.release.layout as release
 
     w = world
     real = release._write_parquet
@@ -707,7 +707,7 @@ def test_push_to_a_closed_port_is_one_line(world, capsys, online):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    import debiased_nli.publish as publish
+    import debiased_nli.release.publish as publish
     with pytest.raises(Exception) as err:
         publish.push_release(w.path("rel"), "org/x", endpoint=f"http://127.0.0.1:{port}", token="hf_x")
     assert type(err.value).__name__ == "ConfigError" and "cannot reach the Hub" in str(err.value)
@@ -715,8 +715,8 @@ def test_push_to_a_closed_port_is_one_line(world, capsys, online):
 
 
 def test_push_deadline_stops_new_requests(world, monkeypatch, online):
-    import debiased_nli.publish as publish
-    from debiased_nli.errors import ConfigError
+    import debiased_nli.release.publish as publish
+    from debiased_nli.utils.errors import ConfigError
 
     w = world
     _demo_release(w.path("rel"))
@@ -727,8 +727,8 @@ def test_push_deadline_stops_new_requests(world, monkeypatch, online):
 
 
 def test_a_pipe_in_a_history_note_survives_the_push():
-    from debiased_nli.publish import legacy_history, merge_history, with_history
-    from debiased_nli.release import render_history_table
+    from debiased_nli.release.publish import legacy_history, merge_history, with_history
+    from debiased_nli.release.card import render_history_table
 
     # an old card whose table has an unescaped pipe in a note: the note is everything after the version
     old = "# x\n\n## Version history\n\n| version | notes |\n|---|---|\n| 1.0.0 | fixed a | b split |\n"
@@ -766,7 +766,7 @@ def test_evaluate_refuses_a_head_that_was_never_trained(tiny_models, world, caps
 
 
 def test_evaluate_warns_on_label_i_heads_and_takes_label_order(tiny_models, caplog):
-    from debiased_nli.evaluation import load_classifier
+    from debiased_nli.models.evaluation import load_classifier
 
     with caplog.at_level("WARNING"):
         clf = load_classifier(str(tiny_models["generic"]), "cpu")
@@ -776,13 +776,13 @@ def test_evaluate_warns_on_label_i_heads_and_takes_label_order(tiny_models, capl
     with caplog.at_level("WARNING"):
         clf = load_classifier(str(tiny_models["generic"]), "cpu", label_order=["contradiction", "entailment", "neutral"])
     assert clf.id2label == {0: "contradiction", 1: "entailment", 2: "neutral"} and "LABEL_0" not in caplog.text
-    from debiased_nli.challenge import get_set
-    from debiased_nli.evaluation import set_predictions
+    from debiased_nli.models.challenge import get_set
+    from debiased_nli.models.evaluation import set_predictions
     import numpy as np
     # output 0 now means contradiction: a row the model gives to output 0 is predicted contradiction
     pred, label_map = set_predictions(get_set("snli_test_hard"), np.array([[0.9, 0.05, 0.05]]), clf.id2label)
     assert label_map["model_output_to_task_label"][0] == "contradiction"
-    from debiased_nli.errors import ConfigError
+    from debiased_nli.utils.errors import ConfigError
     with pytest.raises(ConfigError, match="names 2 labels"):
         load_classifier(str(tiny_models["generic"]), "cpu", label_order=["a", "b"])
 
@@ -809,8 +809,8 @@ def test_train_refuses_to_resume_another_runs_checkpoint(tiny_models, world, cap
 
 
 def test_a_failed_generate_does_not_poison_its_folder(world):
-    from debiased_nli.errors import ConfigError
-    from debiased_nli.generation.sample import CONFIG_FILE, generate_samples
+    from debiased_nli.utils.errors import ConfigError
+    from debiased_nli.methods.generation.sample import CONFIG_FILE, generate_samples
 
     w = world
     broken = w.model_folder("broken", config='{"model_type": "gpt2"}')  # no weights, no tokenizer
@@ -848,7 +848,7 @@ def test_audit_replaces_its_folder_whole(world, capsys):
 
 
 def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch, capsys):
-    from debiased_nli.commands.cache import prune_cache
+    from debiased_nli.utils.cache import prune_cache
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))

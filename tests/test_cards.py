@@ -8,8 +8,9 @@ import datasets
 import pytest
 import yaml
 
-from debiased_nli.recipe import build
-from debiased_nli.release import citations_for, templates_dir
+from debiased_nli.release.recipe import build
+from debiased_nli.release.card import citations_for
+from debiased_nli.utils.resources import templates_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +54,7 @@ def test_a_split_the_recipe_does_not_name_is_copied_with_a_warning(tmp_path, sha
     unlabelled = tmp_path / "inputs" / "unlabelled.jsonl"  # one row without a gold label, set aside
     unlabelled.parent.mkdir()
     unlabelled.write_text('{"premise": "A man sleeps.", "hypothesis": "A man rests.", "label": -1}\n')
-    with caplog.at_level(logging.WARNING, logger="debiased_nli.recipe"):
+    with caplog.at_level(logging.WARNING, logger="debiased_nli.release.recipe"):
         build({"task": "snli", "data": {"eval_splits": ["validation"], "on_invalid": "set_aside"}}, tmp_path / "r",
               progress=False, max_rows=400,
               data_files={"train": [str(unlabelled), str(shared_data / "snli/train_sample.parquet")],
@@ -81,7 +82,7 @@ def test_the_card_metadata_round_trips_through_the_hubs_card_classes(release):
     assert {s["name"]: s["num_examples"] for s in info["splits"]} == \
         {s: len(datasets.load_dataset(str(out), "z_filtered", split=s)) for s in ("train", "validation", "test")}
     # no datasets internals: the YAML is written through huggingface_hub's public DatasetCardData
-    assert "datasets.utils.metadata" not in (ROOT / "debiased_nli/release.py").read_text()
+    assert "datasets.utils.metadata" not in (ROOT / "debiased_nli/release/layout.py").read_text()
 
 
 def test_no_local_paths_and_no_invented_urls(release):
@@ -151,7 +152,7 @@ def test_the_cost_figures_match_the_benchmark_results():
 
 
 def test_the_metric_module_has_its_citation_and_its_readme_code_runs():
-    from debiased_nli.challenge import evaluation_dir, load_metric
+    from debiased_nli.models.challenge import evaluation_dir, load_metric
 
     metric = load_metric()
     assert "wu-etal-2022-generating" in metric.citation
@@ -168,8 +169,8 @@ def test_the_generator_card_says_what_the_adapter_is(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from debiased_nli.generation.models import LoraOptions, render_generator_card
-    from debiased_nli.generation.train import train_generator
+    from debiased_nli.methods.generation.models import LoraOptions, render_generator_card
+    from debiased_nli.methods.generation.train import train_generator
     from test_generation_train import rows
 
     base = _tiny_llama(tmp_path)

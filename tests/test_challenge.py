@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from debiased_nli import challenge
-from debiased_nli.challenge import (get_set, get_suite, list_sets, list_suites, load_challenge_set, load_metric,
-                                    resolve_sets)
-from debiased_nli.errors import ConfigError
-from debiased_nli.tasks import get_task
+from debiased_nli.models import challenge
+from debiased_nli.models.challenge import (get_set, get_suite, list_sets, list_suites, load_challenge_set,
+                                           load_metric, resolve_sets)
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.data.tasks import get_task
 
 
 @pytest.mark.parametrize("name", list_sets())

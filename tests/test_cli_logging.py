@@ -62,7 +62,7 @@ def test_quiet_build_from_the_console_prints_no_bar(tmp_path):
 
 
 def test_help_names_only_the_methods_this_installation_has():
-    from debiased_nli.recipe import known_steps
+    from debiased_nli.release.recipe import known_steps
 
     text = build_parser().format_help()
     steps = {s for names in known_steps().values() for s in names}

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.confidence import confidence_filter, confidence_report
-from debiased_nli.data import new_rows
-from debiased_nli.errors import ConfigError
+from debiased_nli.methods.confidence import confidence_filter, confidence_report
+from debiased_nli.data.loading import new_rows
+from debiased_nli.utils.errors import ConfigError
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 NAMES = ["entailment", "neutral", "contradiction"]

@@ -4,9 +4,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from debiased_nli.data import load_task, new_rows, parse_data_files
-from debiased_nli.errors import ConfigError, InvalidInputError
-from debiased_nli.tasks import TaskSpec
+from debiased_nli.data.loading import load_task, new_rows, parse_data_files
+from debiased_nli.utils.errors import ConfigError, InvalidInputError
+from debiased_nli.data.tasks import TaskSpec
 
 
 def test_snli_sample_loads_through_the_user_code_path(shared_data):
@@ -129,7 +129,7 @@ def test_rows_are_taken_from_many_chunks_without_changing_them():
     import numpy as np
     import pyarrow as pa
 
-    from debiased_nli.data import _take_rows, contiguous, materialize
+    from debiased_nli.data.loading import _take_rows, contiguous, materialize
 
     n = 1000
     full = pa.table({"premise": [f"p{i}" for i in range(n)], "label": list(range(n)),
@@ -156,7 +156,7 @@ def test_rows_are_taken_from_many_chunks_without_changing_them():
 def test_content_uids_of_a_table_are_the_uids_of_its_rows():
     import pyarrow as pa
 
-    from debiased_nli.data import content_uid, content_uids
+    from debiased_nli.data.loading import content_uid, content_uids
 
     names = ["entailment", "neutral", "contradiction"]
     premises = [f"A man {i} is here." for i in range(2500)] + ["Ünïcödé \x1f ok", ""]
@@ -173,7 +173,7 @@ def test_content_uids_of_a_table_are_the_uids_of_its_rows():
 def test_content_fingerprint_sees_values_and_nulls_not_arrow_layout():
     import datasets
 
-    from debiased_nli.data import content_fingerprint
+    from debiased_nli.data.loading import content_fingerprint
 
     t = pa.table({"a": pa.array(["x", None, "yz", "w"]), "b": pa.array([1, None, 3, 4]),
                   "c": pa.array([[1], [2, 3], None, []])})

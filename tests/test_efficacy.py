@@ -99,8 +99,8 @@ def test_a_second_run_skips_finished_units(setup, monkeypatch):
     def fail(*a, **k):
         raise AssertionError("a finished unit was run again")
 
-    monkeypatch.setattr("debiased_nli.training.train_classifier", fail)
-    monkeypatch.setattr("debiased_nli.evaluation.evaluate_models", fail)
+    monkeypatch.setattr("debiased_nli.models.training.train_classifier", fail)
+    monkeypatch.setattr("debiased_nli.models.evaluation.evaluate_models", fail)
     efficacy.run(plan, progress=False)
     assert {p: p.stat().st_mtime_ns for p in plan.results_dir.glob("*.json")} == before
 
@@ -110,7 +110,7 @@ def test_an_interrupted_unit_continues_from_its_trained_model(setup, monkeypatch
     unit = plan.unit_file("original", 1)
     old = json.loads(unit.read_text())
     unit.unlink()  # as if the run stopped after training, before the evaluation was written
-    monkeypatch.setattr("debiased_nli.training.train_classifier",
+    monkeypatch.setattr("debiased_nli.models.training.train_classifier",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("retrained")))
     efficacy.run(plan, rows=["original"], progress=False)
     new = json.loads(unit.read_text())
@@ -141,9 +141,9 @@ def test_the_table_is_mean_and_std_over_seeds(setup):
 
 
 def test_each_unit_records_the_rows_it_trained_on_and_the_report_says_whether_the_seeds_agree(setup):
-    from debiased_nli.data import content_fingerprint
-    from debiased_nli.tasks import get_task
-    from debiased_nli.training import load_training_split
+    from debiased_nli.data.loading import content_fingerprint
+    from debiased_nli.data.tasks import get_task
+    from debiased_nli.models.training import load_training_split
 
     plan, _ = setup
     unit = {(r, s): json.loads(plan.unit_file(r, s).read_text())["data"] for r in ("original", "z_filtered") for s in (0, 1)}
@@ -158,7 +158,7 @@ def test_each_unit_records_the_rows_it_trained_on_and_the_report_says_whether_th
     assert efficacy._same_rows({0: None, 1: "a" * 16}) == "one seed (`aaaaaaaa`); not recorded for seed 0"
     assert efficacy._same_rows({0: None}) == "not recorded"
     assert efficacy._same_rows({0: None, 1: None}, sizes={0: 7454, 1: 7609}) == "**no**: s0 7,454 rows, s1 7,609 rows"
-    from debiased_nli.efficacy import train_rows_text
+    from debiased_nli.release.efficacy import train_rows_text
 
     assert train_rows_text({"train_rows": 7454, "train_rows_by_seed": {0: 7454, 1: 7609}}) == "7,454 (s0) / 7,609 (s1)"
 
@@ -232,7 +232,7 @@ def test_compare_calls_a_difference_only_beyond_two_standard_errors():
 
 
 def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
-    from debiased_nli.recipe import build
+    from debiased_nli.release.recipe import build
 
     plan, _ = setup
     efficacy.report(plan)
@@ -254,7 +254,7 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
 
     # seeds that trained on different sizes (a release rebuilt on another machine): the card shows each,
     # as efficacy.md does, not the first seed's size alone
-    from debiased_nli.efficacy import card_markdown
+    from debiased_nli.release.efficacy import card_markdown
 
     table["rows"]["z_filtered"]["train_rows_by_seed"] = {"0": 7454, "1": 7609, "10": 7609}
     table_json.write_text(json.dumps(table))
@@ -272,7 +272,7 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
 def test_length_batches_cover_every_row_once_within_the_row_and_token_budgets():
     import numpy as np
 
-    from debiased_nli.evaluation import length_batches
+    from debiased_nli.models.evaluation import length_batches
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 120, size=1000)
@@ -288,7 +288,7 @@ def test_length_batches_cover_every_row_once_within_the_row_and_token_budgets():
 def test_predictions_do_not_depend_on_the_batching(setup, shared_data):
     import numpy as np
 
-    from debiased_nli.evaluation import load_classifier, predict_probabilities
+    from debiased_nli.models.evaluation import load_classifier, predict_probabilities
 
     plan, _ = setup
     clf = load_classifier(str(plan.model_dir("original", 0)), "cpu")
@@ -412,7 +412,7 @@ def test_runs_sharing_a_claims_folder_split_the_units_and_seed_major_takes_every
 
 
 def test_a_copy_without_git_records_the_commit_it_was_given(monkeypatch):
-    from debiased_nli.provenance import git_hash
+    from debiased_nli.utils.provenance import git_hash
 
     monkeypatch.setenv("DEBIASED_NLI_GIT_COMMIT", "0123abcd")
     assert git_hash() == "0123abcd"

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli import embeddings as E
-from debiased_nli.aflite import PARAM_SOURCES, aflite_step
-from debiased_nli.data import new_rows
-from debiased_nli.errors import ConfigError, InvalidInputError
+from debiased_nli.methods import embeddings as E
+from debiased_nli.methods.aflite.algorithm import PARAM_SOURCES
+from debiased_nli.methods.aflite.step import aflite_step
+from debiased_nli.data.loading import new_rows
+from debiased_nli.utils.errors import ConfigError, InvalidInputError
 
 GPT2_TOKENIZER = Path.home() / ".cache" / "debiased-nli" / "models" / "gpt2-tokenizer"
 NAMES = ["entailment", "neutral", "contradiction"]
@@ -158,7 +159,7 @@ def test_train_size_is_the_warm_up_size_and_the_target_a_third_of_the_input(tiny
 def test_embeddings_come_from_the_fine_tuned_encoders_first_token(tiny_encoder, tmp_path, monkeypatch):
     """Φ is "extracted from the final layer before the output layer" of the warm-up model: the
     first token of the fine-tuned encoder's last layer, not of the encoder it started from."""
-    import debiased_nli.aflite as A
+    import debiased_nli.methods.aflite.step as A
     monkeypatch.setenv("DEBIASED_NLI_CACHE", str(tmp_path))
     seen = {}
     real = A.aflite_filter

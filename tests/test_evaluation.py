@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from debiased_nli.challenge import get_set, load_challenge_set
+from debiased_nli.models.challenge import get_set, load_challenge_set
 from debiased_nli.cli import main
-from debiased_nli.errors import ConfigError
-from debiased_nli.evaluation import (SCHEMA, load_results, push_results, score_predictions, set_predictions,
-                                     write_outputs)
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.models.evaluation import (SCHEMA, load_results, push_results, score_predictions, set_predictions,
+                                            write_outputs)
 
 from test_training import make_tiny_bert
 
@@ -143,8 +143,8 @@ def test_train_then_evaluate_writes_a_well_formed_report(trained_pair, shared_da
 
 
 def test_bfloat16_evaluation_stays_close_to_float32_and_the_report_says_so(trained_pair, shared_data):
-    from debiased_nli.errors import ConfigError
-    from debiased_nli.evaluation import load_classifier, predict_probabilities
+    from debiased_nli.utils.errors import ConfigError
+    from debiased_nli.models.evaluation import load_classifier, predict_probabilities
 
     base, runs = trained_pair
     df = pd.read_parquet(shared_data / "snli" / "dev.parquet").head(200)
@@ -293,7 +293,7 @@ def test_nothing_to_publish_under_a_hub_id_is_refused(fake_hub):
 
 
 def test_only_rows_that_are_a_hub_datasets_get_its_id(shared_data):
-    from debiased_nli.challenge import challenge_source
+    from debiased_nli.models.challenge import challenge_source
 
     # a local file marked as an exact copy of the Hub split, a regenerated stand-in, a set with no Hub id
     assert challenge_source("snli_test", shared_data)["hub_dataset"] == {"path": "stanfordnlp/snli", "name": None,
@@ -326,12 +326,12 @@ def test_a_missing_model_folder_is_named(tmp_path, capsys):
 def test_bfloat16_on_a_cpu_without_native_bfloat16_warns_once(monkeypatch, caplog):
     import logging
 
-    from debiased_nli import precision
+    from debiased_nli.utils import precision
 
     monkeypatch.setattr(precision, "_warned", set())
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"sse4_2", "avx", "avx2", "fma"}))
     assert precision.native_bfloat16_cpu() is False
-    with caplog.at_level(logging.WARNING, logger="debiased_nli.precision"):
+    with caplog.at_level(logging.WARNING, logger="debiased_nli.utils.precision"):
         precision.compute_context("cpu", "bfloat16")
         precision.compute_context("cpu", "bfloat16")
         precision.compute_context("cpu", "float32")
@@ -342,7 +342,7 @@ def test_bfloat16_on_a_cpu_without_native_bfloat16_warns_once(monkeypatch, caplo
     monkeypatch.setattr(precision, "_warned", set())
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx", "avx2", "avx512f", "avx512_bf16"}))
     assert precision.native_bfloat16_cpu() is True
-    with caplog.at_level(logging.WARNING, logger="debiased_nli.precision"):
+    with caplog.at_level(logging.WARNING, logger="debiased_nli.utils.precision"):
         precision.compute_context("cpu", "bfloat16")
         precision.compute_context("cuda:0", "bfloat16")
     assert not [r for r in caplog.records if "without native bfloat16" in r.getMessage()]

@@ -3,10 +3,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.features import (OVERLAP_NAMES, FeatureMatrix, add_feature_columns, build_feature_matrices,
-                                   build_feature_matrix, extract_table, register_extractor, tokenize)
-from debiased_nli.featurize import add_features
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.bias.features import (OVERLAP_NAMES, FeatureMatrix, add_feature_columns, build_feature_matrices,
+                                        build_feature_matrix, extract_table, register_extractor, tokenize)
+from debiased_nli.bias.featurize import add_features
 
 LEXICAL = ["unigram_v1", "bigram_v1", "hypo_len_v1", "len_ratio_v1", "overlap_v1", "low_overlap_v1", "null_v1"]
 
@@ -93,7 +93,7 @@ def test_feature_matrix_save_and_load(tmp_path):
 
 
 def test_add_features_is_cached_and_hypothesis_only_is_out_of_fold(shared_data):
-    from debiased_nli.data import load_task
+    from debiased_nli.data.loading import load_task
 
     ds = load_task("snli", data_files=str(shared_data / "snli/train_sample.parquet"), max_rows=3000).dataset
     out, hyp = add_features(ds, "snli", progress=False)
@@ -183,7 +183,7 @@ def test_the_separator_pattern_gives_the_text_of_the_plain_one(shared_data):
     # pattern "[^\pL\pN']+" -> " " would, so the text (and every token) is the same
     import pyarrow.compute as pc
 
-    from debiased_nli.features import _SEPARATOR_RUNS
+    from debiased_nli.bias.features import _SEPARATOR_RUNS
 
     texts = pc.utf8_lower(_nli_texts(shared_data))
     assert pc.replace_substring_regex(texts, _SEPARATOR_RUNS, " ").equals(
@@ -191,7 +191,7 @@ def test_the_separator_pattern_gives_the_text_of_the_plain_one(shared_data):
 
 
 def test_extractors_that_promise_unique_rows_never_repeat_a_feature(shared_data):
-    from debiased_nli.features import _EXTRACTORS, HYPO_ONLY_COLUMN, _as_list_array, _unique_per_row, FeatureBatch
+    from debiased_nli.bias.features import _EXTRACTORS, HYPO_ONLY_COLUMN, _as_list_array, _unique_per_row, FeatureBatch
 
     texts = _nli_texts(shared_data)
     n = len(texts) // 2
@@ -212,7 +212,7 @@ def test_extractors_that_promise_unique_rows_never_repeat_a_feature(shared_data)
 def test_first_occurrences_keep_the_first_of_each_key_in_a_row():
     import pandas as pd
 
-    from debiased_nli.features import _first_occurrences
+    from debiased_nli.bias.features import _first_occurrences
 
     rng = np.random.default_rng(0)
     rows = np.sort(rng.integers(0, 500, 20_000))

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from debiased_nli.data import labels_of, load_task, materialize
-from debiased_nli.features import build_feature_matrices
-from debiased_nli.featurize import add_features, add_features_pair, featurize_build
-from debiased_nli.hypothesis_only import fit_tfidf, out_of_fold_transformer
-from debiased_nli.recipe import build, load_recipe
+from debiased_nli.data.loading import labels_of, load_task, materialize
+from debiased_nli.bias.features import build_feature_matrices
+from debiased_nli.bias.featurize import add_features, add_features_pair, featurize_build
+from debiased_nli.bias.hypothesis_only import fit_tfidf, out_of_fold_transformer
+from debiased_nli.release.recipe import build, load_recipe
 from test_training import make_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,8 +71,8 @@ def test_the_hypothesis_only_model_is_fitted_on_d0_alone(d0_dg):
 def test_fits_started_on_d0s_own_vocabulary_are_the_fits_on_the_final_one(d0_dg):
     """The build starts the TF-IDF fits as soon as D0's chunks are in, on D0's own vocabulary, and runs
     them in processes while D_G is extracted: the same model as one fitted on the final vocabulary."""
-    from debiased_nli.features import ChunkedFeatures, feature_columns
-    from debiased_nli.hypothesis_only import out_of_fold_tfidf
+    from debiased_nli.bias.features import ChunkedFeatures, feature_columns
+    from debiased_nli.bias.hypothesis_only import out_of_fold_tfidf
 
     d0, dg = d0_dg
     d0_f = add_features(d0, "snli", hypothesis_only=None, progress=False)[0]
@@ -136,7 +136,7 @@ def test_the_chunked_release_is_the_in_memory_release_file_for_file(tmp_path, sh
 
 
 def test_the_generator_debias_step_learns_from_the_builds_z_d0(tmp_path, shared_data, monkeypatch):
-    from debiased_nli.generation import steps, train
+    from debiased_nli.methods.generation import steps, train
 
     files = [f"train={shared_data}/snli/train_sample.parquet"]
     res = build(ROOT / "builders/snli.yaml", tmp_path / "rel", data_files=files, max_rows=2000, progress=False)
@@ -148,7 +148,7 @@ def test_the_generator_debias_step_learns_from_the_builds_z_d0(tmp_path, shared_
         return {"rows": len(ds)}
 
     monkeypatch.setattr(train, "train_generator", fake_train)
-    from debiased_nli.generation import models
+    from debiased_nli.methods.generation import models
     monkeypatch.setattr(models, "write_generator_card", lambda *a, **k: None)  # the fake trains no adapter
     monkeypatch.setattr(steps, "generate_step", lambda ds, task, params, **kw: (ds.select(range(0)), None, {}))
     recipe = load_recipe(ROOT / "builders/snli.yaml")
@@ -162,8 +162,8 @@ def test_the_generator_debias_step_learns_from_the_builds_z_d0(tmp_path, shared_
 
 
 def test_transformer_hypothesis_only_is_out_of_fold_and_resumable(tmp_path, shared_data, monkeypatch):
-    from debiased_nli import hypothesis_only as H
-    from debiased_nli.tasks import get_task
+    from debiased_nli.bias import hypothesis_only as H
+    from debiased_nli.data.tasks import get_task
 
     d0 = load_task("snli", data_files=str(shared_data / "snli/train_sample.parquet"), max_rows=90).dataset
     model = make_tiny_bert(tmp_path / "tiny", list(d0["premise"]) + list(d0["hypothesis"]))
@@ -223,7 +223,7 @@ def test_materialize_gathers_the_selected_rows(d0_dg):
 
 
 def test_the_walks_over_the_new_rows_give_the_same_configs_in_processes_or_one_after_another(d0_dg):
-    from debiased_nli.release import compose
+    from debiased_nli.bias.compose import compose
 
     d0, dg = d0_dg
     feats = featurize_build(d0, dg, "snli", progress=False)
@@ -246,8 +246,8 @@ _TEST_PROCESS = os.getpid()
 
 
 def _dies_in_a_forked_process(name):
-    from debiased_nli.release import _WALKS
-    from debiased_nli.zfilter import z_filter_matrix
+    from debiased_nli.bias.compose import _WALKS
+    from debiased_nli.bias.zfilter import z_filter_matrix
 
     if os.getpid() != _TEST_PROCESS:
         os._exit(3)
@@ -256,7 +256,7 @@ def _dies_in_a_forked_process(name):
 
 
 def test_a_walk_process_that_dies_stops_the_build_with_an_error(d0_dg, monkeypatch):
-    from debiased_nli import release
+    from debiased_nli.bias import compose as release
 
     d0, dg = d0_dg
     feats = featurize_build(d0, dg, "snli", progress=False)

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from debiased_nli.features import tokenize
-from debiased_nli.generation import format as F
-from debiased_nli.generation.format import SequenceFormat, feature_char_spans, word_spans
+from debiased_nli.bias.features import tokenize
+from debiased_nli.methods.generation import format as F
+from debiased_nli.methods.generation.format import SequenceFormat, feature_char_spans, word_spans
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 LABELS = ("entailment", "neutral", "contradiction")
@@ -15,7 +15,7 @@ TOKENIZERS = ["gpt2-tokenizer", "smollm2-135m-instruct"]
 
 @pytest.fixture(scope="module", params=TOKENIZERS)
 def tok(request):
-    from debiased_nli.generation.models import load_tokenizer
+    from debiased_nli.methods.generation.models import load_tokenizer
     return load_tokenizer(str(MODELS / request.param))
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from debiased_nli.generation.format import SequenceFormat
-from debiased_nli.generation.losses import (debias_loss, generator_loss, label_consistency_loss, mle_loss,
-                                            selective_unlikelihood_loss, target_log_probs, unlikelihood_loss)
+from debiased_nli.methods.generation.format import SequenceFormat
+from debiased_nli.methods.generation.losses import (debias_loss, generator_loss, label_consistency_loss, mle_loss,
+                                                    selective_unlikelihood_loss, target_log_probs, unlikelihood_loss)
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 LABELS = ("entailment", "neutral", "contradiction")
@@ -97,7 +97,7 @@ def test_unlikelihood_of_a_certain_token_is_large_but_finite():
 
 @pytest.fixture(scope="module", params=["gpt2-tokenizer", "smollm2-135m-instruct"])
 def tok(request):
-    from debiased_nli.generation.models import load_tokenizer
+    from debiased_nli.methods.generation.models import load_tokenizer
     return load_tokenizer(str(MODELS / request.param))
 
 

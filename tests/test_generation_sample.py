@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.generation.sample import generate_samples, load_generated, shard_sizes, shard_seed
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.methods.generation.sample import generate_samples, load_generated, shard_sizes, shard_seed
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from debiased_nli.data import load_task
-from debiased_nli.generation import PAPER_DEFAULTS
-from debiased_nli.generation.steps import confidence_filter_step, generate_step, train_generator_step
+from debiased_nli.data.loading import load_task
+from debiased_nli.methods.generation import PAPER_DEFAULTS
+from debiased_nli.methods.generation.steps import confidence_filter_step, generate_step, train_generator_step
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 
@@ -61,9 +61,9 @@ def test_generate_and_confidence_steps_account_for_every_row(tiny, tmp_path):
 
 @pytest.mark.parametrize("recipe,samples", [("snli", 5_000_000), ("mnli", 4_000_000)])
 def test_the_paper_profile_uses_tables_7_and_8_and_sampling_covers_the_training_length(recipe, samples):
-    from debiased_nli.generation import GENERATOR_TRAINING
-    from debiased_nli.generation.steps import generator_training_values, sampling_values
-    from debiased_nli.recipe import load_recipe
+    from debiased_nli.methods.generation import GENERATOR_TRAINING
+    from debiased_nli.methods.generation.steps import generator_training_values, sampling_values
+    from debiased_nli.release.recipe import load_recipe
 
     root = Path(__file__).resolve().parents[1]
     step = load_recipe(root / f"builders/{recipe}.yaml", profile="paper")["new_rows"][0]
@@ -83,7 +83,7 @@ def test_the_paper_profile_uses_tables_7_and_8_and_sampling_covers_the_training_
 
 
 def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path, capsys):
-    from debiased_nli.generation.steps import generator_source
+    from debiased_nli.methods.generation.steps import generator_source
     from test_generation_sample import eos_generator
     lm = eos_generator(tmp_path / "eos_lm")  # samples that parse about half of the time
     ctx = {"recipe": {"data": {"split": "train", "data_files": None, "max_rows": 40}}}

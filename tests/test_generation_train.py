@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.data import new_rows
-from debiased_nli.generation.models import LoraOptions, load_generator, merge_adapter
-from debiased_nli.generation.train import (REJECTED_COLUMN, debias_training_set, encode_dataset, perturbed_labels,
-                                           train_generator)
+from debiased_nli.data.loading import new_rows
+from debiased_nli.methods.generation.models import LoraOptions, load_generator, merge_adapter
+from debiased_nli.methods.generation.train import (REJECTED_COLUMN, debias_training_set, encode_dataset,
+                                                   perturbed_labels, train_generator)
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 
@@ -58,7 +58,7 @@ def test_perturbed_label_is_never_the_gold_label():
 
 
 def test_encoded_rows_carry_the_perturbed_label_sequence(tiny_gpt2):
-    from debiased_nli.generation.models import load_tokenizer
+    from debiased_nli.methods.generation.models import load_tokenizer
     tok = load_tokenizer(tiny_gpt2)
     enc = encode_dataset(rows(4), "snli", tok, seed=0, progress=False)
     for r, lab, pert in zip(enc, rows(4)["label"], perturbed_labels(np.array(rows(4)["label"]), 3, 0)):
@@ -111,7 +111,7 @@ def test_llama_lora_adapter_is_saved_and_merges_to_the_same_model(tiny_llama, tm
     again = merge_adapter(str(out), str(tmp_path / "merged2"))
     assert (Path(again) / "config.json").exists()
     # sampling from the adapter folder (merged on load) gives the samples of the merged model
-    from debiased_nli.generation.sample import generate_samples, load_generated
+    from debiased_nli.methods.generation.sample import generate_samples, load_generated
     kw = dict(num_shards=1, batch_size=2, max_new_tokens=5, seed=3, cpu=True, progress=False)
     generate_samples(str(out), str(tmp_path / "s1"), "snli", 2, **kw)
     generate_samples(rep["merged"], str(tmp_path / "s2"), "snli", 2, **kw)
@@ -213,7 +213,7 @@ def test_mixed_precision_is_left_to_accelerate_unless_given(tiny_gpt2, tmp_path,
 def test_the_defaults_are_table_7_of_the_paper():
     import inspect
 
-    from debiased_nli.generation import GENERATOR_TRAINING
+    from debiased_nli.methods.generation import GENERATOR_TRAINING
     sig = inspect.signature(train_generator).parameters
     table7 = {"lr": 1e-5, "batch_size": 24, "epochs": 5, "eps": 1e-6, "betas": (0.9, 0.999),
               "scheduler": "constant", "max_length": 128, "lam": 0.5, "alpha": 1.0}
@@ -227,13 +227,13 @@ def test_the_defaults_are_table_7_of_the_paper():
 def test_a_checkpoint_never_replaces_a_folder_it_did_not_write(tmp_path):
     from accelerate import Accelerator
 
-    from debiased_nli.errors import ConfigError
-    from debiased_nli.generation.train import _checkpoints, save_checkpoint
+    from debiased_nli.utils.errors import ConfigError
+    from debiased_nli.methods.generation.train import checkpoints, save_checkpoint
 
     acc = Accelerator(cpu=True)
     save_checkpoint(acc, tmp_path, 1, keep=1)
     save_checkpoint(acc, tmp_path, 1, keep=1)  # its own step-1 is replaced
-    assert [p.name for p in _checkpoints(tmp_path)] == ["step-1"]
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-1"]
     mine = tmp_path / "checkpoints" / "step-2"
     mine.mkdir()
     (mine / "notes.txt").write_text("the user's")
@@ -242,4 +242,4 @@ def test_a_checkpoint_never_replaces_a_folder_it_did_not_write(tmp_path):
     assert (mine / "notes.txt").read_text() == "the user's"
     save_checkpoint(acc, tmp_path, 3, keep=1)  # pruning keeps the user's folder too (no state.json)
     assert (mine / "notes.txt").read_text() == "the user's"
-    assert [p.name for p in _checkpoints(tmp_path)] == ["step-3"]
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-3"]

@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.hypothesis_only import map_model_labels, transformer_predictions
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.models.labels import map_model_labels
+from debiased_nli.bias.hypothesis_only import transformer_predictions
 from test_embeddings import GPT2_TOKENIZER
 
 
@@ -57,9 +58,9 @@ def test_the_tfidf_models_logistic_regressions_converge(shared_data):
 
     from sklearn.exceptions import ConvergenceWarning
 
-    from debiased_nli.data import labels_of, load_task
-    from debiased_nli.featurize import featurize_build
-    from debiased_nli.hypothesis_only import LOGREG_SOLVER, out_of_fold_tfidf
+    from debiased_nli.data.loading import labels_of, load_task
+    from debiased_nli.bias.featurize import featurize_build
+    from debiased_nli.bias.hypothesis_only import LOGREG_SOLVER, out_of_fold_tfidf
 
     d0 = load_task("snli", data_files=str(shared_data / "snli/train_sample.parquet"), max_rows=6000).dataset
     fm = featurize_build(d0, None, "snli", hypothesis_only=None, progress=False).d0

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.data import new_rows
-from debiased_nli.errors import ConfigError
-from debiased_nli.generation.conditional import ConditionalFormat, encode_conditional
-from debiased_nli.generation.losses import target_log_probs
-from debiased_nli.generation.train import batch_loss, collate, encode_dataset
-from debiased_nli.ibadr.indicators import (assign_indicators, low_indicators, reference_assign_indicators,
-                                           sample_indicators, sample_labels)
-from debiased_nli.ibadr.shallow import bias_degree, gold_label_probabilities
+from debiased_nli.data.loading import new_rows
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.methods.generation.conditional import ConditionalFormat, encode_conditional
+from debiased_nli.methods.generation.losses import target_log_probs
+from debiased_nli.methods.generation.train import batch_loss, collate, encode_dataset
+from debiased_nli.methods.ibadr.indicators import (assign_indicators, low_indicators, reference_assign_indicators,
+                                                   sample_indicators, sample_labels)
+from debiased_nli.methods.ibadr.shallow import bias_degree, gold_label_probabilities
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 LABELS = ("entailment", "neutral", "contradiction")
@@ -106,7 +106,7 @@ def test_y_bar_is_uniform_over_the_labels():
 
 @pytest.fixture(scope="module", params=TOKENIZERS)
 def tok(request):
-    from debiased_nli.generation.models import load_tokenizer
+    from debiased_nli.methods.generation.models import load_tokenizer
     return load_tokenizer(str(MODELS / request.param))
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.data import load_task
-from debiased_nli.tasks import get_task
-from debiased_nli.generation.sample import load_generated
-from debiased_nli.ibadr.loop import IbadrConfig, run_ibadr
+from debiased_nli.data.loading import load_task
+from debiased_nli.data.tasks import get_task
+from debiased_nli.methods.generation.sample import load_generated
+from debiased_nli.methods.ibadr.loop import IbadrConfig, run_ibadr
 
 NAMES = ("entailment", "neutral", "contradiction")
 
@@ -37,7 +37,7 @@ def world(tmp_path_factory):
     from transformers import (BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast, GPT2Config,
                               GPT2LMHeadModel, PreTrainedTokenizerFast)
 
-    from debiased_nli.generation.train import train_generator
+    from debiased_nli.methods.generation.train import train_generator
 
     root = tmp_path_factory.mktemp("ibadr_world")
     rows = pool_rows()
@@ -208,7 +208,7 @@ def test_ablations_change_what_they_name(world, tmp_path):
 
 
 def test_the_recipe_publishes_an_ibadr_config_and_composes_its_rows(world, full_run, tmp_path):
-    from debiased_nli.recipe import build, load_recipe
+    from debiased_nli.release.recipe import build, load_recipe
 
     out, _ = full_run
     params = {"out": str(out), **{k: v for k, v in json.loads((out / "config.json").read_text()).items()
@@ -237,8 +237,8 @@ def test_the_recipe_publishes_an_ibadr_config_and_composes_its_rows(world, full_
 def test_pool_scoring_resumes_by_shard_and_matches_one_call(world, full_run, tmp_path, monkeypatch):
     """beta of a large pool is saved shard by shard: a paused scoring keeps its finished shards, and the
     resumed result is bit for bit what one call of ``bias_degree`` over the whole pool gives."""
-    from debiased_nli.ibadr import loop
-    from debiased_nli.ibadr.shallow import bias_degree
+    from debiased_nli.methods.ibadr import loop
+    from debiased_nli.methods.ibadr.shallow import bias_degree
 
     out, _ = full_run
     shallow = str(out / "iter-1" / "shallow")

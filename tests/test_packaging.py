@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.resources import FOLDERS, data_folder, find_recipe, packaged_recipes
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.utils.resources import FOLDERS, data_folder, find_recipe, packaged_recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_a_wheel_install_builds_the_demo_and_lists_the_sets_from_outside_the_che
                HF_HOME=str(tmp_path / "hf"))
     for key in ("DEBIASED_NLI_TEMPLATES", "DEBIASED_NLI_EVALUATION", "DEBIASED_NLI_BUILDERS"):
         env.pop(key, None)
-    where = subprocess.run([sys.executable, "-c", "import json, debiased_nli.resources as r; print(json.dumps("
+    where = subprocess.run([sys.executable, "-c", "import json, debiased_nli.utils.resources as r; print(json.dumps("
                             "[r.__file__] + [str(r.data_folder(f)) for f in r.FOLDERS]))"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert where.returncode == 0, where.stderr[-2000:]

@@ -4,18 +4,18 @@ import json
 import numpy as np
 import pytest
 
-from debiased_nli.data import load_task
-from debiased_nli.errors import ConfigError
-from debiased_nli.hypothesis_only import out_of_fold_tfidf
-from debiased_nli.features import build_feature_matrix
-from debiased_nli.featurize import add_features
-from debiased_nli.pdd.algorithm import (LOST_X, NO_SURVIVOR, SAME_AS_SOURCE, STILL_HAS_X, Algorithm1, PairFeaturizer,
-                                        PDDConfig, PDDState, Perturber, PerturbRequest, ResultCache,
-                                        reference_reduce_feature)
-from debiased_nli.pdd.hyponly import HypothesisOnlyFolds
-from debiased_nli.pdd.run import run_pdd
-from debiased_nli.pdd.step import build_outputs, log_dataset
-from debiased_nli.pdd.zvalue import z_star
+from debiased_nli.data.loading import load_task
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.bias.hypothesis_only import out_of_fold_tfidf
+from debiased_nli.bias.features import build_feature_matrix
+from debiased_nli.bias.featurize import add_features
+from debiased_nli.methods.pdd.algorithm import (LOST_X, NO_SURVIVOR, SAME_AS_SOURCE, STILL_HAS_X, Algorithm1,
+                                                PairFeaturizer, PDDConfig, PDDState, Perturber, PerturbRequest,
+                                                ResultCache, reference_reduce_feature)
+from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+from debiased_nli.methods.pdd.run import run_pdd
+from debiased_nli.methods.pdd.step import build_outputs, log_dataset
+from debiased_nli.methods.pdd.zvalue import z_star
 from pdd_helpers import LABELS, HashTeacher, NonceFiller, WordFiller
 
 TAU = 4.0
@@ -104,7 +104,7 @@ def test_fast_walk_agrees_with_the_slow_reference_operation_for_operation(demo, 
     assert rec.keep_ops + rec.lose_ops > 0
 
     def perturb_one(row, case, pass_, sweep):
-        from debiased_nli.pdd.algorithm import derive_seed, op_key
+        from debiased_nli.methods.pdd.algorithm import derive_seed, op_key
         key = op_key(sweep, feature, row["uid"], case, pass_)
         req = PerturbRequest(key, feature, family, case, row["premise"], row["hypothesis"], row["label"],
                              row["fold"], derive_seed(cfg.seed, key))
@@ -227,7 +227,7 @@ def test_containment_and_the_teachers_choice(demo):
     # the teacher's choice is the surviving candidate with the highest p(label)
     keep = Perturber(LABELS, feat, NonceFiller(candidates=6), HashTeacher(), words).perturb(
         [PerturbRequest("k", "nobody@pair", "unigram", "keep", **base)])[0]
-    from debiased_nli.pdd.algorithm import choose
+    from debiased_nli.methods.pdd.algorithm import choose
     idx, _ = choose(keep, set(), LABELS[base["label"]], "pdd:nobody@pair:keep")
     conf = [c["confidence"] for c in keep["candidates"]]
     assert idx == int(np.argmax([-1 if c is None else c for c in conf]))
@@ -242,7 +242,7 @@ def test_fold_models_reproduce_the_librarys_out_of_fold_predictions(demo):
 
 
 def test_fever_label_groups_walk_two_classes():
-    from debiased_nli.data import new_rows
+    from debiased_nli.data.loading import new_rows
     rng = np.random.default_rng(0)
     labels = ["SUPPORTS", "REFUTES", "NOT ENOUGH INFO"]
     words = "the film was made in france by a director who won an award".split()

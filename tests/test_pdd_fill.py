@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.pdd.fill import (FillRequest, MaskFiller, _scheme, fill_vocabulary, prompt_text, prompt_words_for,
-                                   token_words)
-from debiased_nli.pdd.masking import MASK, UNIGRAM, mask_pair
-from debiased_nli.pdd.zvalue import LOSE
-from debiased_nli.pdd.teacher import Teacher
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.methods.pdd.fill import (FillRequest, MaskFiller, _scheme, fill_vocabulary, prompt_text,
+                                           prompt_words_for, token_words)
+from debiased_nli.methods.pdd.masking import MASK, UNIGRAM, mask_pair
+from debiased_nli.methods.pdd.zvalue import LOSE
+from debiased_nli.methods.pdd.teacher import Teacher
 from pdd_helpers import LABELS, tiny_classifier, tiny_mlm, tiny_tokenizer
 
 TEXTS = ["A man is playing a guitar in a park.", "Nobody is playing a guitar.", "A woman is reading outdoors.",

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from debiased_nli.features import tokenize
-from debiased_nli.pdd.masking import (HYPO_ONLY, MASK, OVERLAP, PAPER_RATIOS, UNIGRAM, mask_count, mask_pair,
-                                      pair_words)
-from debiased_nli.pdd.zvalue import KEEP, LOSE
+from debiased_nli.bias.features import tokenize
+from debiased_nli.methods.pdd.masking import (HYPO_ONLY, MASK, OVERLAP, PAPER_RATIOS, UNIGRAM, mask_count, mask_pair,
+                                              pair_words)
+from debiased_nli.methods.pdd.zvalue import KEEP, LOSE
 
 # Table 14 (MNLI)
 NOBODY = ("It's kind of strange here the way things go uh here if you have an accident and no one's injured the "

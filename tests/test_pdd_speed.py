@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.data import load_task
-from debiased_nli.errors import ConfigError
-from debiased_nli.pdd.algorithm import Algorithm1, PairFeaturizer, PDDConfig, PDDState, Perturber, PerturbRequest
-from debiased_nli.pdd.encoder import PackedBert, length_groups, supports
-from debiased_nli.pdd.fill import FillRequest, MaskFiller
-from debiased_nli.pdd.hyponly import HypothesisOnlyFolds
-from debiased_nli.pdd.masking import MASK
-from debiased_nli.pdd.run import run_pdd
-from debiased_nli.pdd.step import build_outputs, log_dataset
-from debiased_nli.pdd.teacher import Teacher
+from debiased_nli.data.loading import load_task
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.methods.pdd.algorithm import (Algorithm1, PairFeaturizer, PDDConfig, PDDState, Perturber,
+                                                PerturbRequest)
+from debiased_nli.methods.pdd.encoder import PackedBert, length_groups, supports
+from debiased_nli.methods.pdd.fill import FillRequest, MaskFiller
+from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+from debiased_nli.methods.pdd.masking import MASK
+from debiased_nli.methods.pdd.run import run_pdd
+from debiased_nli.methods.pdd.step import build_outputs, log_dataset
+from debiased_nli.methods.pdd.teacher import Teacher
 from pdd_helpers import LABELS, HashTeacher, NonceFiller, tiny_classifier, tiny_mlm, tiny_tokenizer
 
 WORDS = {"entailment": "Yes", "neutral": "Maybe", "contradiction": "No"}

@@ -4,11 +4,11 @@ import json
 import pytest
 
 from debiased_nli.cli import main
-from debiased_nli.data import load_task
-from debiased_nli.errors import ConfigError
-from debiased_nli.features import extract_table
-from debiased_nli.pdd.step import pdd_step
-from debiased_nli.recipe import build, load_recipe
+from debiased_nli.data.loading import load_task
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.bias.features import extract_table
+from debiased_nli.methods.pdd.step import pdd_step
+from debiased_nli.release.recipe import build, load_recipe
 from pdd_helpers import tiny_classifier, tiny_mlm, tiny_tokenizer
 
 

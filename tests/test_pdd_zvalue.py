@@ -4,11 +4,11 @@ import itertools
 import numpy as np
 import pytest
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.features import FeatureMatrix
-from debiased_nli.pdd.zvalue import (KEEP, LOSE, apply_case, case_for, objective_derivative, printed_derivative,
-                                     squared_objective, z_star)
-from debiased_nli.zstats import compute_zstats, group_labels, z_from_counts
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.bias.features import FeatureMatrix
+from debiased_nli.methods.pdd.zvalue import (KEEP, LOSE, apply_case, case_for, objective_derivative,
+                                             printed_derivative, squared_objective, z_star)
+from debiased_nli.bias.zstats import compute_zstats, group_labels, z_from_counts
 
 
 def test_z_star_is_eq_1_and_the_library_z():

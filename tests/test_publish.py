@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.publish import legacy_history, merge_history, push_release, with_history
-from debiased_nli.release import render_history_table
-from debiased_nli.recipe import build
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.release.publish import legacy_history, merge_history, push_release, with_history
+from debiased_nli.release.card import render_history_table
+from debiased_nli.release.recipe import build
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_hub import FakeHub  # noqa: E402
@@ -167,7 +167,7 @@ def _load_revisions(endpoint: str, repo: str, config: str, revisions, hf_home: P
 def test_republishing_deletes_the_old_shards_and_each_revision_loads_its_own_rows(tmp_path, monkeypatch):
     import datasets
 
-    import debiased_nli.release as release_module
+    import debiased_nli.release.layout as release_module
 
     v1, v2 = tmp_path / "v1", tmp_path / "v2"
     build(ROOT / "builders/demo.yaml", v1, progress=False, max_rows=600)

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from debiased_nli.cli import main
-from debiased_nli.errors import ConfigError
-from debiased_nli.recipe import build, load_recipe
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.release.recipe import build, load_recipe
 from test_embeddings import tiny_encoder  # noqa: F401  (a tiny BERT folder built from a config)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def test_walks_and_statistics_in_processes_write_the_same_release(tmp_path, shar
 def test_a_statistics_process_that_dies_leaves_no_release(tmp_path, monkeypatch):
     import os
 
-    from debiased_nli import release
+    from debiased_nli.release import layout as release
 
     monkeypatch.setattr(release, "_summaries", lambda **kw: os._exit(3))  # the forked process inherits it
     recipe = {**yaml.safe_load((ROOT / "builders/demo.yaml").read_text()), "z_filter": {"num_proc": 2}}
@@ -132,7 +132,7 @@ def test_bad_recipes_and_names(tmp_path):
 
 
 def test_an_empty_result_writes_nothing(tmp_path):
-    from debiased_nli.errors import EmptyResultError
+    from debiased_nli.utils.errors import EmptyResultError
 
     data = tmp_path / "unlabelled.jsonl"
     data.write_text('{"premise": "A.", "hypothesis": "B.", "label": -1}\n' * 5)
@@ -157,7 +157,7 @@ def test_refuses_to_overwrite_and_replaces_atomically(tmp_path):
 
 
 def test_interrupted_write_leaves_no_half_release(tmp_path, monkeypatch):
-    import debiased_nli.release as release
+    import debiased_nli.release.layout as release
 
     def boom(*a, **k):
         raise KeyboardInterrupt

@@ -1,7 +1,7 @@
 import pytest
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.tasks import TaskSpec, get_task, list_tasks
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.data.tasks import TaskSpec, get_task, list_tasks
 
 
 @pytest.mark.parametrize("name,k", [("snli", 3), ("mnli", 3), ("fever", 3), ("qqp", 2), ("demo", 3)])

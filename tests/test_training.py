@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from debiased_nli.data import load_task
-from debiased_nli.errors import ConfigError
-from debiased_nli.tasks import get_task
-from debiased_nli.training import (BIAS_COLUMN, PairCollator, TrainConfig, bias_log_probabilities,
-                                   load_model_for_task, poe_loss, tokenize_pairs, train_classifier)
+from debiased_nli.data.loading import load_task
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.data.tasks import get_task
+from debiased_nli.bias.poe import bias_log_probabilities, bias_model_for
+from debiased_nli.models.training import (BIAS_COLUMN, PairCollator, TrainConfig,
+                                          load_model_for_task, poe_loss, tokenize_pairs, train_classifier)
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -125,7 +126,7 @@ def test_a_head_with_other_label_names_is_refused(tmp_path, snli_small):
 
 
 def test_a_head_in_another_label_order_trains_with_remapped_labels(tmp_path, snli_small):
-    from debiased_nli.training import model_label_order
+    from debiased_nli.models.training import model_label_order
 
     texts = list(snli_small[0]["premise"][:20])
     folder = make_tiny_bert(tmp_path / "perm", texts, head=True,
@@ -162,7 +163,7 @@ def _rotated_copy(task_ordered: Path, folder: Path, id2label: dict[int, str]) ->
 def test_poe_loss_with_a_reordered_head_equals_the_loss_with_the_task_ordered_head(tmp_path, snli_small, id2label):
     # the same model with its head rows permuted must see the same PoE loss: labels and the bias
     # model's probabilities both follow the head's order (bias column t -> head output order[t])
-    from debiased_nli.training import model_label_order
+    from debiased_nli.models.training import model_label_order
 
     train = snli_small[0].select(range(12))
     texts = list(train["premise"]) + list(train["hypothesis"])
@@ -185,7 +186,7 @@ def test_poe_loss_with_a_reordered_head_equals_the_loss_with_the_task_ordered_he
 
 
 def test_bias_columns_go_to_the_heads_outputs_by_name():
-    from debiased_nli.training import to_head_order
+    from debiased_nli.models.training import to_head_order
 
     # head {0: contradiction, 1: entailment, 2: neutral}: task label t (e, n, c) is output order[t]
     order = [1, 2, 0]
@@ -244,7 +245,7 @@ def test_a_run_resumes_on_the_same_rows_read_from_a_copied_file(tiny_encoder, sh
 def test_content_fingerprint_depends_on_the_rows_not_on_how_they_are_held(snli_small):
     import datasets
 
-    from debiased_nli.data import content_fingerprint
+    from debiased_nli.data.loading import content_fingerprint
 
     train, _ = snli_small
     picked = train.select(range(10, 60))                               # an indices mapping over the table
@@ -274,7 +275,7 @@ def test_poe_training_runs_with_the_tfidf_bias_model(tiny_encoder, snli_small, t
     cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "poe"), learning_rate=1e-3,
                       batch_size=32, max_length=48, epochs=1, seed=1, progress=False, use_cpu=True,
                       poe=True, poe_beta=1.0, poe_gamma=1.0)
-    result = train_classifier(cfg, "snli", train, dev)
+    result = train_classifier(cfg, "snli", train, dev, bias_model=bias_model_for(cfg, "snli"))
     assert result.bias_model["method"] == "tfidf-logreg-oof" and result.bias_model["beta"] == 1.0
     assert (tmp_path / "poe" / "model.safetensors").exists()
 
@@ -308,7 +309,7 @@ def test_the_bias_model_can_be_a_trained_hypothesis_only_classifier(tmp_path, sn
 # ------------------------------------------------------------------ the paper's values (Tables 9 and 10)
 
 def test_poe_presets_are_table_10():
-    from debiased_nli.training import POE_PRESETS, poe_preset
+    from debiased_nli.models.training import POE_PRESETS, poe_preset
 
     assert poe_preset("snli")[:2] == (2.0, 0.4) and poe_preset("seq-z-snli")[:2] == (2.0, 0.4)
     assert [POE_PRESETS[k][:2] for k in ("mnli-m-hard", "mnli-mm-hard", "mnli-hans")] == [(0.8, 1.0), (2.0, 0.4),
@@ -322,7 +323,7 @@ def test_poe_presets_are_table_10():
 
 def _parse_train(argv):
     from debiased_nli.cli import build_parser
-    from debiased_nli.commands.train import config_from_args
+    from debiased_nli.cli.commands.train import config_from_args
 
     return config_from_args(build_parser().parse_args(["train", "snli", "--model", "m", "--out", "o", *argv]))
 
@@ -348,7 +349,7 @@ def test_train_preset_paper_is_table_9_and_says_so():
 def test_joint_bias_head_learns_from_gamma_and_sends_no_gradient_into_the_encoder(tmp_path, snli_small):
     # Karimi Mahabadi et al. (2020): the bias-only head reads the encoder's hypothesis encoding through
     # grad_mul_const(., 0.0); gamma * CE(b, y) trains the head and nothing else
-    from debiased_nli.training import _joint_poe_class
+    from debiased_nli.models.training import _joint_poe_class
 
     train = snli_small[0].select(range(8))
     folder = make_tiny_bert(tmp_path / "enc", list(train["premise"]) + list(train["hypothesis"]))

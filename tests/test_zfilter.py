@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from debiased_nli.data import load_task
-from debiased_nli.errors import ConfigError, EmptyResultError
-from debiased_nli.features import build_feature_matrices, build_feature_matrix
-from debiased_nli.featurize import add_features
-from debiased_nli.zfilter import reference_z_filter, z_filter, z_filter_matrix
-from debiased_nli.zstats import compute_zstats, z_from_counts
+from debiased_nli.data.loading import load_task
+from debiased_nli.utils.errors import ConfigError, EmptyResultError
+from debiased_nli.bias.features import build_feature_matrices, build_feature_matrix
+from debiased_nli.bias.featurize import add_features
+from debiased_nli.bias.zfilter import reference_z_filter, z_filter, z_filter_matrix
+from debiased_nli.bias.zstats import compute_zstats, z_from_counts
 
 LABELS = ["entailment", "neutral", "contradiction"]
 

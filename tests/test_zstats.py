@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pytest
 
-from debiased_nli.errors import ConfigError
-from debiased_nli.features import FeatureMatrix
-from debiased_nli.zstats import bonferroni_threshold, compute_zstats, top_k_ids, z_only_label
+from debiased_nli.utils.errors import ConfigError
+from debiased_nli.bias.features import FeatureMatrix
+from debiased_nli.bias.zstats import bonferroni_threshold, compute_zstats, top_k_ids, z_only_label
 
 
 def matrix(rows, vocab):
@@ -63,7 +63,7 @@ def test_bad_p0_and_label_count():
 
 
 def test_counts_over_parts_and_row_blocks_are_the_counts_of_the_union():
-    from debiased_nli.zstats import compute_zstats_parts, count_matrix
+    from debiased_nli.bias.zstats import compute_zstats_parts, count_matrix
 
     rng = np.random.default_rng(1)
     rows = [sorted(set(rng.integers(0, 9, size=4).tolist())) for _ in range(300)]
@@ -89,7 +89,7 @@ def test_counts_over_parts_and_row_blocks_are_the_counts_of_the_union():
 
 
 def test_largest_z_leaves_out_the_named_features():
-    from debiased_nli.features import FeatureMatrix
+    from debiased_nli.bias.features import FeatureMatrix
 
     vocab = np.array(sorted(["<null>", "a@hypothesis", "b@hypothesis", "nobody@hypothesis"]), dtype=object)
     # <null> in every row; "nobody" only in contradiction rows; a and b spread over entailment and neutral

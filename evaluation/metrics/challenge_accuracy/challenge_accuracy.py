@@ -20,7 +20,7 @@ Returns:
     accuracy (`float`), n (`int`), correct (`int`), and, with breakdowns,
     breakdowns (`dict`): name -> {group -> {"accuracy": float, "n": int, "correct": int}}, groups sorted.
 Examples:
-    >>> from debiased_nli.challenge import load_metric
+    >>> from debiased_nli.models.challenge import load_metric
     >>> metric = load_metric()  # evaluate.load() of this folder, wherever debiased-nli is installed
     >>> metric.compute(predictions=[0, 1, 1], references=[0, 1, 0], breakdowns={"h": ["a", "a", "b"]})
     {'accuracy': 0.6666666666666666, 'n': 3, 'correct': 2, 'breakdowns': {'h': {'a': {'accuracy': 1.0, 'n': 2, 'correct': 2}, 'b': {'accuracy': 0.0, 'n': 1, 'correct': 0}}}}

@@ -1,0 +1,125 @@
+"""Options shared by several sub-commands."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+
+from ...data.tasks import TaskSpec, get_task
+from ...utils.errors import ConfigError
+
+
+def number(kind=int, *, low=None, high=None, low_open: bool = False, high_open: bool = False):
+    """An argparse ``type`` for a number in a range: ``--batch-size 0`` is refused before any work,
+    with a one-line message (``argument --batch-size: must be >= 1, got 0``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if low is not None and (value < low or low_open and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if low_open else '>='} {low}, got {text}")
+        if high is not None and (value > high or high_open and value == high):
+            raise argparse.ArgumentTypeError(f"must be {'<' if high_open else '<='} {high}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+POSITIVE_INT = number(int, low=1)
+NON_NEGATIVE_INT = number(int, low=0)
+POSITIVE_FLOAT = number(float, low=0, low_open=True)
+NON_NEGATIVE_FLOAT = number(float, low=0)
+
+
+def _looks_like_a_path(ref: str) -> bool:
+    return ref.startswith((".", "/", "~")) or ref.count("/") > 1 or os.sep != "/" and os.sep in ref
+
+
+def check_model_reference(ref: str, option: str, *, files=("config.json",)) -> str:
+    """A model folder or Hub id given on the command line, checked before any work.
+
+    A folder must hold one of ``files`` as valid JSON; a path that does not exist is an error; a Hub id
+    is accepted online, and offline (``HF_HUB_OFFLINE``) only when it is in the local Hub cache."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{option} {ref}: is a file; give a model folder (with {files[0]}) or a Hub id")
+        found = [path / f for f in files if (path / f).is_file()]
+        if not found:
+            raise ConfigError(f"{option} {ref}: the folder has no {' or '.join(files)}; it is not a model folder "
+                              f"(give one written by `debiased-nli train` or save_pretrained)")
+        try:
+            json.loads(found[0].read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise ConfigError(f"{option} {ref}: {found[0].name} is not valid JSON ({err}); the model folder "
+                              f"is corrupt") from err
+        return ref
+    if _looks_like_a_path(ref):
+        raise ConfigError(f"{option} {ref}: no such folder")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(ref, files[0]), str):
+        raise ConfigError(f"{option} {ref}: no such folder, and not a Hub model in the local cache "
+                          f"(offline mode: HF_HUB_OFFLINE is set)")
+    return ref
+
+
+def check_release_reference(ref: str, option: str = "--release") -> str:
+    """A release folder (README.md and data/, as `debiased-nli build` writes) or a Hub dataset id."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "README.md").is_file() or not (path / "data").is_dir():
+            raise ConfigError(f"{option} {ref}: not a release folder (it needs README.md and data/); "
+                              f"build one with `debiased-nli build`")
+        return ref
+    if _looks_like_a_path(ref):
+        raise ConfigError(f"{option} {ref}: no such folder")
+    return ref
+
+
+def add_task_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", help="a registered task (snli, mnli, fever, qqp, demo), a task YAML file, "
+                                "or any name together with --columns and --labels")
+    p.add_argument("--data-files", nargs="+", metavar="[SPLIT=]PATH",
+                   help="local parquet/jsonl/csv files instead of the Hub: PATH (the train split) or "
+                        "SPLIT=PATH ...; globs allowed")
+    p.add_argument("--split", default="train", help="which split to use (default: train)")
+    p.add_argument("--revision", help="Hub revision (tag, branch or commit) of the task's dataset")
+    p.add_argument("--columns", metavar="premise=COL,hypothesis=COL,label=COL",
+                   help="map source columns onto premise/hypothesis/label (any sentence-pair set)")
+    p.add_argument("--labels", metavar="NAME,NAME,...", help="label names in index order (with --columns)")
+    p.add_argument("--on-invalid", choices=["error", "set_aside"], default="error",
+                   help="bad rows (empty text, unknown or missing gold label, duplicate id): stop with an "
+                        "error naming the row (default), or set them aside with their reason")
+    p.add_argument("--max-rows", type=POSITIVE_INT, help="read at most this many rows (for quick looks)")
+
+
+def task_from_args(args: argparse.Namespace) -> TaskSpec:
+    if args.columns or args.labels:
+        mapping = {}
+        for item in (args.columns or "").split(","):
+            if item:
+                key, sep, col = item.partition("=")
+                if not sep or key not in ("premise", "hypothesis", "label"):
+                    raise ConfigError(f"--columns expects premise=COL,hypothesis=COL,label=COL, got {item!r}")
+                mapping[key] = col
+        try:
+            base = get_task(args.task)
+        except ConfigError:
+            base = None
+        if base is None and not args.labels:
+            raise ConfigError(f"{args.task!r} is not a registered task: give --labels NAME,NAME,... too")
+        labels = args.labels.split(",") if args.labels else list(base.labels)
+        columns = {**(dict(base.columns) if base else {c: c for c in ("premise", "hypothesis", "label")}), **mapping}
+        return TaskSpec(name=args.task if base is None else base.name, labels=tuple(labels), columns=columns,
+                        label_values={} if args.labels else dict(base.label_values),
+                        unlabeled_values=base.unlabeled_values if base else (),
+                        features=base.features if base else TaskSpec.__dataclass_fields__["features"].default,
+                        hub=base.hub if base else None)
+    return get_task(args.task)

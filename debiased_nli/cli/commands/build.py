@@ -1,0 +1,64 @@
+"""``debiased-nli build``: run a builder recipe end to end into a Hub-layout release folder."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ._common import NON_NEGATIVE_INT, POSITIVE_INT
+
+
+def register(sub) -> None:
+    from ...utils.resources import packaged_recipes
+
+    p = sub.add_parser(
+        "build", help="build a release (z_filtered, z_aug, par_z, seq_z, ...) from a recipe",
+        description="Run a builder recipe (a YAML file, or a packaged recipe by name) end to end: load the task's "
+                    "data, compute features once, "
+                    "z-filter (Wu et al. 2022, Algorithm 1), compose Z-Aug / Par-Z / Seq-Z when new rows are given, "
+                    "run the recipe's filter steps, and write OUT as a Hub dataset repo folder "
+                    "(data/<config>/<split>-*.parquet, README.md with configs and the dataset card, manifest.json). "
+                    "`datasets.load_dataset(OUT, CONFIG)` opens it; `debiased-nli push OUT --repo-id ORG/NAME` publishes it.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("recipe", help="a recipe YAML file, or the name of a recipe that comes with the package: "
+                                  f"{', '.join(packaged_recipes()) or 'none found'} (builders/<name>.yaml)")
+    p.add_argument("--out", required=True, help="the release folder to write (written atomically)")
+    p.add_argument("--data-files", nargs="+", metavar="[SPLIT=]PATH",
+                   help="local files for D0 (and eval splits) instead of the recipe's source")
+    p.add_argument("--new-rows", nargs="+", metavar="PATH",
+                   help="files of new rows D_G (generated or perturbed; the task's columns) to compose "
+                        "z_aug, par_z and seq_z")
+    p.add_argument("--profile", help="apply one of the recipe's profiles (e.g. `paper`: the generation steps of "
+                                     "Wu et al. 2022; see the recipe's `profiles`)")
+    p.add_argument("--max-rows", type=POSITIVE_INT, help="use at most this many rows of D0 (quick looks)")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, help="override the recipe's seed")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
+    p.add_argument("--efficacy", metavar="FILE",
+                   help="the efficacy table (benchmarks/results/efficacy.json): the card shows the measured "
+                        "accuracy of a model trained on each config that has a row in it")
+    p.add_argument("--timings", action="store_true",
+                   help="record each stage's seconds in manifest.json (the release is then no longer the same "
+                        "byte for byte from run to run)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ...release.recipe import build
+    from ...utils.resources import find_recipe
+
+    recipe = find_recipe(args.recipe)
+    if str(recipe) != args.recipe:
+        print(f"recipe: {recipe}", file=sys.stderr)
+    result = build(recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
+                   overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
+                   profile=args.profile, efficacy=args.efficacy, timings=args.timings)
+    from ...utils.cache import prune_cache
+    pruned, size = prune_cache()  # keep the feature cache of earlier builds bounded
+    if pruned:
+        print(f"pruned {pruned} old cache entries ({size / 2**20:,.1f} MB); see `debiased-nli cache info`",
+              file=sys.stderr)
+    print(f"wrote {result.out_dir}", file=sys.stderr)
+    for name, n in result.configs.items():
+        print(f"  {name}: {n:,} train rows", file=sys.stderr)
+    print(f"open it with: datasets.load_dataset({str(result.out_dir)!r}, {next(iter(result.configs))!r})",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,55 @@
+"""``debiased-nli cache``: what the per-build cache holds, and clearing it.
+
+The cache (``$DEBIASED_NLI_CACHE`` or ``~/.cache/debiased-nli``) keeps the feature columns, the
+out-of-fold hypothesis-only predictions and the embeddings of earlier runs, so a rerun over the same
+input is fast. Only the files this tool writes there are ever counted or deleted (by name pattern,
+below); anything else in the folder, the offline models under ``models/`` included, is left alone.
+After every build the cache is pruned to ``$DEBIASED_NLI_CACHE_MAX_MB`` (default 10240 MB), oldest
+files first.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from ...utils.cache import DEFAULT_MAX_MB, MAX_ENV, cache_dir, cache_entries, clear_cache
+from ._common import POSITIVE_FLOAT
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.1f} MB"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("cache", help="show or clear the feature/embedding cache of earlier runs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    action = p.add_subparsers(dest="cache_action", metavar="<action>", required=True)
+    action.add_parser("info", help="the cache folder, its size and what is in it")
+    clear = action.add_parser("clear", help="delete the cache entries this tool wrote")
+    clear.add_argument("--older-than", type=POSITIVE_FLOAT, metavar="DAYS",
+                       help="only entries not written in the last DAYS days")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    folder = cache_dir()
+    if args.cache_action == "info":
+        entries = cache_entries(folder)
+        print(f"cache folder: {folder}{'' if folder.exists() else ' (does not exist yet)'}")
+        kinds: dict[str, list] = {}
+        for e in entries:
+            kinds.setdefault(e["kind"], []).append(e)
+        for kind, es in kinds.items():
+            print(f"  {kind:18s} {len(es):>6} entries  {_mb(sum(e['bytes'] for e in es)):>12}")
+        total = sum(e["bytes"] for e in entries)
+        print(f"  {'total':18s} {len(entries):>6} entries  {_mb(total):>12}  (pruned to "
+              f"{os.environ.get(MAX_ENV, DEFAULT_MAX_MB)} MB after each build; ${MAX_ENV})")
+        if entries:
+            age = (time.time() - entries[0]["mtime"]) / 86400
+            print(f"  oldest entry: {age:.1f} days")
+        return 0
+    n, size = clear_cache(args.older_than, folder)
+    print(f"removed {n} cache entries ({_mb(size)}) from {folder}", file=sys.stderr)
+    return 0

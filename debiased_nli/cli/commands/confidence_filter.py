@@ -1,0 +1,65 @@
+"""``debiased-nli confidence-filter``: keep the rows an NLI model is confident of."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ._common import POSITIVE_INT, add_task_arguments, check_model_reference, number, task_from_args
+
+DESCRIPTION = """\
+Confidence filtering (Wu et al. 2022): an NLI model M (any AutoModelForSequenceClassification, Hub id or
+folder, e.g. one trained by `debiased-nli train`) scores every (premise, hypothesis) pair; a row is
+kept when M's probability of its label is above --tau (0.95). M's labels are matched to the task's by
+name. Writes kept.parquet and rejected.parquet (both with a `confidence` column) and
+confidence_report.json (acceptance rate, per label, confidence quantiles) into --out.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("confidence-filter", help="keep generated rows whose label an NLI model is confident of",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_task_arguments(p)
+    p.add_argument("--model", default="roberta-large", help="NLI classifier M: Hub id or folder")
+    p.add_argument("--tau", type=number(float, low=0, high=1, high_open=True), default=0.95, help="keep rows with p_M(label) > tau")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=64)
+    p.add_argument("--max-length", type=POSITIVE_INT, default=128)
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import datasets
+
+    from ...data.loading import parse_data_files
+    from ...methods.generation.steps import confidence_filter_step
+
+    task = task_from_args(args)
+    check_model_reference(args.model, "--model")
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    files = parse_data_files(args.data_files) if args.data_files else None
+    if files and all(f.endswith(".parquet") for f in files.get(args.split, [])):
+        # keep every column of generated shards (provenance), not just the canonical ones
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        ds = datasets.Dataset(pa.concat_tables([pq.read_table(f) for f in files[args.split]]))
+        if args.max_rows:
+            ds = ds.select(range(min(args.max_rows, len(ds))))
+    else:
+        from ...data.loading import load_task
+        ds = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
+                       revision=args.revision, max_rows=args.max_rows).dataset
+    kept, rejected, report = confidence_filter_step(ds, task, {"model": args.model, "tau": args.tau,
+                                                               "batch_size": args.batch_size,
+                                                               "max_length": args.max_length})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    kept.to_parquet(str(out / "kept.parquet"))
+    rejected.to_parquet(str(out / "rejected.parquet"))
+    report["model"] = args.model
+    (out / "confidence_report.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,91 @@
+"""``debiased-nli generate``: sample new rows from a trained generator, sharded and resumable."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ...utils.errors import ConfigError
+from ._common import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, check_model_reference, number
+
+DESCRIPTION = """\
+Sample rows from a generator trained by `debiased-nli train-generator` (a folder with a full model or a
+LoRA adapter, or a Hub id).
+
+The samples are split into shards (--num-shards, or one per --shard-size samples); under
+`accelerate launch` or `torchrun` each process takes every world_size-th shard. Shard i has its own
+seed (from --seed and i), so the result does not depend on the number of processes. Each shard is one
+Parquet file, written under a temporary name and renamed when complete; rerunning the same command
+skips complete shards (a killed run resumes). Unparseable samples go to rejects-*.parquet with their
+text and reason; generate_report.json has the parse rate, label counts and distinct-2.
+
+By default it samples plainly (top-p 1.0, temperature 1.0): Wu et al. (2022, Sec. 2.1) "randomly sample
+from the trained generator" and give no nucleus mass; --top-p 0.9 gives nucleus sampling. Up to
+--max-new-tokens 128 new tokens, so a row as long as the training sequences (Table 7: "max sequence
+length 128") is not cut and rejected. The values used and their sources are printed first.
+
+On GPUs: `accelerate launch -m debiased_nli.cli generate ...` (see `accelerate config`).
+On CPU with 2 processes: `torchrun --nproc_per_node 2 -m debiased_nli.cli generate ... --cpu`
+(`accelerate launch --cpu --num_processes 2` starts only one process).
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="sample rows from a trained generator (sharded, resumable)",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("task", help="the task whose labels the generator uses (snli, mnli, ..., or a task YAML)")
+    p.add_argument("--generator", required=True, help="generator folder (model or LoRA adapter) or Hub id")
+    p.add_argument("--out", required=True, help="output folder for shards, rejects and the report")
+    p.add_argument("--num-samples", type=POSITIVE_INT, required=True)
+    p.add_argument("--num-shards", type=POSITIVE_INT, help="default: num-samples / shard-size (at least one per process)")
+    p.add_argument("--shard-size", type=POSITIVE_INT, default=1000)
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts per generate call (left-padded)")
+    p.add_argument("--top-p", type=number(float, low=0, high=1, low_open=True), default=1.0,
+                   help="nucleus sampling mass (default 1.0: plain sampling, as the paper's 'randomly sample')")
+    p.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)
+    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=128,
+                   help="default 128: covers the generator's training length (Table 7: max sequence length 128)")
+    p.add_argument("--condition", choices=["none", "premise", "premise+label"], default="none",
+                   help="none: sample whole rows (the paper); premise(+label): prompt with premises from --premises-from")
+    p.add_argument("--premises-from", nargs="+", metavar="PATH", help="files with a premise column (for --condition)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--cpu", action="store_true", help="run on CPU (gloo between processes)")
+    p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads per process")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ...methods.generation.sample import generate_samples
+
+    check_model_reference(args.generator, "--generator", files=("config.json", "adapter_config.json"))
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    premises = None
+    if args.condition != "none":
+        if not args.premises_from:
+            raise ConfigError(f"--condition {args.condition} needs --premises-from PATH")
+        from ...data.loading import file_fingerprint, parse_data_files, read_data_file
+        premises = []
+        for path in parse_data_files(args.premises_from)["train"]:
+            ds = read_data_file(path, file_fingerprint(path)["sha256"])  # a bad file: one line naming it
+            if "premise" not in ds.column_names:
+                raise ConfigError(f"{path} has no 'premise' column (it has {ds.column_names})")
+            premises += [p for p in ds["premise"] if isinstance(p, str) and p.strip()]
+    from accelerate import PartialState
+
+    from ...data.tasks import get_task
+    from ...methods.generation.steps import sampling_values
+    from ...utils.outputs import print_values
+
+    if PartialState(cpu=args.cpu).is_main_process:
+        print_values("generate values", *sampling_values(
+            {k: getattr(args, k) for k in ("top_p", "temperature", "max_new_tokens", "num_samples", "batch_size",
+                                           "shard_size", "seed")}, get_task(args.task)))
+    report = generate_samples(args.generator, args.out, args.task, args.num_samples, num_shards=args.num_shards,
+                              shard_size=args.shard_size, seed=args.seed, batch_size=args.batch_size, top_p=args.top_p,
+                              temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                              condition=args.condition, premises=premises, cpu=args.cpu, dtype=args.dtype)
+    if report and PartialState(cpu=args.cpu).is_main_process:  # one report, not one per process
+        print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,326 @@
+"""Pair embeddings for AFLite (Le Bras et al. 2020): Φ(x) for every row, computed once and cached.
+
+Each row is encoded as the pair ``(premise, hypothesis)`` with the encoder's own tokenizer (so
+``[CLS] premise [SEP] hypothesis [SEP]`` for BERT, ``<s> premise </s></s> hypothesis </s>`` for
+RoBERTa), and its embedding is read from the last hidden layer:
+
+    Φ(x) = h_0                                     (``pooling="cls"``, the default: the first token)
+    Φ(x) = Σ_t mask_t · h_t / Σ_t mask_t          (``pooling="mean"``: masked mean over the real tokens)
+
+The paper's protocol (§2, "Implementation"): "to obtain Φ, we train a first 'warm-up' model on a
+small fraction of the data based on the learning curve in low-data regime, and do not reuse this data
+for the rest of our experiments. Moreover, this fraction corresponds to the training size for AFLite";
+§4: the features are "extracted from the final layer before the output layer, trained on a random
+sample (warm-up) of the original training set". :func:`warm_up_encoder` does that fine-tuning (a
+sequence-pair classifier on a seeded warm-up share of the rows) and returns the rows it used; the
+AFLite step embeds the other rows with the fine-tuned encoder's first token (the input of the
+classification head) and reports the warm-up rows as removed with reason ``warm-up``.
+
+Warm-up hyper-parameters: Appendix A.4 of the paper gives, "for every training set up" of its NLP
+experiments, Adam with "a learning rate of 1e-05, and an epsilon value of 1e-08, keeping other
+parameters the same as in the original PyTorch repository", "3 epochs for all *NLI tasks" and "a batch
+size of 92"; those are the defaults here (the paper does not list the warm-up separately). "Other
+parameters the same" is read as the Transformers defaults: no weight decay, a linear decay of the
+learning rate without warm-up steps, gradient clipping at 1.0 (project's reading). The warm-up share
+itself is not given for NLI ("a small fraction"; ImageNet used "a fixed 20% sample"): the default of
+0.1 is the project's choice.
+
+Embeddings and warm-up models are cached on disk (``<cache_dir>/embeddings/``), keyed by the rows'
+content (premise, hypothesis and label of every row, in order), the model identity (Hub id and
+revision, or folder and the size and modification time of its files) and the parameters, so a second
+run (or a recipe build over the same rows with extra feature columns) reads them instead of
+recomputing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..utils.errors import ConfigError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+#: the encoder of the paper (for users with the Hub)
+DEFAULT_ENCODER = "roberta-large"
+#: the encoder available offline on the development machines
+OFFLINE_ENCODER = str(Path.home() / ".cache" / "debiased-nli" / "models" / "all-minilm-l6-v2")
+POOLINGS = ("cls", "mean")
+#: Appendix A.4 of the paper (see the module docstring)
+PAPER_WARMUP = {"epochs": 3.0, "lr": 1e-5, "eps": 1e-8, "batch_size": 92}
+#: "a small fraction of the data" (§2): the share is the project's choice
+DEFAULT_WARMUP_SHARE = 0.1
+
+
+def default_encoder() -> str:
+    """roberta-large (the paper's), or the offline MiniLM folder where it exists (machines without the Hub)."""
+    return OFFLINE_ENCODER if Path(OFFLINE_ENCODER).is_dir() else DEFAULT_ENCODER
+
+
+def default_embedding_cache() -> Path:
+    from ..utils.cache import default_cache_dir
+    return default_cache_dir() / "embeddings"
+
+
+def model_identity(model: str, revision: str | None = None) -> dict:
+    """What identifies an encoder for the cache: a folder by its files' names, sizes and mtimes,
+    a Hub id by its name and revision."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        return {"folder": str(path.resolve()),
+                "files": [(str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]}
+    return {"hub": model, "revision": revision}
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def rows_key(ds, batch_size: int = 50_000) -> str:
+    """A content hash of the rows' premise, hypothesis and label (in order): the same rows give the
+    same key whatever other columns the dataset carries (e.g. the feature columns of a build)."""
+    h = hashlib.sha256()
+    cols = [c for c in ("premise", "hypothesis", "label") if c in ds.column_names]
+    for batch in ds.select_columns(cols).iter(batch_size=batch_size):
+        h.update(json.dumps([batch[c] for c in cols], default=str).encode())
+    return f"{len(ds)}-{h.hexdigest()[:24]}"
+
+
+def _resolve_device(device: str | None):
+    import torch
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _with_pad_token(tok):
+    # byte-level BPE tokenizers (GPT-2 family) have no pad token; padding is masked out anyway
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return tok
+
+
+def _load_encoder(model: str, revision: str | None = None):
+    from transformers import AutoModel, AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(model, revision=revision)
+        enc = AutoModel.from_pretrained(model, revision=revision)
+    except OSError as err:
+        raise ConfigError(f"cannot load encoder {model!r}: {err}. Give a model folder (e.g. {OFFLINE_ENCODER}) "
+                          f"or a Hub id reachable from this machine") from err
+    return _with_pad_token(tok), enc
+
+
+def _check_rows(ds) -> None:
+    for col in ("premise", "hypothesis"):
+        if col not in ds.column_names:
+            raise InvalidInputError(f"compute_embeddings needs a canonical dataset with column {col!r}; "
+                                    f"the dataset has {ds.column_names}. Load it with debiased_nli.data.loading.load_task.",
+                                    column=col)
+
+
+def encode_pairs(premises: Sequence[str], hypotheses: Sequence[str], tokenizer, encoder, *, batch_size: int = 64,
+                 max_length: int = 128, pooling: str = "cls", device=None, progress: bool = True,
+                 desc: str = "embeddings", bar=None) -> np.ndarray:
+    """Encode (premise, hypothesis) pairs; returns float32 [n, hidden]. Rows are batched by length
+    (sorted, then put back in input order) so little time goes into padding. ``bar``: an open tqdm
+    bar to advance instead of a new one."""
+    import torch
+    from tqdm.auto import tqdm
+
+    if pooling not in POOLINGS:
+        raise ConfigError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    device = _resolve_device(device) if device is None or isinstance(device, str) else device
+    encoder = encoder.to(device).eval()
+    n = len(premises)
+    hidden = encoder.config.hidden_size
+    out = np.zeros((n, hidden), dtype=np.float32)
+    # the character length is a good enough proxy of the token length for bucketing
+    order = np.argsort([len(p) + len(h) for p, h in zip(premises, hypotheses)], kind="stable")
+    own = bar is None
+    bar = tqdm(total=n, desc=desc, unit="row", disable=not progress) if own else bar
+    with torch.inference_mode():
+        for start in range(0, n, batch_size):
+            idx = order[start:start + batch_size]
+            batch = tokenizer([premises[i] for i in idx], [hypotheses[i] for i in idx], padding=True,
+                              truncation=True, max_length=max_length, return_tensors="pt").to(device)
+            h = encoder(**batch).last_hidden_state
+            if pooling == "mean":
+                mask = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
+                pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+            else:
+                pooled = h[:, 0]
+            out[idx] = pooled.float().cpu().numpy()
+            bar.update(len(idx))
+    if own:
+        bar.close()
+    return out
+
+
+SHARD_ROWS = 4096
+"""Rows per saved shard of a long embedding run: an interrupted run resumes at the first missing shard."""
+
+
+def _save_atomic(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+    np.save(tmp, arr)
+    os.replace(tmp, path)  # a crashed run never leaves a half-written file
+
+
+def compute_embeddings(ds, model: str = DEFAULT_ENCODER, *, batch_size: int = 64, max_length: int = 128,
+                       pooling: str = "cls", cache_dir: "str | Path | None" = None, progress: bool = True,
+                       revision: str | None = None, device: str | None = None,
+                       shard_rows: int = SHARD_ROWS) -> np.ndarray:
+    """Φ(row) for every row of a canonical dataset: the last layer of ``model`` on the pair
+    (premise, hypothesis) at the first token (``cls``) or averaged (``mean``), float32
+    [len(ds), hidden]. Cached by the rows' content + model + params; computed in shards of
+    ``shard_rows`` rows, each saved as it is done, so an interrupted run resumes where it stopped."""
+    from tqdm.auto import tqdm
+
+    _check_rows(ds)
+    if max_length < 8:
+        raise ConfigError(f"max_length must be at least 8 tokens, got {max_length}")
+    cache = Path(cache_dir) if cache_dir is not None else default_embedding_cache()
+    key = _hash({"rows": rows_key(ds), "model": model_identity(model, revision),
+                 "max_length": max_length, "pooling": pooling, "version": __version__})
+    path = cache / f"emb-{key}.npy"
+    if path.exists():
+        emb = np.load(path, allow_pickle=False)
+        if emb.shape[0] == len(ds):
+            log.info("embeddings read from cache %s", path)
+            return emb
+    parts = cache / f"emb-{key}.parts-{shard_rows}"  # shard files are only valid for their shard size
+    parts.mkdir(parents=True, exist_ok=True)
+    bounds = [(a, min(a + shard_rows, len(ds))) for a in range(0, len(ds), shard_rows)]
+    names = [parts / f"{i:05d}.npy" for i in range(len(bounds))]
+    done = sum(b - a for (a, b), f in zip(bounds, names) if f.exists())
+    tok = enc = None
+    with tqdm(total=len(ds), initial=done, desc="embeddings", unit="row", disable=not progress) as bar:
+        for (a, b), f in zip(bounds, names):
+            if f.exists():
+                continue
+            if enc is None:
+                tok, enc = _load_encoder(model, revision)
+            rows = ds.select(range(a, b))
+            _save_atomic(f, encode_pairs(rows["premise"], rows["hypothesis"], tok, enc, batch_size=batch_size,
+                                         max_length=max_length, pooling=pooling, device=device, bar=bar))
+    chunks = [np.load(f, allow_pickle=False) for f in names]
+    emb = np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)
+    _save_atomic(path, emb)
+    for f in names:
+        f.unlink()
+    parts.rmdir()
+    return emb
+
+
+@dataclasses.dataclass
+class WarmUp:
+    """The encoder fine-tuned on the warm-up slice, and which rows (indices into the input) it saw."""
+
+    model_dir: str
+    indices: np.ndarray
+    params: dict
+    train_loss: float
+
+    def rest(self, n_rows: int) -> np.ndarray:
+        """Indices of the rows not used for warm-up (the ones AFLite filters)."""
+        keep = np.ones(n_rows, bool)
+        keep[self.indices] = False
+        return np.nonzero(keep)[0]
+
+
+def warm_up_indices(n_rows: int, share: float, seed: int = 0) -> np.ndarray:
+    """The warm-up slice: round(share * n_rows) rows drawn without replacement (seeded), sorted."""
+    if not 0 < share < 1:
+        raise ConfigError(f"the warm-up share must lie strictly between 0 and 1, got {share}")
+    size = int(round(share * n_rows))
+    if size < 1 or size >= n_rows:
+        raise ConfigError(f"a warm-up share of {share} of {n_rows} rows gives {size} rows; choose a share that "
+                          f"leaves at least one row on each side")
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n_rows, size=size, replace=False))
+
+
+def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share: float = DEFAULT_WARMUP_SHARE,
+                    seed: int = 0, epochs: float = PAPER_WARMUP["epochs"], lr: float = PAPER_WARMUP["lr"],
+                    eps: float = PAPER_WARMUP["eps"], batch_size: int = PAPER_WARMUP["batch_size"],
+                    max_length: int = 128, cache_dir: "str | Path | None" = None, progress: bool = True,
+                    device: str | None = None) -> WarmUp:
+    """Fine-tune ``model`` as a sequence-pair classifier on a seeded warm-up share of the rows, as Le
+    Bras et al. do before embedding (cross-entropy on the gold label; Adam without weight decay, lr
+    and ε of Appendix A.4, a linear decay, gradient clipping at 1.0); save it (cached by the rows'
+    content + model + params) and return it with the warm-up row indices."""
+    import time
+
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+
+    _check_rows(ds)
+    if epochs <= 0 or lr <= 0 or batch_size < 1:
+        raise ConfigError(f"warm-up needs epochs > 0, lr > 0 and batch_size >= 1; got epochs={epochs}, lr={lr}, "
+                          f"batch_size={batch_size}")
+    # normalised types: a YAML `1` and a command-line `1.0` epoch are the same run (and cache entry)
+    share, epochs, lr, eps = float(share), float(epochs), float(lr), float(eps)
+    seed, batch_size, max_length, num_labels = int(seed), int(batch_size), int(max_length), int(num_labels)
+    idx = warm_up_indices(len(ds), share, seed)
+    params = {"share": share, "seed": seed, "epochs": epochs, "lr": lr, "eps": eps, "batch_size": batch_size,
+              "max_length": max_length, "num_labels": num_labels, "base_model": model}
+    cache = Path(cache_dir) if cache_dir is not None else default_embedding_cache()
+    key = _hash({"rows": rows_key(ds), "model": model_identity(model), **params, "version": __version__})
+    out_dir = cache / f"warmup-{key}"
+    done = out_dir / "warmup.json"
+    if done.exists():
+        meta = json.loads(done.read_text())
+        return WarmUp(str(out_dir), idx, {**params, **meta.get("run", {})}, float(meta["train_loss"]))
+
+    start = time.time()
+    torch.manual_seed(seed)
+    dev = _resolve_device(device)
+    try:
+        tok = _with_pad_token(AutoTokenizer.from_pretrained(model))
+        clf = AutoModelForSequenceClassification.from_pretrained(model, num_labels=num_labels)
+    except OSError as err:
+        raise ConfigError(f"cannot load encoder {model!r} for warm-up: {err}") from err
+    if clf.config.pad_token_id is None:  # decoder-style classifiers find the last token through it
+        clf.config.pad_token_id = tok.pad_token_id
+    clf.to(dev).train()
+    sub = ds.select(idx)
+    prem, hyp = sub["premise"], sub["hypothesis"]
+    labels = torch.tensor(np.asarray(sub["label"], dtype=np.int64))
+    rng = np.random.default_rng(seed)
+    n_steps = max(1, int(np.ceil(epochs * len(idx) / batch_size)))
+    # Adam as in A.4 ("Adam ... learning rate of 1e-05, and an epsilon value of 1e-08"): AdamW without decay
+    opt = torch.optim.AdamW(clf.parameters(), lr=lr, eps=eps, weight_decay=0.0)
+    sched = get_linear_schedule_with_warmup(opt, 0, n_steps)
+    order = np.concatenate([rng.permutation(len(idx)) for _ in range(int(np.ceil(epochs)) + 1)])
+    losses = []
+    for step in tqdm(range(n_steps), desc="warm-up fine-tuning", disable=not progress):
+        b = order[step * batch_size:(step + 1) * batch_size]
+        batch = tok([prem[i] for i in b], [hyp[i] for i in b], padding=True, truncation=True,
+                    max_length=max_length, return_tensors="pt").to(dev)
+        loss = clf(**batch, labels=labels[b].to(dev)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(clf.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # the encoder is what AFLite embeds with; the classification head is saved along for inspection
+    clf.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    train_loss = float(np.mean(losses[-max(1, len(losses) // 10):]))
+    run = {"steps": n_steps, "seconds": round(time.time() - start, 1), "first_loss": round(losses[0], 4)}
+    done.write_text(json.dumps({"train_loss": train_loss, "params": params, "run": run}))
+    return WarmUp(str(out_dir), idx, {**params, **run}, train_loss)

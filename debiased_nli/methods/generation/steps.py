@@ -1,0 +1,160 @@
+"""Builder steps of the generation pipeline: ``step(ds, task, params) -> (out_ds, dropped_or_None, report)``.
+
+* :func:`train_generator_step` trains G (``mode: generator``) or G* (``mode: debias``; the input is
+  z-filtered into Z(D0) and Z-(D0) first) and returns the input unchanged (the model is the product,
+  its folder is ``report["out"]``).
+* :func:`generate_step` samples ``num_samples`` rows from ``params["generator"]``; the unparseable
+  samples are the dropped set.
+* :func:`confidence_filter_step` keeps the rows M is confident of (tau); the others are dropped.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...data.tasks import get_task
+from ...utils.outputs import print_values
+from . import GENERATOR_TRAINING, PAPER_DEFAULTS, SAMPLING, resolve
+
+
+def _p(params: dict, key: str, default: Any = None) -> Any:
+    value = params.get(key)
+    return default if value is None else value
+
+
+def _is_main_process(cpu: bool = False) -> bool:
+    from accelerate import PartialState
+    return PartialState(cpu=bool(cpu)).is_main_process  # the first state decides: keep --cpu
+
+
+def generator_training_values(params: dict) -> tuple[dict, dict]:
+    """The training values a generator step uses (``params`` where set, else Table 7's) and their sources."""
+    return resolve(GENERATOR_TRAINING, params)
+
+
+def sampling_values(params: dict, task) -> tuple[dict, dict]:
+    """The sampling values a generate step uses and their sources (``num_samples``: Table 8's for
+    SNLI/MNLI, 1,000 for other tasks, the project's choice)."""
+    values, sources = resolve(SAMPLING, params)
+    if values["num_samples"] is None:
+        n = PAPER_DEFAULTS["num_samples"].get(task.name)
+        values["num_samples"] = 1000 if n is None else n
+        if n is None:
+            sources["num_samples"] = f"project's choice (the paper samples SNLI and MNLI only, not {task.name})"
+    return values, sources
+
+
+def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
+    from .models import LoraOptions
+    from .train import debias_training_set, train_generator
+
+    task = get_task(task)
+    mode = _p(params, "mode", "generator")
+    v, sources = generator_training_values(params)
+    if show_values and _is_main_process(_p(params, "cpu", False)):
+        print_values(f"train-generator ({mode}) values", v, sources)
+    lora = None
+    if _p(params, "lora", False):
+        lora = LoraOptions(r=_p(params, "lora_r", 8), alpha=_p(params, "lora_alpha", 16),
+                           dropout=_p(params, "lora_dropout", 0.05),
+                           target_modules=_p(params, "lora_targets", "all-linear"))
+    train_ds, zinfo = ds, None
+    if mode == "debias":
+        # Z(D0) as the build makes it (generator_source passes the recipe's seed and settings)
+        from ...bias.compose import z_filtered_original
+        z = z_filtered_original(ds, task, hypothesis_only=_p(params, "hypothesis_only", "tfidf"),
+                                folds=_p(params, "folds", 5), seed=_p(params, "z_seed", _p(params, "seed", 0)),
+                                top_k=_p(params, "top_k", 20), batch_size=_p(params, "z_batch_size", 1000),
+                                p0=_p(params, "p0", "uniform"), progress=_p(params, "progress", True))
+        train_ds = debias_training_set(z.kept, z.rejected)
+        zinfo = z.counts
+    report = train_generator(
+        train_ds, task, v["model"], params["out"], mode=mode, lora=lora,
+        max_steps=params.get("max_steps"), epochs=v["epochs"], batch_size=v["batch_size"],
+        grad_accum=v["grad_accum"], lr=v["lr"], eps=v["eps"], betas=tuple(v["betas"]), scheduler=v["scheduler"],
+        warmup_steps=v["warmup_steps"], weight_decay=v["weight_decay"], lam=v["lam"], alpha=v["alpha"],
+        max_length=v["max_length"], checkpoint_every=v["checkpoint_every"], seed=v["seed"],
+        mixed_precision=v["mixed_precision"], cpu=_p(params, "cpu", False),
+        merge=_p(params, "merge", False), log_every=_p(params, "log_every", 10),
+        progress=_p(params, "progress", True))
+    report["out"] = params["out"]
+    report["value_sources"] = sources
+    if zinfo is not None:
+        report["z_filter"] = zinfo
+        if int(os.environ.get("RANK", "0")) == 0:  # the card written at save time, now with the z-filter counts
+            from .models import write_generator_card
+            write_generator_card(params["out"], report, adapter=report.get("lora") is not None)
+    return ds, None, report
+
+
+def generate_step(ds, task, params: dict, *, show_values: bool = False):
+    """Samples from ``params["generator"]``; ``ds`` gives the premises when ``condition`` is not none."""
+    from .sample import generate_samples, load_generated
+
+    task = get_task(task)
+    v, sources = sampling_values(params, task)
+    if show_values and _is_main_process(_p(params, "cpu", False)):
+        print_values("generate values", v, sources)
+    condition = _p(params, "condition", "none")
+    premises = list(ds["premise"]) if condition != "none" and ds is not None else None
+    report = generate_samples(
+        params["generator"], params["out"], task, v["num_samples"], num_shards=params.get("num_shards"),
+        shard_size=v["shard_size"], seed=v["seed"], batch_size=v["batch_size"], top_p=v["top_p"],
+        temperature=v["temperature"], max_new_tokens=v["max_new_tokens"], condition=condition,
+        premises=premises, cpu=_p(params, "cpu", False), dtype=params.get("dtype"),
+        progress=_p(params, "progress", True))
+    rows = load_generated(params["out"])
+    rejects = load_generated(params["out"], "rejects")
+    return rows, rejects, report
+
+
+def confidence_filter_step(ds, task, params: dict):
+    from ..confidence import confidence_filter, confidence_report
+
+    tau = _p(params, "tau", PAPER_DEFAULTS["tau"])  # Table 8: "data filtering threshold τ 0.95"
+    kept, rejected = confidence_filter(ds, _p(params, "model", PAPER_DEFAULTS["confidence_model"]), task, tau,
+                                       batch_size=_p(params, "batch_size", 64),
+                                       max_length=_p(params, "max_length", 128), progress=_p(params, "progress", True))
+    return kept, rejected, confidence_report(kept, rejected, task, tau)
+
+
+def generator_source(task, params: dict, ctx: dict | None = None):
+    """A recipe *source step* (``(task, params, ctx) -> new rows``) running the paper's whole generation
+    pipeline: train G on D0 (``train``), optionally fine-tune G* (``debias``), sample (``generate``) and
+    confidence-filter (``confidence``). Each sub-dict holds that step's params; ``generator`` names an
+    already trained G and skips ``train``. D0 is read from ``params["data_files"]`` or the recipe's data.
+    The reports (and the confidence filter's rejected rows) are recorded in ``ctx["generation"]``."""
+    from ...data.loading import load_task
+
+    task = get_task(task)
+    ctx = ctx if ctx is not None else {}
+    reports: dict[str, Any] = {}
+    generator = params.get("generator")
+    d0 = None
+    if generator is None or params.get("debias"):
+        data = (ctx.get("recipe") or {}).get("data", {})
+        d0 = load_task(task, data.get("split", "train"), data_files=params.get("data_files") or data.get("data_files"),
+                       on_invalid=data.get("on_invalid", "error"), max_rows=data.get("max_rows")).dataset
+    if generator is None:
+        train = dict(params["train"])
+        _, _, reports["train"] = train_generator_step(d0, task, {**train, "mode": "generator"}, show_values=True)
+        generator = train["out"]
+    if params.get("debias"):
+        recipe = ctx.get("recipe") or {}
+        zc, fc = recipe.get("z_filter", {}), recipe.get("features", {})
+        # G* learns from the build's own Z(D0): the recipe's seed, hypothesis-only model and z-filter settings
+        same_z = {"z_seed": ctx.get("seed", 0), "hypothesis_only": fc.get("hypothesis_only", "tfidf"),
+                  "folds": fc.get("folds", 5), "top_k": zc.get("top_k", 20), "z_batch_size": zc.get("batch_size", 1000),
+                  "p0": zc.get("p0", "uniform")}
+        debias = {**same_z, **dict(params["debias"])}
+        _, _, reports["debias"] = train_generator_step(d0, task, {"model": generator, **debias, "mode": "debias"},
+                                                       show_values=True)
+        generator = debias["out"]
+    rows, rejects, reports["generate"] = generate_step(d0, task, {**params["generate"], "generator": generator},
+                                                       show_values=True)
+    if params.get("confidence"):
+        rows, dropped, reports["confidence"] = confidence_filter_step(rows, task, dict(params["confidence"]))
+        ctx.setdefault("generation", {})["confidence_rejected"] = dropped
+    ctx.setdefault("generation", {})["reports"] = reports
+    keep = ["premise", "hypothesis", "label", "uid", "origin", "method"]
+    return rows.select_columns(keep)

@@ -1,0 +1,372 @@
+"""Training the generator G (MLE + lambda * label-consistency unlikelihood) and its debiased
+fine-tune G* (MLE on Z(D0) + alpha * L_UL on Z-(D0)), under ``accelerate``.
+
+Runs unchanged on CPU, one GPU, or many (``accelerate launch`` / ``torchrun``: DDP). Mixed precision is
+accelerate's: ``accelerate launch --mixed_precision bf16`` or ``accelerate config`` set it, and
+``mixed_precision="no"|"fp16"|"bf16"`` overrides them only when given. Gradient accumulation is
+``accelerator.accumulate`` (no gradient sync between processes on the accumulating micro-batches; an
+epoch's last, shorter window still steps). Every ``checkpoint_every`` optimizer steps
+``accelerator.save_state`` writes the optimizer, scheduler, GradScaler (fp16) and every process's RNG
+states, plus the trainable weights (``trainable.pt``, the LoRA weights alone for an adapter) and
+``state.json`` (the step), to ``<out>/checkpoints/step-<N>`` (a temporary folder renamed when complete;
+the last ``keep_checkpoints`` are kept). A rerun with the same output folder restores all of it with
+``accelerator.load_state`` and skips the batches already seen, so killing and relaunching is the same
+run. The data order of epoch e is ``ds.shuffle(seed + e)``, and the perturbed label l' of a row is drawn
+once from ``seed`` (``l' = (l + u) mod K``, u uniform in 1..K-1), so neither depends on when the run
+was resumed.
+
+The optimiser is Adam(W) with ``betas``, ``eps`` and ``weight_decay`` (0: Adam), the schedule one of
+``transformers.get_scheduler``'s (``constant``, ``constant_with_warmup``, ``linear``, ``cosine``). The
+defaults are Table 7 of Wu et al. (2022), each quoted in :data:`debiased_nli.methods.generation.GENERATOR_TRAINING`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...data.loading import labels_of
+from ...data.tasks import TaskSpec, get_task
+from ...utils.errors import ConfigError, EmptyResultError
+from .format import SequenceFormat
+from .models import LoraOptions, count_parameters, load_generator, save_generator
+
+log = logging.getLogger(__name__)
+
+MODES = ("generator", "debias", "conditional")  # conditional: MLE of x given a prefix (conditional.py)
+BIASED_COLUMN = "rejected_by"      # z_filter's list of the biased features that rejected a row
+REJECTED_COLUMN = "in_rejected"    # 1 for Z-(D0) rows in a debiasing fine-tune set
+
+
+def perturbed_labels(labels: np.ndarray, num_labels: int, seed: int) -> np.ndarray:
+    """A wrong label l' != l for every row: ``(l + u) mod K`` with u uniform in 1..K-1 (seeded)."""
+    if num_labels < 2:
+        raise ConfigError("label-consistency unlikelihood needs at least two labels")
+    u = np.random.default_rng(seed).integers(1, num_labels, size=len(labels))
+    return (np.asarray(labels, dtype=np.int64) + u) % num_labels
+
+
+def debias_training_set(kept, rejected):
+    """Z(D0) (``in_rejected`` = 0, no biased features) + Z-(D0) (``in_rejected`` = 1, ``rejected_by``)
+    as one training set for G*; ``rejected`` is ``z_filter(...).rejected``."""
+    import datasets
+    if BIASED_COLUMN not in rejected.column_names:
+        raise ConfigError(f"the rejected rows need the column {BIASED_COLUMN!r} (the biased features that "
+                          f"rejected them, as z_filter writes it); it has {rejected.column_names}")
+    cols = ["premise", "hypothesis", "label"]
+    z = kept.select_columns(cols)
+    features = datasets.Features({**kept.features.copy(), BIASED_COLUMN: datasets.List(datasets.Value("string")),
+                                  REJECTED_COLUMN: datasets.Value("int64")})
+    features = datasets.Features({k: features[k] for k in cols + [BIASED_COLUMN, REJECTED_COLUMN]})
+    z = z.add_column(BIASED_COLUMN, [[] for _ in range(len(z))])
+    z = z.add_column(REJECTED_COLUMN, [0] * len(z)).cast(features)
+    zm = rejected.select_columns(cols + [BIASED_COLUMN])
+    zm = zm.add_column(REJECTED_COLUMN, [1] * len(zm)).cast(features)
+    return datasets.concatenate_datasets([z, zm])
+
+
+def encode_dataset(ds, task: TaskSpec, tokenizer, *, mode: str = "generator", max_length: int = 128,
+                   seed: int = 0, progress: bool = True):
+    """Tokenised training rows: ``input_ids``, ``hypothesis`` (mask), ``bias`` (mask) and, for G, the
+    perturbed-label sequence ``p_input_ids``/``p_hypothesis``; for G*, ``in_rejected``."""
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {MODES}, not {mode!r}")
+    task = get_task(task)
+    if mode == "conditional":
+        from .conditional import encode_conditional
+        return encode_conditional(ds, task, tokenizer, max_length=max_length, progress=progress)
+    fmt = SequenceFormat.for_tokenizer(tokenizer, task.labels)
+    labels = labels_of(ds)
+    if mode == "generator":
+        ds = ds.add_column("_perturbed", perturbed_labels(labels, task.num_labels, seed).tolist())
+    elif BIASED_COLUMN not in ds.column_names or REJECTED_COLUMN not in ds.column_names:
+        raise ConfigError(f"the debiasing fine-tune needs the columns {BIASED_COLUMN!r} and {REJECTED_COLUMN!r} "
+                          f"(build the set with debias_training_set(z_kept, z_rejected)); "
+                          f"got {ds.column_names}")
+
+    def cut(x: list[int]) -> list[int]:
+        return x[:max_length]
+
+    def enc(batch: dict[str, list]) -> dict[str, list]:
+        out: dict[str, list] = {"input_ids": [], "hypothesis": [], "bias": []}
+        if mode == "generator":
+            out.update(p_input_ids=[], p_hypothesis=[])
+        for i, (p, lab, h) in enumerate(zip(batch["premise"], batch["label"], batch["hypothesis"])):
+            feats = batch[BIASED_COLUMN][i] if mode == "debias" else ()
+            e = fmt.encode(tokenizer, p, lab, h, biased_features=feats or ())
+            for k in ("input_ids", "hypothesis", "bias"):
+                out[k].append(cut(e[k]))
+            if mode == "generator":
+                q = fmt.encode(tokenizer, p, batch["_perturbed"][i], h)
+                out["p_input_ids"].append(cut(q["input_ids"]))
+                out["p_hypothesis"].append(cut(q["hypothesis"]))
+        return out
+
+    keep = [REJECTED_COLUMN] if mode == "debias" else []
+    return ds.map(enc, batched=True, batch_size=256, remove_columns=[c for c in ds.column_names if c not in keep],
+                  desc=f"encoding ({mode})" if progress else None)
+
+
+def collate(rows: Sequence[dict[str, Any]], pad_id: int):
+    """Right-padded tensors (``mask`` 1 on real tokens); padding never enters a loss."""
+    import torch
+
+    def pad(key: str, value: int = 0, src: str | None = None):
+        seqs = [r[key] for r in rows]
+        n = max(len(s) for s in seqs)
+        return torch.tensor([list(s) + [value] * (n - len(s)) for s in seqs], dtype=torch.long)
+
+    out = {"input_ids": pad("input_ids", pad_id), "hypothesis": pad("hypothesis"), "bias": pad("bias")}
+    out["mask"] = torch.tensor([[1] * len(r["input_ids"]) + [0] * (out["input_ids"].shape[1] - len(r["input_ids"]))
+                                for r in rows], dtype=torch.long)
+    if "p_input_ids" in rows[0]:
+        out["p_input_ids"] = pad("p_input_ids", pad_id)
+        out["p_hypothesis"] = pad("p_hypothesis")
+        out["p_mask"] = torch.tensor([[1] * len(r["p_input_ids"]) + [0] * (out["p_input_ids"].shape[1] - len(r["p_input_ids"]))
+                                      for r in rows], dtype=torch.long)
+    if "loss_mask" in rows[0]:
+        out["loss_mask"] = pad("loss_mask")
+    if REJECTED_COLUMN in rows[0]:
+        out[REJECTED_COLUMN] = torch.tensor([r[REJECTED_COLUMN] for r in rows], dtype=torch.long)
+    return out
+
+
+def batch_loss(model, batch, *, mode: str, lam: float, alpha: float):
+    """The objective of ``mode`` on one collated batch -> (loss, parts)."""
+    from .losses import debias_loss, generator_loss
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["mask"]).logits
+    if mode == "conditional":
+        from .losses import mle_loss
+        mle = mle_loss(logits, batch["input_ids"], batch["mask"] * batch["loss_mask"])
+        return mle, {"mle": float(mle.detach())}
+    if mode == "generator":
+        p_logits = model(input_ids=batch["p_input_ids"], attention_mask=batch["p_mask"]).logits
+        return generator_loss(logits, batch["input_ids"], batch["mask"], p_logits, batch["p_input_ids"],
+                              batch["p_hypothesis"], lam=lam)
+    return debias_loss(logits, batch["input_ids"], batch["mask"], batch["bias"], batch[REJECTED_COLUMN], alpha=alpha)
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints (accelerator.save_state / load_state)
+
+CHECKPOINT_WEIGHTS = "trainable.pt"
+SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+
+
+def checkpoints(out_dir: Path) -> list[Path]:
+    root = out_dir / "checkpoints"
+    if not root.exists():
+        return []
+    cps = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "state.json").exists()]
+    return sorted(cps, key=lambda p: int(p.name.split("-")[1]))
+
+
+def _trainable_state(model) -> dict:
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _register_weight_hooks(accelerator) -> None:
+    """Let ``save_state``/``load_state`` store only the trainable weights (a LoRA checkpoint is the
+    adapter, not the 7B base), in ``trainable.pt``; accelerate saves and restores everything else."""
+    import torch
+
+    def save_hook(models, weights, output_dir):
+        if accelerator.is_main_process:
+            for i, model in enumerate(models):
+                name = CHECKPOINT_WEIGHTS if i == 0 else CHECKPOINT_WEIGHTS.replace(".pt", f"_{i}.pt")
+                torch.save(_trainable_state(accelerator.unwrap_model(model)), Path(output_dir) / name)
+        weights.clear()  # accelerate writes no full model copy
+
+    def load_hook(models, input_dir):
+        for i, model in enumerate(models):
+            name = CHECKPOINT_WEIGHTS if i == 0 else CHECKPOINT_WEIGHTS.replace(".pt", f"_{i}.pt")
+            _load_trainable(accelerator.unwrap_model(model), Path(input_dir) / name)
+        models.clear()  # loaded here; accelerate loads no model weights
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+def _load_trainable(target, path: Path) -> None:
+    import torch
+    state = torch.load(path, map_location="cpu")
+    params = dict(target.named_parameters())
+    missing = [n for n in state if n not in params]
+    if missing:
+        raise ConfigError(f"checkpoint {path.parent} does not fit the model (e.g. parameter {missing[0]!r}); "
+                          f"use another output folder or the same model/LoRA options as the first run")
+    with torch.no_grad():
+        for n, v in state.items():
+            params[n].copy_(v.to(params[n].device, params[n].dtype))
+
+
+def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int) -> None:
+    """``accelerator.save_state`` into a temporary folder, renamed to ``step-<step>`` when complete."""
+    root = out_dir / "checkpoints"
+    tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
+    # a `step-N` folder is replaced only when it is one of ours (it has state.json, which this function
+    # writes last); anything else under that name is the user's and is never deleted (every process
+    # checks, so that all stop together)
+    if final.exists() and not (final / "state.json").is_file():
+        raise ConfigError(f"{final} exists and is not a checkpoint of debiased-nli (no state.json); "
+                          f"it is left as it is: move it, or choose another --out")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / "state.json").write_text(json.dumps({"step": step, "processes": accelerator.num_processes}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in checkpoints(out_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def load_checkpoint(accelerator, path: Path) -> int:
+    """Restore a checkpoint written by :func:`save_checkpoint`; returns its optimizer step."""
+    if (path / "optimizer.pt").exists() and not (path / "optimizer.bin").exists():
+        raise ConfigError(f"{path} was written by an older debiased-nli (hand-written checkpoint without the "
+                          f"GradScaler and per-process RNG states); continue it with that version or start "
+                          f"over in another output folder")
+    saved = json.loads((path / "state.json").read_text())
+    if saved.get("processes", accelerator.num_processes) != accelerator.num_processes:
+        log.warning("checkpoint %s was written by %d processes, resuming with %d: the RNG states of the "
+                    "missing processes are not restored", path, saved["processes"], accelerator.num_processes)
+    accelerator.load_state(str(path))
+    return int(saved["step"])
+
+
+# ---------------------------------------------------------------------------------------------
+
+def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mode: str = "generator",
+                    lora: LoraOptions | None = None, max_steps: int | None = None, epochs: int = 5,
+                    batch_size: int = 24, grad_accum: int = 1, lr: float = 1e-5, eps: float = 1e-6,
+                    betas: Sequence[float] = (0.9, 0.999), scheduler: str = "constant", warmup_steps: int = 0,
+                    weight_decay: float = 0.0, lam: float = 0.5, alpha: float = 1.0, max_length: int = 128,
+                    checkpoint_every: int = 500, keep_checkpoints: int = 2, seed: int = 0,
+                    mixed_precision: str | None = None, cpu: bool = False, merge: bool = False,
+                    log_every: int = 10, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Train G (``mode="generator"``: MLE + lam * L_LC) or G* (``mode="debias"``: MLE on Z(D0) +
+    alpha * L_UL on Z-(D0)) from ``model`` (Hub id or folder; a LoRA adapter folder continues it).
+
+    Defaults: Wu et al. (2022), Table 7 (lr 1e-5, batch 24, 5 epochs, Adam eps 1e-6, betas (0.9, 0.999),
+    constant schedule, length 128, lambda 0.5, alpha 1.0). ``mixed_precision=None`` leaves it to
+    accelerate (``accelerate launch --mixed_precision`` / ``accelerate config``).
+    Saves the adapter (LoRA) or full model and the tokenizer to ``out_dir`` (``merged/`` too with
+    ``merge``) and returns a report (steps, losses, seconds per step, parameter counts).
+    ``stop_after`` ends the process's work after that many optimizer steps without the final save
+    (what a kill does; used to test resuming).
+    """
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+    from transformers import get_scheduler
+
+    task = get_task(task)
+    if len(ds) == 0:
+        raise EmptyResultError("the generator's training set is empty")
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
+    if scheduler == "constant" and warmup_steps:
+        raise ConfigError(f"the constant schedule has no warm-up ({warmup_steps} warm-up steps given); use "
+                          f"scheduler='constant_with_warmup'")
+    if grad_accum < 1 or batch_size < 1:
+        raise ConfigError(f"batch_size and grad_accum must be >= 1 (got {batch_size}, {grad_accum})")
+    kwargs = {} if mixed_precision is None else {"mixed_precision": mixed_precision}
+    accelerator = Accelerator(cpu=cpu, gradient_accumulation_steps=grad_accum, **kwargs)
+    _register_weight_hooks(accelerator)
+    set_seed(seed)
+    out = Path(out_dir)
+    net, tok = load_generator(model, lora=lora, trainable=True)
+    params = count_parameters(net)
+    data = encode_dataset(ds, task, tok, mode=mode, max_length=max_length, seed=seed,
+                          progress=progress and accelerator.is_main_process)
+    batches_per_epoch = math.ceil(math.ceil(len(data) / batch_size) / accelerator.num_processes)
+    steps_per_epoch = math.ceil(batches_per_epoch / grad_accum)  # accumulate() steps at an epoch's end too
+    total = max_steps or steps_per_epoch * epochs
+    optim = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, betas=tuple(betas),
+                              eps=eps, weight_decay=weight_decay)
+    # a prepared scheduler steps once per process per optimizer step (accelerate's convention)
+    sched = get_scheduler(scheduler, optim, num_warmup_steps=warmup_steps * accelerator.num_processes,
+                          num_training_steps=total * accelerator.num_processes)
+    net, optim, sched = accelerator.prepare(net, optim, sched)
+    step = 0
+    cps = checkpoints(out)
+    if cps:
+        step = load_checkpoint(accelerator, cps[-1])
+        log.info("resuming from %s (step %d)", cps[-1], step)
+    pad_id = tok.pad_token_id
+    history: list[dict] = []
+    bar = tqdm(total=total, initial=step, desc=f"train {mode}", disable=not (progress and accelerator.is_main_process))
+    net.train()
+    t0, steps_run = time.perf_counter(), 0
+    running: list[float] = []
+    epoch, done = divmod(step, steps_per_epoch)
+    skip = done * grad_accum
+    while step < total:
+        order = data.shuffle(seed=seed + epoch)
+        dl = accelerator.prepare(DataLoader(order, batch_size=batch_size, shuffle=False,
+                                            collate_fn=lambda rows: collate(rows, pad_id)))
+        if skip:
+            dl = accelerator.skip_first_batches(dl, skip)
+        for batch in dl:
+            with accelerator.accumulate(net):
+                with accelerator.autocast():
+                    loss, parts = batch_loss(net, batch, mode=mode, lam=lam, alpha=alpha)
+                accelerator.backward(loss)  # divided by grad_accum inside accumulate()
+                optim.step()       # the prepared optimizer and scheduler act only when gradients sync
+                sched.step()
+                optim.zero_grad(set_to_none=True)
+            running.append(float(loss.detach()))
+            if not accelerator.sync_gradients:
+                continue
+            step += 1
+            steps_run += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(running):.3f}")
+            if step % log_every == 0 or step == total:
+                history.append({"step": step, "loss": float(f"{np.mean(running):.6g}"),
+                                **{k: float(f"{v:.6g}") for k, v in parts.items()}, "lr": sched.get_last_lr()[0]})
+                running = []
+            if checkpoint_every and step % checkpoint_every == 0 and step < total:
+                save_checkpoint(accelerator, out, step, keep_checkpoints)
+            if stop_after is not None and steps_run >= stop_after:
+                bar.close()
+                return {"stopped_at": step}
+            if step >= total:
+                break
+        epoch, skip = epoch + 1, 0
+    bar.close()
+    seconds = time.perf_counter() - t0
+    accelerator.wait_for_everyone()
+    report = {"mode": mode, "model": model, "task": task.name, "rows": len(ds), "steps": step,
+              "steps_this_run": steps_run, "seconds": round(seconds, 2),
+              "seconds_per_step": round(seconds / max(steps_run, 1), 3), "batch_size": batch_size,
+              "grad_accum": grad_accum, "processes": accelerator.num_processes, "lr": lr, "eps": eps,
+              "betas": list(betas), "scheduler": scheduler, "warmup_steps": warmup_steps,
+              "weight_decay": weight_decay, "epochs": epochs, "lambda": lam,
+              "alpha": alpha, "max_length": max_length, "seed": seed,
+              "mixed_precision": str(accelerator.mixed_precision),
+              "lora": None if lora is None else {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
+                                                   "target_modules": lora.target_modules},
+              "parameters": params, "history": history, "resumed_from": cps[-1].name if cps else None}
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(net)
+        save_generator(unwrapped, tok, out, card=report)
+        if merge:
+            report["merged"] = save_generator(unwrapped, tok, out / "merged", merge=True, card=report)
+        (out / "train_report.json").write_text(json.dumps(report, indent=2, default=str))
+    accelerator.wait_for_everyone()
+    return report

@@ -1,0 +1,57 @@
+"""The shallow model theta_s and the bias degree (Wang et al. 2023, section 2.1).
+
+"we randomly select some training samples to train a shallow model ... we directly use the model
+confidence p(y_i | x_i; theta_s) to quantify the bias degree of (x_i, y_i)". theta_s is any sequence
+classifier fine-tuned with :func:`debiased_nli.models.training.train_classifier` on a seeded random subset
+(``max_train_rows``; 2K rows for SNLI/MNLI, 0.5K for FEVER, 3 epochs, lr 5e-5, section 3.1), and
+beta_i is its softmax probability of the gold label (:func:`debiased_nli.methods.confidence.label_probabilities`,
+columns mapped onto the task's labels by name).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ...data.loading import labels_of
+from ...data.tasks import TaskSpec, get_task
+
+
+def train_shallow(pool, task: "str | TaskSpec", model: str, out_dir: "str | Path", *, rows: int, epochs: float,
+                  lr: float, seed: int, batch_size: int = 16, max_length: int = 128, save_steps: int = 50,
+                  progress: bool = True) -> dict:
+    """Fine-tune theta_s on ``rows`` random rows of ``pool`` (seed ``seed``) into ``out_dir``.
+
+    No dev set: the paper trains a fixed number of epochs. A checkpoint every ``save_steps`` steps;
+    a rerun resumes from the last one, and a folder with a finished model (``debiased_nli_train.json``)
+    is reused as it is.
+    """
+    from ...models.training import TRAIN_CONFIG_FILE, TrainConfig, train_classifier
+
+    out = Path(out_dir)
+    done = out / TRAIN_CONFIG_FILE
+    if done.exists():
+        return json.loads(done.read_text())["result"]
+    cfg = TrainConfig(model=model, output_dir=str(out), learning_rate=lr, batch_size=batch_size,
+                      max_length=max_length, epochs=float(epochs), seed=seed, data_seed=seed, max_train_rows=rows,
+                      save_total_limit=1, eval_steps=save_steps, progress=progress)
+    return train_classifier(cfg, task, pool).to_dict()
+
+
+def gold_label_probabilities(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """beta_i = p(y_i | x_i): the probability of each row's own label."""
+    labels = np.asarray(labels, dtype=np.int64)
+    return probs[np.arange(len(labels)), labels] if len(labels) else np.zeros(0)
+
+
+def bias_degree(ds, model: str, task: "str | TaskSpec", *, batch_size: int = 64, max_length: int = 128,
+                progress: bool = True, tokenizer=None) -> np.ndarray:
+    """beta of every row of ``ds`` under theta_s (a folder, or a loaded model with ``tokenizer``)."""
+    from ..confidence import label_probabilities, load_classifier
+
+    task = get_task(task)
+    clf, tok = load_classifier(model, tokenizer)
+    probs = label_probabilities(ds, clf, tok, task, batch_size=batch_size, max_length=max_length,
+                                progress=progress, model_name=model if isinstance(model, str) else "theta_s")
+    return gold_label_probabilities(probs, labels_of(ds))

@@ -1,0 +1,116 @@
+"""A release card's link to its rows of the efficacy table (``benchmarks/efficacy.py``, issue 14).
+
+``debiased-nli build ... --efficacy benchmarks/results/efficacy.json`` puts, for every config of the
+release that has a row in the table, the measured accuracies (mean ± std over seeds) and their
+difference from the table's reference row (the model trained on the original data) into the card, so a
+user sees what training on a config costs or gains before picking it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from ..utils.errors import ConfigError
+
+TABLE_SCHEMA = "debiased-nli/efficacy-table/v1"
+
+
+def load_table(path: "str | Path") -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"efficacy table {p} does not exist; give the efficacy.json that "
+                          f"`python benchmarks/efficacy.py report` writes")
+    table = json.loads(p.read_text())
+    if table.get("schema") != TABLE_SCHEMA:
+        raise ConfigError(f"{p} is not an efficacy table (schema {table.get('schema')!r}, expected {TABLE_SCHEMA!r})")
+    return table
+
+
+def _cell(v: dict | None) -> str:
+    if not v:
+        return "–"
+    return f"{100 * v['mean']:.1f}" + (f" ± {100 * v['std']:.1f}" if v.get("std") is not None else "")
+
+
+def train_rows_text(entry: dict) -> str:
+    """A table row's training size; each seed's where they differ (a release rebuilt on another machine
+    need not keep the same rows). Seeds are JSON keys once the table is read back, hence ``int``."""
+    sizes = entry.get("train_rows_by_seed") or {}
+    if len(set(sizes.values())) > 1:
+        return " / ".join(f"{n:,} (s{s})" for s, n in sorted(sizes.items(), key=lambda kv: int(kv[0])))
+    return f"{entry['train_rows']:,}"
+
+
+def difference_cells(calls: dict, sets: Sequence[str]) -> str:
+    """A table row's cells: the difference per set, starred where it is called, – where a set is missing."""
+    cells = []
+    for s in sets:
+        c = calls.get(s)
+        cells.append("–" if not c else f"{c['difference']:+.1f}" + ("*" if c["call"] in ("helps", "hurts") else ""))
+    return " | ".join(cells)
+
+
+def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
+    """The table's other comparisons whose first row is one of ``rows`` (above all: a config against a random
+    subset of the original of its own size, which separates debiased data from less data)."""
+    sets = table["sets"]
+    comps = [c for c in table.get("comparisons") or [] if c["row"] in set(rows)]
+    if not comps:
+        return None
+    lines = ["| comparison | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
+    for c in comps:
+        lines.append(f"| `{c['row']}` − `{c['against']}` | {c['why'] or '–'} | " + difference_cells(c["sets"], sets) + " |")
+    return ("Against other rows of the table (first minus second, points; * = more than 2 standard errors and "
+            "1 point):\n\n" + "\n".join(lines))
+
+
+def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | None = None,
+                  sizes: "dict[str, int] | None" = None) -> str | None:
+    """Markdown for the card: the reference row and the rows trained on one of ``configs`` (finished or
+    pending), the table's comparisons of those rows (e.g. against a random subset of the same size), and,
+    given ``sizes`` (this release's train rows per config), a note where the table's models trained on a
+    build of another size; None when the table has no row for any of them."""
+    table = load_table(path)
+    ref_name = table["reference"]
+    rows = {n: e for n, e in table["rows"].items() if (e.get("data") or {}).get("config") in set(configs)}
+    if not rows:
+        return None
+    ref = table["rows"].get(ref_name, {})
+    sets = table["sets"]
+    head = "| model trained on | train rows | seeds | " + " | ".join(sets) + " |"
+    lines = [head, "|---|---:|---:|" + "---:|" * len(sets)]
+    for name, e in [(ref_name, ref)] + list(rows.items()):
+        if not e.get("sets"):
+            lines.append(f"| `{name}` | pending | – | " + " | ".join("–" for _ in sets) + " |")
+            continue
+        cells = []
+        for s in sets:
+            c = _cell(e["sets"].get(s))
+            if name != ref_name and s in e["sets"] and s in (ref.get("sets") or {}):
+                c += f" ({100 * (e['sets'][s]['mean'] - ref['sets'][s]['mean']):+.1f})"
+            cells.append(c)
+        lines.append(f"| `{name}` | {train_rows_text(e)} | {len(e['seeds_done'])} | " + " | ".join(cells) + " |")
+    model = Path(str(table["plan"].get("model", "the model"))).name
+    pending = [f"`{n}` ({e['pending_reason']})" for n, e in rows.items() if not e.get("sets") and e.get("pending_reason")]
+    text = (f"Accuracy (%) of `{model}` trained on each config with the same settings, mean ± std over seeds, "
+            f"on the full challenge sets; in brackets the difference from `{ref_name}` (the original data). "
+            f"From the efficacy table{f' ({source})' if source else ''}, {table['created']}.\n\n" + "\n".join(lines))
+    comps = _comparisons_md(table, [n for n, e in rows.items() if e.get("sets")])
+    if comps:
+        text += "\n\n" + comps
+    if pending:
+        text += "\n\nNot measured yet: " + "; ".join(pending) + "."
+    notes = []
+    for name, e in rows.items():
+        config = (e.get("data") or {}).get("config")
+        have = (sizes or {}).get(config)
+        by_seed = e.get("train_rows_by_seed") or ({0: e["train_rows"]} if e.get("train_rows") else {})
+        trained = sorted(set(by_seed.values()))
+        if have is not None and any(n != have for n in trained):
+            notes.append(f"`{name}` trained on {' / '.join(f'{n:,}' for n in trained)} rows of `{config}`, "
+                         f"this release's `{config}` has {have:,}")
+    if notes:
+        text += ("\n\nThe table's models trained on a build of another size (a release rebuilt on another "
+                 "machine need not keep the same rows): " + "; ".join(notes) + ".")
+    return text + "\n"

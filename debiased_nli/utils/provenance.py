@@ -1,0 +1,42 @@
+"""What produced an output: library versions and the project's git revision, for manifests and reports."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+PACKAGES = ("debiased-nli", "numpy", "scipy", "pyarrow", "datasets", "huggingface_hub", "scikit-learn", "evaluate",
+            "transformers", "accelerate", "peft", "torch")
+
+
+def library_versions() -> dict[str, str]:
+    """Python and the installed versions of the libraries a result depends on (read from package
+    metadata, so nothing heavy is imported)."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_hash() -> str | None:
+    """The checkout's commit (``-dirty`` if tracked files changed), or None outside a git checkout."""
+    if os.environ.get("DEBIASED_NLI_GIT_COMMIT"):  # a copy of a checkout without .git (a lent GPU machine)
+        return os.environ["DEBIASED_NLI_GIT_COMMIT"]
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "pyproject.toml").exists():  # an installed wheel: site-packages is not the project's checkout
+        return None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")

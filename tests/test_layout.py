@@ -1,0 +1,128 @@
+"""The package's layout by stage (issue 33): every import, at module level or inside a function, goes from a
+later stage to an earlier one or stays inside its own stage; no module imports itself back through others (no
+cycle); no private name (``_x``) is imported from another package."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "debiased_nli"
+# the stages in pipeline order: each may import only from itself and the ones before it
+STAGES = ("utils", "data", "models", "bias", "methods", "release", "cli")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(modules: dict[str, Path]) -> list[tuple[str, str, str, int]]:
+    """(importer, imported module, imported name or "", line) for every import of a debiased_nli module."""
+    out = []
+    for name, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out += [(name, a.name, "", node.lineno) for a in node.names if a.name.startswith("debiased_nli")]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".") if is_pkg else name.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                if not mod.startswith("debiased_nli"):
+                    continue
+                for a in node.names:
+                    sub = f"{mod}.{a.name}"
+                    out.append((name, sub, "", node.lineno) if sub in modules else (name, mod, a.name, node.lineno))
+    return out
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else None
+
+
+def test_every_module_lives_in_a_stage():
+    loose = sorted(m for m in _modules() if m != "debiased_nli" and _stage(m) is None and not m.startswith(
+        "debiased_nli._"))
+    assert loose == [], f"modules outside the stage packages {STAGES}: {loose}"
+
+
+def test_no_import_from_a_later_stage():
+    wrong = []
+    for importer, mod, _, line in _imports(_modules()):
+        a, b = _stage(importer), _stage(mod)
+        if a and b and STAGES.index(b) > STAGES.index(a):
+            wrong.append(f"{importer}:{line} imports {mod} ({b} comes after {a})")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for importer, mod, _, _ in _imports(modules):
+        if mod in modules and mod != importer:
+            graph[importer].add(mod)
+    # a package's __init__ importing its own submodules is how a package exposes them, not a cycle
+    for m in modules:
+        graph[m] = {d for d in graph[m] if not (modules[m].name == "__init__.py" and d.startswith(m + "."))}
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_no_private_name_is_imported_from_another_package():
+    wrong = []
+    for importer, mod, name, line in _imports(_modules()):
+        importer_pkg = importer.rsplit(".", 1)[0] if not (PACKAGE.parent / Path(*importer.split("."))).is_dir() \
+            else importer
+        target = mod if not name else mod
+        target_pkg = target.rsplit(".", 1)[0] if not (PACKAGE.parent / Path(*target.split("."))).is_dir() else target
+        private = (name or target.rsplit(".", 1)[-1]).startswith("_") and not (name or "").startswith("__")
+        if private and target_pkg != importer_pkg and not target.rsplit(".", 1)[-1].startswith("__"):
+            wrong.append(f"{importer}:{line} imports private {name or target} from {target_pkg}")
+    assert wrong == [], "\n".join(wrong)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stage_imports_on_its_own(stage):
+    """Importing a stage package alone works (no hidden dependence on import order)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", f"import debiased_nli.{stage}"], capture_output=True, text=True,
+                          cwd=PACKAGE.parent)
+    assert proc.returncode == 0, proc.stderr
