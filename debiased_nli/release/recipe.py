@@ -318,7 +318,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     return _write(run, out_dir, configs, default, loaded, feats, efficacy=efficacy, overwrite=overwrite)
 
 
-# the z-filter's dropped rows, written like a filter step's: the reason is the biased features that rejected each
+# the z-filter's dropped rows, written like a filter step's: their reason is the biased features that rejected
+# each (bias.zfilter.REJECTED_BY; not imported here, so that `--help` reads this module without numpy)
 Z_REJECTS = Rejects(reason="rejected_by")
 
 
@@ -332,7 +333,7 @@ class _Run:
     seed: int
     progress: bool = True
     timings: bool = False
-    context: dict = dataclasses.field(default_factory=dict)
+    context: dict = dataclasses.field(init=False)  # every key of .steps.CONTEXT
     stages: list = dataclasses.field(default_factory=list)
     reports: dict = dataclasses.field(default_factory=dict)
 
