@@ -141,6 +141,7 @@ def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
                           fingerprint=Hasher.hash([ds._fingerprint, "files_source", origin, method]))
     ctx["sources"].append(loaded.source)
     ctx["set_aside"].append((f"new_rows:{method}", loaded.set_aside))
+    ctx["loaded_rows"] = ctx.get("loaded_rows", 0) + loaded.counts["loaded"]  # for the set-aside line
     return ds
 
 
@@ -319,6 +320,7 @@ class BuildResult:
     out_dir: Path
     configs: dict[str, int]
     manifest: dict
+    set_aside_note: str | None = None   # one line about the rows set aside on loading (None: there were none)
 
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
@@ -371,7 +373,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
            timings: bool = False) -> BuildResult:
     import datasets
 
-    from .data import combine_set_aside, contiguous, labels_of, load_task, parse_data_files, require_two_labels
+    from .data import (combine_set_aside, contiguous, labels_of, load_task, parse_data_files, require_two_labels,
+                       set_aside_summary)
     from .features import describe_extractors
     from .features import FEATURE_PREFIX
     from .featurize import add_features, add_features_pair, featurize_build
@@ -404,6 +407,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     loaded = load_task(task, d["split"], data_files=files, on_invalid=d["on_invalid"], revision=d["revision"],
                        max_rows=d["max_rows"])
     ctx["sources"].append(loaded.source)
+    ctx["loaded_rows"] = loaded.counts["loaded"]
     stage("load", clock, detail=f"{task.name} split {d['split']!r}", counts=loaded.counts)
     # each column in one piece of memory (D0 read from many files has many): see data.contiguous
     d0 = loaded.dataset = contiguous(loaded.dataset)
@@ -424,6 +428,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         ev = load_task(task, split, data_files=files, on_invalid=d["on_invalid"], revision=d["revision"])
         ctx["sources"].append(ev.source)
         ctx["set_aside"].append((f"eval:{split}", ev.set_aside))
+        ctx["loaded_rows"] += ev.counts["loaded"]
         eval_splits[split] = ev.dataset
         stage(f"load {split}", clock, detail="copied unchanged into every config", counts=ev.counts)
 
@@ -578,4 +583,5 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0,
                         overwrite=overwrite, set_aside=set_aside, original_features=parts(all0=True), timings=timings,
                         num_proc=zc["num_proc"])
-    return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest)
+    return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest,
+                       set_aside_summary(set_aside, ctx["loaded_rows"]))
