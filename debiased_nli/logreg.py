@@ -133,11 +133,11 @@ class _Sparse:
 
     def times(self, w: np.ndarray) -> np.ndarray:
         """X @ w for one column vector w (length V): entry products, then a sequential sum per row."""
-        return np.bincount(self.rows, weights=self.data * w[self.cols], minlength=self.n)
+        return np.bincount(self.rows, weights=self.data * np.take(w, self.cols), minlength=self.n)
 
     def t_times(self, r: np.ndarray) -> np.ndarray:
         """X.T @ r for one vector r (length n): entry products, then a sequential sum per column."""
-        return np.bincount(self.cols, weights=self.data * r[self.rows], minlength=self.V)
+        return np.bincount(self.cols, weights=self.data * np.take(r, self.rows), minlength=self.V)
 
 
 # ------------------------------------------------------------------------------ TF-IDF
@@ -232,16 +232,6 @@ class LogisticRegression:
         hb = np.array([seqsum(R[k]) / n for k in range(K)])
         return hW, hb
 
-    def _hess_diag(self, A: _Sparse, P: np.ndarray):
-        """The Hessian's diagonal (the conjugate gradients' Jacobi preconditioner)."""
-        K, n = P.shape
-        Q = P * (1.0 - P)
-        reg = 1.0 / (self.C * n)
-        sq = A.data * A.data
-        dW = np.stack([np.bincount(A.cols, weights=sq * Q[k][A.rows], minlength=A.V) / n + reg for k in range(K)])
-        db = np.array([seqsum(Q[k]) / n for k in range(K)])
-        return dW, np.maximum(db, 1e-12)
-
     def fit(self, X, y) -> "LogisticRegression":
         X = canonical_csr(X)
         # as scikit-learn: the classes are the labels present (a class absent from y has no finite optimum)
@@ -269,32 +259,30 @@ class LogisticRegression:
         for newton in range(self.max_iter):
             if gmax_of(gW, gb) <= self.tol:
                 break
-            # preconditioned conjugate gradients on H d = -g, to a residual of min(0.5, sqrt|g|) |g|
-            # (the forcing term of inexact Newton: superlinear convergence, few CG steps early on)
-            MW, Mb = self._hess_diag(A, P)
+            # conjugate gradients on H d = -g, to a residual of min(0.5, sqrt|g|) |g| (the forcing term of
+            # inexact Newton: superlinear convergence, few CG steps early on). A Jacobi preconditioner was
+            # measured and left out: it did not reduce the CG steps on the SNLI sample's folds.
             gnorm2 = dot(gW, gb, gW, gb)
             eta2 = min(0.25, math.sqrt(gnorm2))
             dW, db = np.zeros_like(W), np.zeros_like(b)
             rW, rb = -gW, -gb
-            zW, zb = rW / MW, rb / Mb
-            pW, pb = zW, zb
-            rz = dot(rW, rb, zW, zb)
+            pW, pb = rW, rb
+            rr = gnorm2
             for _ in range(MAX_CG):
                 hW, hb = self._hess_vec(A, P, pW, pb)
                 curv = dot(pW, pb, hW, hb)
                 if not curv > 0.0:                       # only at round-off level: the objective is convex
                     break
-                alpha = rz / curv
+                alpha = rr / curv
                 dW, db = dW + alpha * pW, db + alpha * pb
                 rW, rb = rW - alpha * hW, rb - alpha * hb
                 cg_steps += 1
-                if dot(rW, rb, rW, rb) <= eta2 * gnorm2:
+                rr_new = dot(rW, rb, rW, rb)
+                if rr_new <= eta2 * gnorm2:
                     break
-                zW, zb = rW / MW, rb / Mb
-                rz_new = dot(rW, rb, zW, zb)
-                beta = rz_new / rz
-                pW, pb = zW + beta * pW, zb + beta * pb
-                rz = rz_new
+                beta = rr_new / rr
+                pW, pb = rW + beta * pW, rb + beta * pb
+                rr = rr_new
             if not (np.any(dW) or np.any(db)):
                 dW, db = -gW, -gb
             # backtracking (Armijo) line search from the full Newton step
