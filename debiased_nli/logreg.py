@@ -14,8 +14,11 @@ that its outputs depend on the inputs and the code alone:
   entry, correctly rounded, so the same bits on every CPU) followed by ``np.bincount(..., weights=)``,
   a sequential loop in storage order: the same additions in the same order on every machine. The
   matrix is put in canonical form first (sorted column ids within each row), so that order does not
-  depend on how the matrix was built or sliced. Every other sum (the loss, the intercept's gradient,
-  the conjugate-gradient dot products) is ``math.fsum``: the exactly rounded sum, independent of order.
+  depend on how the matrix was built or sliced. The loss (which the line search compares) is summed
+  with ``math.fsum``, the exactly rounded sum, independent of order; the other long sums (the
+  intercept's gradient, the conjugate-gradient dot products) are ``np.cumsum``'s last entry: a strictly
+  left-to-right sum (it has to produce every prefix), where a pairwise, SIMD or threaded sum could
+  group the additions differently on another machine or numpy.
 * **No multiply-add fusion.** Each step is its own numpy ufunc call, so no compiler can fuse a multiply
   and an add into one FMA (which rounds once instead of twice) on machines that have FMA and not on
   others.
@@ -26,12 +29,14 @@ that its outputs depend on the inputs and the code alone:
   bits everywhere (within a few units in the last place of the true value, far below what matters).
 * **Converged far below the decision margin.** Newton-CG runs until the largest gradient entry of the
   (1/n-scaled) objective is below :data:`TOL` (1e-10; scikit-learn stops at 1e-4), which it reaches in
-  a handful of quadratically converging Newton steps: the fitted logits are the optimum's to about
-  1e-9, so a prediction depends on the problem, not on where a solver happened to stop.
+  a handful of quadratically converging Newton steps. Measured on a 16k-row fold of the SNLI sample: the
+  logits are within 2e-9 of a fit run to a gradient of 1e-18 (scikit-learn's stopping point: 0.014
+  away), so a prediction depends on the problem, not on where a solver happened to stop.
 * **An exact tie rule.** A row's prediction is the label of the highest logit; labels whose logits are
   within :data:`TIE_MARGIN` (1e-7) of the highest count as tied, and the lowest label index among them
   wins. The margin is two orders of magnitude above the solver's distance to the optimum, so a row is
-  called a tie by any accurate solver alike; the number of ties is recorded (``n_ties``).
+  called a tie by any accurate solver alike; the number of ties is recorded (``ties`` in the manifest's
+  hypothesis-only record; 0 on the SNLI sample, whose smallest top-two margin is 1.6e-4).
 
 With every operation either exact, correctly rounded or a fixed-order sequence of those, the fitted
 weights, probabilities and predictions are bit-for-bit the same on any IEEE-754 machine running the
