@@ -28,12 +28,13 @@ _WRAPPER = ("import json, sys, numpy, threadpoolctl; "
 
 
 def _numpy_avx512_features() -> list[str]:
-    """numpy's run-time dispatch targets above AVX2 (X86_V4, AVX512_*; AVX512F, ... in numpy 1.x)."""
+    """numpy's run-time dispatch targets above AVX2 that this CPU has (X86_V4, AVX512_*; AVX512F, ... in
+    numpy 1.x): switched off, numpy runs the code it runs on an AVX2-only machine. Empty on such a machine."""
     try:
         from numpy._core import _multiarray_umath as umath
     except ImportError:  # numpy 1.x
         from numpy.core import _multiarray_umath as umath
-    return [f for f in umath.__cpu_dispatch__ if "512" in f or f == "X86_V4"]
+    return [f for f in umath.__cpu_dispatch__ if ("512" in f or f == "X86_V4") and umath.__cpu_features__.get(f)]
 
 
 def _env(tmp: Path, name: str, **settings) -> dict:
