@@ -54,23 +54,11 @@ from .features import FeatureMatrix
 LOGREG_SOLVER = {"solver": "newton-cg (debiased_nli.logreg, machine-independent)", "tol": 1e-10, "max_iter": 100,
                  "tie_margin": 1e-7}
 
-# scikit-learn's Newton-CG: PDD's own hypothesis-only model (debiased_nli.pdd.hyponly) still uses it
-SKLEARN_LOGREG_SOLVER = {"solver": "newton-cg", "tol": 1e-4, "max_iter": 100}
-
 
 def logistic_regression(C: float = 1.0, seed: int = 0, max_iter: int | None = None):
-    """scikit-learn's (unfitted) logistic regression: L2 penalty ``C``, :data:`SKLEARN_LOGREG_SOLVER`
-    (PDD's hypothesis-only model; the TF-IDF model of the ``hypo-only-pred`` feature uses
-    :func:`exact_logistic_regression`)."""
-    from sklearn.linear_model import LogisticRegression
-
-    settings = dict(SKLEARN_LOGREG_SOLVER, **({"max_iter": int(max_iter)} if max_iter is not None else {}))
-    return LogisticRegression(C=C, random_state=seed, **settings)
-
-
-def exact_logistic_regression(C: float = 1.0, max_iter: int | None = None):
     """The TF-IDF model's (unfitted) logistic regression: L2 penalty ``C``, :data:`LOGREG_SOLVER`, the same
-    bits on every machine (:class:`debiased_nli.logreg.LogisticRegression`)."""
+    bits on every machine (:class:`debiased_nli.logreg.LogisticRegression`; it draws nothing at random,
+    so ``seed`` changes nothing: kept for the callers that pass one)."""
     from .logreg import LogisticRegression
 
     return LogisticRegression(C=C, tol=LOGREG_SOLVER["tol"],
@@ -224,7 +212,7 @@ def fit_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, seed: i
     columns = hypothesis_columns(fm, min_df)
     tfidf = tfidf_transformer()
     X = tfidf.fit_transform(hypothesis_matrix(fm, columns=columns))
-    clf = exact_logistic_regression(C, max_iter).fit(X, np.asarray(labels, dtype=np.int64))
+    clf = logistic_regression(C, seed, max_iter).fit(X, np.asarray(labels, dtype=np.int64))
     return TfidfHypothesisOnly(columns, tfidf, clf, num_labels)
 
 
@@ -253,7 +241,7 @@ def _fit_logregs(X, labels: np.ndarray, row_sets: Sequence[np.ndarray], *, C: fl
     if n_jobs == "auto":  # parallel only where it pays for starting the processes
         n_jobs = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) \
             if X.shape[0] >= PARALLEL_FIT_MIN_ROWS else 1
-    models = [exact_logistic_regression(C, max_iter) for _ in row_sets]
+    models = [logistic_regression(C, seed, max_iter) for _ in row_sets]
     if n_jobs is not None and int(n_jobs) > 1 and len(row_sets) > 1:
         from joblib import Parallel, delayed
 
