@@ -887,6 +887,7 @@ def summarise(plan: Plan) -> dict:
                                     "n": us[0]["sets"][s]["n"], "subsampled": us[0]["sets"][s]["subsampled"]}
             entry["breakdowns"] = _breakdowns(us)
             entry["data_fingerprints"] = {u["seed"]: u["data"].get("content_fingerprint") for u in us}
+            entry["data_builds"] = {u["seed"]: _build_of(u["data"]) for u in us}
             entry["subset_per_seed"] = per_unit_subset(row)
             entry["predicted_shares"] = _predicted_shares(us)
         table["rows"][name] = entry
@@ -1148,7 +1149,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         status = f"{done}/{len(e['seeds_planned'])} seeds" + ("; pending" if e["pending_reason"] else "")
         if e.get("sets"):
             L.append(f"| `{name}` | {status} | {train_rows_text(e)} | "
-                     f"{_same_rows(e.get('data_fingerprints') or {}, e.get('subset_per_seed', False), e.get('train_rows_by_seed'))} | "
+                     f"{_same_rows(e.get('data_fingerprints') or {}, e.get('subset_per_seed', False), e.get('train_rows_by_seed'), e.get('data_builds'))} | "
                      f"{e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
                      f"{e['eval_seconds']:.0f} | {e['eval_examples_per_second']:.0f} | {100 * e['dev_accuracy_selection']:.1f} | "
                      + ", ".join(f"`{c[:10]}{'-dirty' if c.endswith('-dirty') else ''}`" for c in e["commits"]) + " |")
@@ -1170,17 +1171,39 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
     path.write_text("\n".join(L))
 
 
-def _same_rows(fingerprints: dict, per_seed: bool = False, sizes: dict | None = None) -> str:
+def _build_of(data: dict) -> str | None:
+    """Which build of its data a unit read, where the unit has no content fingerprint to say which rows:
+    the release's manifest sha256 (a release folder) or the commit it was built at (a release the harness
+    built). Two seeds with different builds may have trained on different rows. (``datasets``' own
+    fingerprint is no such sign: it hashes the path and modification time, which change on a copy.)"""
+    for key in ("release_manifest_sha256", "built_at_commit"):
+        if data.get(key):
+            return f"{key}:{data[key]}"
+    return None
+
+
+def _same_rows(fingerprints: dict, per_seed: bool = False, sizes: dict | None = None,
+               builds: dict | None = None) -> str:
     """Whether the finished seeds of a row trained on the same rows, from their content fingerprints
     (``debiased_nli.data.loading.content_fingerprint``; units finished before it was recorded have none) and,
-    failing those, their sizes. ``per_seed``: a random control drawn anew for each seed, whose rows are
-    meant to differ."""
+    failing those, their sizes and which build of the data they read (``builds``, :func:`_build_of`): a
+    seed without a content fingerprint that read another build than another seed is marked, since the
+    two may have trained on different rows (a release rebuilt on another machine or at another commit).
+    ``per_seed``: a random control drawn anew for each seed, whose rows are meant to differ."""
     known = {s: f for s, f in fingerprints.items() if f}
     if per_seed:
         return f"no, drawn anew per seed ({len(set(known.values()))} distinct in {len(known)} seeds)"
     if sizes and len(set(sizes.values())) > 1:
         return "**no**: " + ", ".join(f"s{s} {n:,} rows" for s, n in sorted(sizes.items()))
     missing = sorted(s for s in fingerprints if s not in known)
+    builds = {s: b for s, b in (builds or {}).items() if b}
+    unverified = sorted(s for s in missing if s in builds and any(builds.get(o) not in (None, builds[s])
+                                                                  for o in fingerprints if o != s))
+    if unverified and len(set(known.values())) <= 1:
+        ids = {b: f"b{i + 1}" for i, b in enumerate(dict.fromkeys(builds[s] for s in sorted(builds)))}
+        return ("**maybe not**: the seeds read different builds (" +
+                ", ".join(f"s{s} {ids[builds[s]]}" for s in sorted(builds)) +
+                f"); contents not recorded for seed {', '.join(map(str, missing))}")
     if not known:
         return "not recorded"
     distinct = sorted(set(known.values()))

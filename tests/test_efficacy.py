@@ -505,3 +505,26 @@ def test_the_gpu_kit_empties_only_a_folder_it_made(tmp_path):
     empty.mkdir()
     gpu_kit.clear_kit(empty)
     assert (empty / gpu_kit.MARKER).exists()
+
+
+def test_seeds_without_content_fingerprints_that_read_different_builds_are_marked():
+    # issue 32: aflite seed 0 and z_aug seed 0 had no content fingerprint, and their release had been rebuilt
+    # (another manifest sha256, another commit) before seeds 1-2 trained: "not recorded" hid it
+    aflite = [{"kind": "release_dir", "release_manifest_sha256": "2aa7", "fingerprint": "x"},
+              {"kind": "release_dir", "release_manifest_sha256": "c0a2", "fingerprint": "y"},
+              {"kind": "release_dir", "release_manifest_sha256": "c0a2", "fingerprint": "z", "content_fingerprint": "e" * 16}]
+    builds = {s: efficacy._build_of(d) for s, d in enumerate(aflite)}
+    fps = {s: d.get("content_fingerprint") for s, d in enumerate(aflite)}
+    assert efficacy._same_rows(fps, builds=builds) == (
+        "**maybe not**: the seeds read different builds (s0 b1, s1 b2, s2 b2); contents not recorded for seed 0, 1")
+    z_aug = {0: {"kind": "release", "built_at_commit": "76a7"}, 1: {"kind": "release", "built_at_commit": "d6a6",
+                                                                     "content_fingerprint": "b" * 16}}
+    assert efficacy._same_rows({s: d.get("content_fingerprint") for s, d in z_aug.items()},
+                               builds={s: efficacy._build_of(d) for s, d in z_aug.items()}).startswith("**maybe not**")
+    # the same build, or contents known to be the same across builds: not marked; datasets' own fingerprint
+    # (path and mtime) is no sign of other rows
+    same = {s: efficacy._build_of({"built_at_commit": "76a7", "fingerprint": str(s)}) for s in (0, 1)}
+    assert efficacy._same_rows({0: None, 1: "b" * 16}, builds=same) == "one seed (`bbbbbbbb`); not recorded for seed 0"
+    rebuilt_same = {0: "commit:a", 1: "commit:b"}
+    assert efficacy._same_rows({0: "b" * 16, 1: "b" * 16}, builds=rebuilt_same) == "yes (`bbbbbbbb`)"
+    assert efficacy._build_of({"kind": "files", "fingerprint": "e902"}) is None

@@ -248,6 +248,7 @@ class BuildResult:
     manifest: dict
     # every step's report by its stage's name (the filter steps' are also in the manifest's stages)
     reports: dict[str, Any] = dataclasses.field(default_factory=dict)
+    set_aside_note: str | None = None   # one line about the rows set aside on loading (None: there were none)
 
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
@@ -336,6 +337,7 @@ class _Run:
     context: dict = dataclasses.field(init=False)  # every key of .steps.CONTEXT
     stages: list = dataclasses.field(default_factory=list)
     reports: dict = dataclasses.field(default_factory=dict)
+    loaded_rows: int = 0  # rows read from every input, for the terminal's set-aside line
 
     def __post_init__(self):
         self.context = {"recipe": self.recipe, "seed": self.seed, "sources": [], "set_aside": []}
@@ -376,6 +378,7 @@ def _load_inputs(run: _Run):
     loaded = load_task(task, d["split"], data_files=files, on_invalid=d["on_invalid"], revision=d["revision"],
                        max_rows=d["max_rows"])
     run.context["sources"].append(loaded.source)
+    run.loaded_rows += loaded.counts["loaded"]
     run.stage("load", clock, detail=f"{task.name} split {d['split']!r}", counts=loaded.counts)
     # each column in one piece of memory (D0 read from many files has many): see data.contiguous
     d0 = loaded.dataset = contiguous(loaded.dataset)
@@ -394,6 +397,7 @@ def _load_inputs(run: _Run):
         ev = load_task(task, split, data_files=files, on_invalid=d["on_invalid"], revision=d["revision"])
         run.context["sources"].append(ev.source)
         run.context["set_aside"].append((f"eval:{split}", ev.set_aside))
+        run.loaded_rows += ev.counts["loaded"]
         eval_splits[split] = ev.dataset
         run.stage(f"load {split}", clock, detail="copied unchanged into every config", counts=ev.counts)
     return loaded, eval_splits
@@ -407,7 +411,11 @@ def _run_source_steps(run: _Run):
     for spec in run.recipe["new_rows"]:
         clock = time.perf_counter()
         step = get_step("source", spec["step"])
+        before = len(run.context["set_aside"])
         result = step.run(run.task, {k: v for k, v in spec.items() if k != "step"}, context=run.context)
+        loads = run.context["set_aside"][before:]
+        if loads:  # a step that read files (and recorded what it set aside): its rows were loaded, not made
+            run.loaded_rows += len(result.rows) + sum(len(rows) for _, rows in loads if rows is not None)
         sources.append(result.rows)
         run.reports[f"new rows: {spec['step']}"] = result.report
         run.stage(f"new rows: {spec['step']}", clock, counts={"rows": len(result.rows)})
@@ -575,7 +583,7 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
            overwrite: bool) -> BuildResult:
     """The manifest and the card's metadata, then the release folder (see :func:`.layout.write_release`)."""
     from ..bias.features import describe_extractors
-    from ..data.loading import combine_set_aside
+    from ..data.loading import combine_set_aside, set_aside_summary
     from .layout import write_release
 
     recipe, task = run.recipe, run.task
@@ -604,4 +612,5 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
     out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=feats.d0,
                         overwrite=overwrite, set_aside=set_aside, original_features=feats.parts(all0=True),
                         timings=run.timings, num_proc=recipe["z_filter"]["num_proc"])
-    return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest, run.reports)
+    return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest, run.reports,
+                       set_aside_summary(set_aside, run.loaded_rows))
