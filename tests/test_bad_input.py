@@ -766,7 +766,7 @@ def test_evaluate_refuses_a_head_that_was_never_trained(tiny_models, world, caps
 
 
 def test_evaluate_warns_on_label_i_heads_and_takes_label_order(tiny_models, caplog):
-    from debiased_nli.models.evaluation import load_classifier
+    from debiased_nli.models.classifier import load_classifier
 
     with caplog.at_level("WARNING"):
         clf = load_classifier(str(tiny_models["generic"]), "cpu")

@@ -272,7 +272,7 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
 def test_length_batches_cover_every_row_once_within_the_row_and_token_budgets():
     import numpy as np
 
-    from debiased_nli.models.evaluation import length_batches
+    from debiased_nli.models.classifier import length_batches
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 120, size=1000)
@@ -288,7 +288,7 @@ def test_length_batches_cover_every_row_once_within_the_row_and_token_budgets():
 def test_predictions_do_not_depend_on_the_batching(setup, shared_data):
     import numpy as np
 
-    from debiased_nli.models.evaluation import load_classifier, predict_probabilities
+    from debiased_nli.models.classifier import load_classifier, predict_probabilities
 
     plan, _ = setup
     clf = load_classifier(str(plan.model_dir("original", 0)), "cpu")
