@@ -13,8 +13,7 @@ import yaml
 from debiased_nli.models.challenge import get_set, load_challenge_set
 from debiased_nli.cli import main
 from debiased_nli.utils.errors import ConfigError
-from debiased_nli.models.evaluation import (SCHEMA, load_results, push_results, score_predictions, set_predictions,
-                                            write_outputs)
+from debiased_nli.models.evaluation import (SCHEMA, load_results, push_results, score_predictions, set_predictions)
 
 from test_training import make_tiny_bert
 
