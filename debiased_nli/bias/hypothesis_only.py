@@ -39,7 +39,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow.compute as pc
 
-from ..models.labels import map_model_labels
 from ..utils.errors import ConfigError
 from .features import FeatureMatrix
 
@@ -309,7 +308,7 @@ def _train_and_predict(params: Mapping[str, Any], task, train_hyps: Sequence[str
                        predict_hyps: Sequence[str], model_dir: Path, seed: int, progress: bool) -> np.ndarray:
     """Fine-tune on hypotheses alone (the project's ``train``), then the task-order probabilities of
     ``predict_hyps``."""
-    from ..models.evaluation import load_classifier, predict_probabilities
+    from ..models.classifier import load_classifier, predict_probabilities
     from ..models.training import TrainConfig, train_classifier
 
     cfg = TrainConfig(model=str(params["model"]), output_dir=str(model_dir), learning_rate=float(params["learning_rate"]),
@@ -318,11 +317,10 @@ def _train_and_predict(params: Mapping[str, Any], task, train_hyps: Sequence[str
                       num_threads=params["num_threads"], eval_steps=params["checkpoint_steps"], progress=progress)
     train_classifier(cfg, task, _hypothesis_only_rows(train_hyps, train_labels, task))
     clf = load_classifier(str(model_dir))
-    order = map_model_labels(clf.id2label, task.labels, str(model_dir))
-    probs = predict_probabilities(clf, [""] * len(predict_hyps), list(predict_hyps),
+    probs = predict_probabilities(clf, [""] * len(predict_hyps), list(predict_hyps), labels=task.labels,
                                   batch_size=int(params["eval_batch_size"]), max_length=int(params["max_length"]),
                                   desc="hypothesis-only (predict)", progress=progress)
-    return probs[:, order].astype(np.float64)
+    return probs.astype(np.float64)
 
 
 def out_of_fold_transformer(hypotheses: Sequence[str], labels: np.ndarray, task, params: Mapping[str, Any], *,
@@ -401,24 +399,14 @@ def _fingerprint_texts(texts: Sequence[str]) -> str:
 def transformer_predictions(model: str, hypotheses: Sequence[str], labels: np.ndarray,
                             label_names: Sequence[str], *, batch_size: int = 64, max_length: int = 64,
                             device: str | None = None, progress: bool = True) -> HypothesisOnlyResult:
-    """Predictions of a fine-tuned sequence classifier (folder or Hub id) on the hypothesis alone."""
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    """Predictions of a fine-tuned sequence classifier (folder or Hub id) on the hypothesis alone (one
+    segment), in batches of rows in input order."""
+    from ..models.classifier import load_classifier, predict_probabilities
 
-    tok = AutoTokenizer.from_pretrained(model)
-    clf = AutoModelForSequenceClassification.from_pretrained(model)
-    id2label = {int(i): str(l) for i, l in clf.config.id2label.items()}
-    order = map_model_labels(id2label, label_names, model)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    clf.to(device).eval()
-    out = []
-    with torch.no_grad():
-        for start in tqdm(range(0, len(hypotheses), batch_size), desc="hypothesis-only (model)", disable=not progress):
-            enc = tok(list(hypotheses[start:start + batch_size]), truncation=True, max_length=max_length,
-                      padding=True, return_tensors="pt").to(device)
-            out.append(torch.softmax(clf(**enc).logits.float(), -1)[:, order].cpu().numpy())
-    probs = np.concatenate(out) if out else np.zeros((0, len(label_names)))
+    clf = load_classifier(model, device)
+    probs = predict_probabilities(clf, None, hypotheses, batch_size=batch_size, max_length=max_length,
+                                  order=range(len(hypotheses)), labels=label_names, desc="hypothesis-only (model)",
+                                  progress=progress)
     pred = probs.argmax(axis=1)
     labels = np.asarray(labels)
     return HypothesisOnlyResult(pred, probs, float((pred == labels).mean()) if len(labels) else 0.0,
