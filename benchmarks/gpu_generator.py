@@ -229,16 +229,36 @@ def join_parts(manifest: dict, kit: Path, node: Path = NODE) -> Path:
 
 # ------------------------------------------------------------------------------------------ GGUF
 
-def dequantize(gguf: Path, out: Path, dtype: str = "float32") -> dict:
+def load_tokenizer_files(folder: Path):
+    """A fast tokenizer from a ``tokenizer.json`` and the special tokens its ``tokenizer_config.json``
+    names, built with PreTrainedTokenizerFast (any transformers version reads it)."""
+    from transformers import PreTrainedTokenizerFast
+
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    special = {k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if isinstance(cfg.get(k), str)}
+    return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), **special)
+
+
+def dequantize(gguf: Path, out: Path, dtype: str = "float32", tokenizer_fallback: Path | None = None) -> dict:
     """A GGUF (Q4_1 here) -> an ordinary model folder (config, safetensors in ``dtype``, tokenizer), as
     ../shared/models/prepare_offline_models.py makes it (a GGUF-loaded model refuses save_pretrained,
-    so its dequantized weights are copied into a plain one)."""
+    so its dequantized weights are copied into a plain one). The tokenizer is built from the GGUF's
+    metadata; if this transformers cannot, from ``tokenizer_fallback`` (the same tokenizer, made here
+    from the same GGUF by prepare_offline_models.py, carried by the kit)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t = time.perf_counter()
     torch_dtype = getattr(torch, dtype)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer_from = "gguf"
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as err:
+        if tokenizer_fallback is None or not (tokenizer_fallback / "tokenizer.json").is_file():
+            raise
+        print(f"the GGUF's tokenizer did not load ({type(err).__name__}: {err}); using {tokenizer_fallback}", flush=True)
+        tok = load_tokenizer_files(tokenizer_fallback)
+        tokenizer_from = f"{tokenizer_fallback.name} (fallback: {type(err).__name__})"
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = quantized.config
     if hasattr(config, "quantization_config"):
@@ -254,7 +274,8 @@ def dequantize(gguf: Path, out: Path, dtype: str = "float32") -> dict:
     tok.save_pretrained(partial)
     info = {"gguf": gguf.name, "dtype": dtype, "parameters": sum(p.numel() for p in model.parameters()),
             "missing": list(missing), "unexpected": list(unexpected), "seconds": round(time.perf_counter() - t, 1),
-            "architecture": config.architectures, "bos": tok.bos_token, "eos": tok.eos_token, "pad": tok.pad_token}
+            "architecture": config.architectures, "bos": tok.bos_token, "eos": tok.eos_token, "pad": tok.pad_token,
+            "tokenizer": tokenizer_from, "vocab": len(tok)}
     _write_json(partial / ".complete", info)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(partial, out)
@@ -459,6 +480,10 @@ def make(kit: Path = KIT, *, gguf: Path | None = None, train: Path | None = None
     (c2 / "data" / "snli").mkdir(parents=True)
     shutil.copy2(train, c2 / "data" / "snli" / "train.parquet")
     shutil.copy2(dev, c2 / "data" / "snli" / "dev.parquet")
+    if g_tokenizer is not None and not plan["dry_run"]:  # the dequantize step's fallback tokenizer
+        (c2 / "tokenizer").mkdir()
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy2(g_tokenizer / f, c2 / "tokenizer" / f)
     lengths = length_tables(train, gpt2_tokenizer, g_tokenizer)
     _write_json(c2 / "lengths.json", lengths)
     got_wheels = []
@@ -479,8 +504,8 @@ def make(kit: Path = KIT, *, gguf: Path | None = None, train: Path | None = None
     (kit / "parts").rmdir()
     import pyarrow.parquet as pq
     manifest = {"made": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git_hash(), "plan": plan,
-                "gguf": {"name": gguf.name if not plan["dry_run"] else "tiny.gguf", "bytes": total,
-                         "sha256": sha256(gguf), "source": GGUF_WHEEL if not plan["dry_run"] else "tiny_gguf()"},
+                "gguf": {"name": gguf.name, "bytes": total, "sha256": sha256(gguf),
+                         "source": GGUF_WHEEL if gguf.name == GGUF_NAME else "tiny_gguf()"},
                 "parts": parts, "data": {"train": "data/snli/train.parquet", "dev": "data/snli/dev.parquet",
                                          "train_rows": pq.ParquetFile(train).metadata.num_rows,
                                          "dev_rows": pq.ParquetFile(dev).metadata.num_rows,
@@ -770,7 +795,9 @@ class Chain:
         info["join_seconds"] = round(time.perf_counter() - t, 1)
         base = self.node / "base"
         if not (base / ".complete").is_file():
-            h = self.start("dequantize", [sys.executable, Path(__file__), "dequantize", "--gguf", gguf, "--out", base])
+            fallback = ["--tokenizer-fallback", kit / "tokenizer"] if (kit / "tokenizer" / "tokenizer.json").is_file() else []
+            h = self.start("dequantize", [sys.executable, Path(__file__), "dequantize", "--gguf", gguf, "--out", base,
+                                          *fallback])
             code = self.wait([h], until)["dequantize"]
             if code != 0:
                 return f"failed: dequantize exited {code}: {self.tail('dequantize')}"
@@ -1022,6 +1049,9 @@ class Chain:
         shards = sorted((self.node / "samples").glob("shard-*-of-*.parquet"))
         if not shards:
             return "failed: no samples to filter"
+        import pyarrow.parquet as pq
+        if sum(pq.ParquetFile(p).metadata.num_rows for p in shards) == 0:
+            return f"failed: no parsed sample to filter (all {self.state['sampling'].get('samples', '?')} unparseable)"
         model, which = self.m_folder()
         if model is None:
             return "failed: no confidence model M"
@@ -1435,10 +1465,19 @@ def render(s: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ dry run (here)
 
-def dry_run(work: Path | None = None, keep: bool = False) -> dict:
+PLAN_DRY_REAL = {**PLAN_DRY,  # the real SmolLM2 GGUF on the CPU: a few steps of each, to check the real model's path
+                 "g": {"epochs": 1, "batch_size": 4, "args": ["--threads", "2", "--log-every", "1"]},
+                 "m": {"epochs": 1, "batch_size": 4, "lr": 2e-5, "args": ["--threads", "2"]},
+                 "samples": 4, "min_samples": 4, "sweep_batches": [2, 4], "max_new_tokens": 24,
+                 "generate_args": ["--threads", "2"],
+                 "reserve": {"train": 60, "sample": 120, "filter": 40, "gpt2": 20}, "pack_reserve": 3}
+
+
+def dry_run(work: Path | None = None, keep: bool = False, gguf: Path | None = None) -> dict:
     """The whole chain on the CPU with tiny models, through the same commands as on the GPU: a tiny
     LLaMA GGUF shipped in two parts, call 2 refused on an empty machine, call 1, call 2 (setup, gpt2,
-    train), call 3 (train, sample, filter, gpt2), collect. Returns the collected summary."""
+    train), call 3 (train, sample, filter, gpt2), collect. Returns the collected summary.
+    With ``gguf`` (the real SmolLM2 one): that model, on 8 rows, a few steps of each (minutes)."""
     import pyarrow.parquet as pq
 
     t0 = time.monotonic()
@@ -1448,13 +1487,16 @@ def dry_run(work: Path | None = None, keep: bool = False) -> dict:
     node, kit = work / "node", work / "kit"
     train = pq.read_table(SHARED_DATA / "snli" / "train_sample.parquet")
     short = [i for i, (p, h) in enumerate(zip(train.column("premise").to_pylist(), train.column("hypothesis").to_pylist()))
-             if len(p) + len(h) < 70][:24]
+             if len(p) + len(h) < 70][:24 if gguf is None else 8]
     (work / "data").mkdir(exist_ok=True)
     pq.write_table(train.take(short), work / "data" / "train.parquet")
-    pq.write_table(pq.read_table(SHARED_DATA / "snli" / "dev.parquet").slice(0, 24), work / "data" / "dev.parquet")
-    gguf = tiny_gguf(work / "tiny.gguf")
+    pq.write_table(pq.read_table(SHARED_DATA / "snli" / "dev.parquet").slice(0, 24 if gguf is None else 8),
+                   work / "data" / "dev.parquet")
+    real = gguf is not None
+    gguf = gguf or tiny_gguf(work / "tiny.gguf")
     manifest = make(kit, gguf=gguf, train=work / "data" / "train.parquet", dev=work / "data" / "dev.parquet",
-                    plan=PLAN_DRY, wheels=False, g_tokenizer=MODELS / "gpt2-tokenizer", quiet=True)
+                    plan=PLAN_DRY_REAL if real else PLAN_DRY, wheels=False, quiet=True,
+                    g_tokenizer=MODELS / ("smollm2-135m-instruct" if real else "gpt2-tokenizer"))
     env = dict(os.environ, GPU_GENERATOR_NODE=str(node), PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     me = [sys.executable, str(Path(__file__))]
 
@@ -1469,8 +1511,8 @@ def dry_run(work: Path | None = None, keep: bool = False) -> dict:
         raise SystemExit(f"dry run: call 2 on an empty machine should exit {EXIT_KIT} with one line, got "
                          f"{refused.returncode}: {lines}")
     for args, out in ((["store-part1", "--kit", str(kit / "call1")], None),
-                      (["run", "--kit", str(kit / "call2"), "--stages", "setup,gpt2,train", "--deadline", "150"], work / "out2"),
-                      (["run", "--stages", "train,sample,filter,gpt2", "--deadline", "150"], work / "out3")):
+                      (["run", "--kit", str(kit / "call2"), "--stages", "setup,gpt2,train", "--deadline", "600" if real else "150"], work / "out2"),
+                      (["run", "--stages", "train,sample,filter,gpt2", "--deadline", "600" if real else "150"], work / "out3")):
         r = call(args, out)
         if r.returncode != 0:
             raise SystemExit(f"dry run: {' '.join(args[:3])} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -1506,6 +1548,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gguf", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--tokenizer-fallback", help="a folder with tokenizer.json, if the GGUF's tokenizer does not load")
     p = sub.add_parser("collect", help="here: the calls' files -> benchmarks/results/gpu_generator.{json,md}")
     p.add_argument("dir", help="the last call's files (the device reply's files_at)")
     p.add_argument("--also", nargs="*", default=[], help="earlier calls' files")
@@ -1513,13 +1556,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", help="where the rows go (default ~/runs/gpu_generator)")
     p = sub.add_parser("dry-run", help="here: the whole chain on the CPU with tiny models")
     p.add_argument("--work", help="keep everything in this folder (default: a temporary one, removed)")
+    p.add_argument("--gguf", help="the real SmolLM2 GGUF (e.g. .gpu-gen-src/...gguf): that model on 8 rows (minutes)")
     a = ap.parse_args(argv)
     try:
         if a.command == "make":
             make(Path(a.kit).resolve(), gguf=Path(a.gguf) if a.gguf else None, limit_mib=a.limit_mib)
         elif a.command == "store-part1":
             dst = store_part1(Path(a.kit))
-            print(f"part 1 stored at {dst} ({dst.stat().st_size:,} bytes, sha256 checked); make call 2 now", flush=True)
+            gpu = ""
+            if shutil.which("nvidia-smi"):  # which machine this is, for the record (a fraction of a second)
+                r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                   capture_output=True, text=True)
+                gpu = f" on {r.stdout.strip()}" if r.returncode == 0 else ""
+            print(f"part 1 stored at {dst} ({dst.stat().st_size:,} bytes, sha256 checked){gpu}; make call 2 now",
+                  flush=True)
         elif a.command == "run":
             stages = [s for s in a.stages.split(",") if s]
             bad = [s for s in stages if s not in STAGES]
@@ -1527,11 +1577,12 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"unknown stage(s) {bad}; the stages are {','.join(STAGES)}")
             return Chain(NODE, Path(a.kit) if a.kit else None, Path(a.out), a.deadline, stages, a.label).run()
         elif a.command == "dequantize":
-            print(json.dumps(dequantize(Path(a.gguf), Path(a.out), a.dtype)), flush=True)
+            print(json.dumps(dequantize(Path(a.gguf), Path(a.out), a.dtype,
+                                        Path(a.tokenizer_fallback) if a.tokenizer_fallback else None)), flush=True)
         elif a.command == "collect":
             collect([Path(a.dir), *map(Path, a.also)], Path(a.results), Path(a.runs) if a.runs else None)
         elif a.command == "dry-run":
-            dry_run(Path(a.work) if a.work else None, keep=bool(a.work))
+            dry_run(Path(a.work) if a.work else None, keep=bool(a.work), gguf=Path(a.gguf) if a.gguf else None)
     except KitError as err:
         print(f"gpu_generator: {err}", flush=True)
         return EXIT_KIT
