@@ -449,6 +449,17 @@ def length_tables(train: Path, gpt2_tokenizer: Path, g_tokenizer: Path | None) -
     return out
 
 
+def git_hash() -> str | None:
+    """The checkout's commit, ``-dirty`` when tracked files changed (recorded in the kit and the results)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("-dirty" if dirty else "")
+
+
 def _library(name: str):
     from benchmarks.gpu_throughput import _library as lib
     return lib(name)
@@ -465,7 +476,6 @@ def make(kit: Path = KIT, *, gguf: Path | None = None, train: Path | None = None
     """The kit: ``kit/call1`` (part 1 + kit.json) and ``kit/call2`` (part 2, data, wheels, lengths.json,
     kit.json), each checked to travel in one transfer together with the working tree."""
     from benchmarks import gpu_kit
-    from debiased_nli.provenance import git_hash
 
     plan = plan or PLAN_GPU
     train = train or SHARED_DATA / "snli" / "train_sample.parquet"
