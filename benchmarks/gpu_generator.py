@@ -1000,10 +1000,14 @@ class Chain:
                *(["--cpu"] if self.plan["cpu"] else []), *self.plan["generate_args"]]
         S.update(requested=n, shard_size=shard)
         seen = S.setdefault("shards_seen", {})
+        for p in out.glob("shard-*-of-*.parquet"):  # an earlier run's shards: not timed by this one
+            seen.setdefault(p.name, None)
+
+        run_no = len(S.get("runs", []))
 
         def tick():
             for p in out.glob("shard-*-of-*.parquet"):
-                seen.setdefault(p.name, time.time())
+                seen.setdefault(p.name, [run_no, time.time()])
 
         if not (out / "generate_report.json").is_file():
             S.setdefault("runs", []).append({"call": self.label, "start": time.time()})
@@ -1033,9 +1037,15 @@ class Chain:
         S.update(complete_shards=len(shards), parsed=parsed, unparseable=sum(reasons.values()),
                  samples=parsed + sum(reasons.values()), unparseable_reasons=reasons)
         # the rate between the first and the last whole shard of one run (no start-up, no model loading)
-        times = sorted(S.get("shards_seen", {}).values())
-        if len(times) >= 3:
-            per = S["shard_size"]
+        runs: dict[int, list[float]] = {}  # the shards each run finished, with the times they appeared
+        for v in S.get("shards_seen", {}).values():
+            if v is not None:
+                runs.setdefault(v[0], []).append(v[1])
+        times = sorted(max(runs.values(), key=len)) if runs else []
+        cfg = out / "generate_config.json"
+        if len(times) >= 3 and cfg.is_file():
+            c = json.loads(cfg.read_text())
+            per = c["num_samples"] / c["num_shards"]  # generate splits the samples evenly over its shards
             S["samples_per_s"] = round(per * (len(times) - 1) / (times[-1] - times[0]), 1)
             mean_new = (S.get("sweep") or {}).get("sweep") and next(
                 (r.get("mean_tokens") for r in S["sweep"]["sweep"] if r.get("batch") == S["batch"]), None)
