@@ -273,7 +273,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         from .efficacy import load_table
 
         load_table(efficacy)
-    if int(os.environ.get("RANK", "0")) != 0:  # under `accelerate launch`: rank 0 checks, locks and writes
+    if not is_main_rank():  # under `accelerate launch` / torchrun: rank 0 checks, locks and writes
         return _build(recipe, out_dir, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
                       efficacy=efficacy, timings=timings)
@@ -295,6 +295,24 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         unlock()
 
 
+def world_size() -> int:
+    """How many processes run this build (``WORLD_SIZE``, set by ``accelerate launch`` and ``torchrun``)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_rank() -> bool:
+    """Whether this process is the one that checks, locks and writes the release (rank 0)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
            new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
            max_rows: int | None = None, profile: str | None = None, efficacy=None,
@@ -304,11 +322,11 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=progress, timings=timings)
     loaded, eval_splits = _load_inputs(run)
     dg = _run_source_steps(run)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # under `accelerate launch` the new-row steps shard their work over the ranks; the rest
-        # (features, filtering, writing the release) runs once, on the main process
+    if world_size() > 1:
+        # under `accelerate launch` / torchrun the new-row steps share their work over the ranks; the rest
+        # (features, filtering, writing the release) runs once, on the main process, after every rank's share
         from accelerate import PartialState
-        state = PartialState()
+        state = PartialState(cpu=not _cuda_available())  # on CPUs the ranks meet over gloo (cpu=True)
         state.wait_for_everyone()
         if not state.is_main_process:
             return BuildResult(Path(out_dir), {}, {"rank": state.process_index})

@@ -42,15 +42,18 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...release.recipe import build
+    from ...release.recipe import build, is_main_rank
     from ...utils.resources import find_recipe
 
+    main = is_main_rank()  # under `accelerate launch` / torchrun the other ranks share the work and say nothing
     recipe = find_recipe(args.recipe)
-    if str(recipe) != args.recipe:
+    if str(recipe) != args.recipe and main:
         print(f"recipe: {recipe}", file=sys.stderr)
     result = build(recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
-                   overwrite=args.overwrite, seed=args.seed, progress=not args.quiet, max_rows=args.max_rows,
-                   profile=args.profile, efficacy=args.efficacy, timings=args.timings)
+                   overwrite=args.overwrite, seed=args.seed, progress=not args.quiet and main,
+                   max_rows=args.max_rows, profile=args.profile, efficacy=args.efficacy, timings=args.timings)
+    if not main:
+        return 0
     from ...utils.cache import prune_cache
     pruned, size = prune_cache()  # keep the feature cache of earlier builds bounded
     if pruned:

@@ -132,7 +132,9 @@ def generator_source(task, params: dict, ctx: dict | None = None):
     reports: dict[str, Any] = {}
     generator = params.get("generator")
     d0 = None
-    if generator is None or params.get("debias"):
+    # D0 is read for training G or G*, and for the premises a premise-conditioned sampler starts from
+    needs_premises = "premise" in str((params.get("generate") or {}).get("condition") or "none")
+    if generator is None or params.get("debias") or needs_premises:
         data = (ctx.get("recipe") or {}).get("data", {})
         d0 = load_task(task, data.get("split", "train"), data_files=params.get("data_files") or data.get("data_files"),
                        on_invalid=data.get("on_invalid", "error"), max_rows=data.get("max_rows")).dataset
