@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError
 
 
@@ -106,11 +107,11 @@ def count_parameters(model) -> dict[str, int]:
 
 
 def save_generator(model, tokenizer, out_dir: "str | os.PathLike", *, merge: bool = False,
-                   card: "dict[str, Any] | None" = None) -> str:
+                   card: "dict[str, Any] | None" = None, task: "TaskSpec | None" = None) -> str:
     """Save the adapter (LoRA) or the full model, and the tokenizer; with ``merge`` a LoRA model is
     merged into its base and saved as a full model. ``card`` (the training report) replaces the
     README.md that peft writes (its template, every field "More Information Needed") by a card that
-    says what the generator is (:func:`write_generator_card`)."""
+    says what the generator is (:func:`write_generator_card`; ``task``: the task it was trained on)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     adapter = is_adapter_model(model) and not merge
@@ -119,7 +120,9 @@ def save_generator(model, tokenizer, out_dir: "str | os.PathLike", *, merge: boo
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if card is not None:
-        write_generator_card(out, card, adapter=adapter)
+        if task is None:
+            raise ConfigError("save_generator(card=...) needs the task the generator was trained on (task=)")
+        write_generator_card(out, card, task, adapter=adapter)
     return str(out)
 
 
@@ -136,14 +139,11 @@ def _hub_id(name_or_path: str) -> str | None:
     return name_or_path
 
 
-def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
-    """A model card for a generator trained by :func:`debiased_nli.methods.generation.train.train_generator`:
-    the base model, the data, the loss and its weights, the training settings and how to sample."""
+def render_generator_card(report: dict[str, Any], task: TaskSpec, *, adapter: bool) -> str:
+    """A model card for a generator trained by :func:`debiased_nli.methods.generation.train.train_generator`
+    on ``task``: the base model, the data, the loss and its weights, the training settings and how to sample."""
     import yaml
 
-    from ...data.tasks import get_task
-
-    task = get_task(report["task"])
     base = str(report.get("model") or "")
     base_id = _hub_id(base)
     mode = report.get("mode", "generator")
@@ -166,7 +166,7 @@ def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n" + "\n".join(lines)
 
 
-def _card_metadata(task, base_id: str | None, *, adapter: bool) -> dict[str, Any]:
+def _card_metadata(task: TaskSpec, base_id: str | None, *, adapter: bool) -> dict[str, Any]:
     """The card's YAML: base model, library, pipeline, tags, datasets."""
     meta: dict[str, Any] = {}
     if base_id:
@@ -203,7 +203,7 @@ def _card_model(report: dict[str, Any], where: str, *, adapter: bool) -> list[st
     return lines
 
 
-def _card_data_and_training(report: dict[str, Any], task) -> list[str]:
+def _card_data_and_training(report: dict[str, Any], task: TaskSpec) -> list[str]:
     """## Training data (task, rows, z-filtering counts) and ## Training (loss, steps, settings)."""
     zinfo = report.get("z_filter")
     return [
@@ -227,7 +227,7 @@ def _card_data_and_training(report: dict[str, Any], task) -> list[str]:
     ]
 
 
-def _card_how_to_sample(task, *, adapter: bool) -> list[str]:
+def _card_how_to_sample(task: TaskSpec, *, adapter: bool) -> list[str]:
     """## How to sample: the generate command and the Python loader."""
     return [
         "## How to sample",
@@ -275,9 +275,10 @@ _GENERATOR_CARD_END = (
 )
 
 
-def write_generator_card(out_dir: "str | os.PathLike", report: dict[str, Any], *, adapter: bool) -> Path:
+def write_generator_card(out_dir: "str | os.PathLike", report: dict[str, Any], task: TaskSpec, *,
+                         adapter: bool) -> Path:
     path = Path(out_dir) / "README.md"
-    path.write_text(render_generator_card(report, adapter=adapter))
+    path.write_text(render_generator_card(report, task, adapter=adapter))
     return path
 
 

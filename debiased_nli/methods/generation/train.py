@@ -79,7 +79,6 @@ def encode_dataset(ds, task: TaskSpec, tokenizer, *, mode: str = "generator", ma
     perturbed-label sequence ``p_input_ids``/``p_hypothesis``; for G*, ``in_rejected``."""
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, not {mode!r}")
-    task = get_task(task)
     if mode == "conditional":
         from .conditional import encode_conditional
         return encode_conditional(ds, task, tokenizer, max_length=max_length, progress=progress)
@@ -318,7 +317,7 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
                                                    "target_modules": lora.target_modules},
               "parameters": params, "history": run.history, "resumed_from": cps[-1].name if cps else None}
     if accelerator.is_main_process:
-        _save_trained(accelerator.unwrap_model(net), tok, out, report, merge=merge)
+        _save_trained(accelerator.unwrap_model(net), tok, out, report, task, merge=merge)
     accelerator.wait_for_everyone()
     return report
 
@@ -406,10 +405,10 @@ def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out
     return _StepsRun(step, steps_run, history, stopped=False)
 
 
-def _save_trained(unwrapped, tok, out: Path, report: dict, *, merge: bool) -> None:
+def _save_trained(unwrapped, tok, out: Path, report: dict, task: TaskSpec, *, merge: bool) -> None:
     """The adapter or full model, the tokenizer and the card to ``out`` (``merged/`` too with ``merge``), and
     ``train_report.json``."""
-    save_generator(unwrapped, tok, out, card=report)
+    save_generator(unwrapped, tok, out, card=report, task=task)
     if merge:
-        report["merged"] = save_generator(unwrapped, tok, out / "merged", merge=True, card=report)
+        report["merged"] = save_generator(unwrapped, tok, out / "merged", merge=True, card=report, task=task)
     (out / "train_report.json").write_text(json.dumps(report, indent=2, default=str))
