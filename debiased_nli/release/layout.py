@@ -36,7 +36,7 @@ from ..bias.features import build_feature_matrix
 from ..bias.zfilter import REJECTED_BY
 from ..bias.zstats import ZStats, compute_zstats, compute_zstats_parts
 from ..data.loading import labels_of, materialize
-from ..data.tasks import TaskSpec, get_task
+from ..data.tasks import TaskSpec
 from ..utils.errors import ConfigError
 from ..utils.outputs import (
     TOOL,
@@ -141,7 +141,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequence[ConfigData], *, default: str,
+def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[ConfigData], *, default: str,
                   manifest: Mapping[str, Any], meta: Mapping[str, Any], original=None, overwrite: bool = False,
                   top_k_card: int = 10, set_aside=None, original_features: list | None = None,
                   timings: bool = False, num_proc: "int | str | None" = "auto") -> Path:
@@ -153,7 +153,6 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
     ``"auto"``, see :func:`worker_processes`; 1: one after the other, here); the files are the same either way.
     ``timings`` adds a ``write release`` stage with its seconds (Parquet; z-statistics and plots, which
     overlap when they run at once) to the manifest."""
-    task = get_task(task)
     out = Path(out_dir).resolve()
     _check_configs(configs, default)
     tmp, unlock = _open_target(out, overwrite)

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from ...data.loading import labels_of
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 
 
-def train_shallow(pool, task: "str | TaskSpec", model: str, out_dir: "str | Path", *, rows: int, epochs: float,
+def train_shallow(pool, task: TaskSpec, model: str, out_dir: "str | Path", *, rows: int, epochs: float,
                   lr: float, seed: int, batch_size: int = 16, max_length: int = 128, save_steps: int = 50,
                   progress: bool = True) -> dict:
     """Fine-tune theta_s on ``rows`` random rows of ``pool`` (seed ``seed``) into ``out_dir``.
@@ -45,12 +45,11 @@ def gold_label_probabilities(probs: np.ndarray, labels: np.ndarray) -> np.ndarra
     return probs[np.arange(len(labels)), labels] if len(labels) else np.zeros(0)
 
 
-def bias_degree(ds, model: str, task: "str | TaskSpec", *, batch_size: int = 64, max_length: int = 128,
+def bias_degree(ds, model: str, task: TaskSpec, *, batch_size: int = 64, max_length: int = 128,
                 progress: bool = True, tokenizer=None) -> np.ndarray:
     """beta of every row of ``ds`` under theta_s (a folder, or a loaded model with ``tokenizer``)."""
     from ..confidence import label_probabilities, load_classifier
 
-    task = get_task(task)
     clf, tok = load_classifier(model, tokenizer)
     probs = label_probabilities(ds, clf, tok, task, batch_size=batch_size, max_length=max_length,
                                 progress=progress, model_name=model if isinstance(model, str) else "theta_s")
