@@ -41,7 +41,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -289,9 +288,10 @@ def same_as_in_memory(rows: int, data: Path, work: Path, base_share: float = 0.2
     return res
 
 
-# the hypothesis-only solver of the old code (scikit-learn's default L-BFGS, 300 iterations), put back
-OLD_SOLVER = ("import debiased_nli.bias.hypothesis_only as h; h.LOGREG_SOLVER.clear(); "
-              "h.LOGREG_SOLVER.update(solver='lbfgs', tol=1e-4, max_iter=300)")
+# The "new code with the old solver" equality check put scikit-learn's L-BFGS back into the new code through
+# LOGREG_SOLVER. Since the hypothesis-only model is the machine-independent fit of bias/logreg.py (issue 32),
+# LOGREG_SOLVER no longer selects a scikit-learn solver, so that check cannot be made; old and new code are
+# compared by speed and by how much their configs overlap.
 RUNS = ("old", "new")
 
 
@@ -327,8 +327,7 @@ def compare_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 2
         "new_code": str(ROOT), "runs": []}
     base, new = _files(data, scale)
     work.mkdir(parents=True, exist_ok=True)
-    units = [(name, r) for r in range(rounds) for name in RUNS] + [("new_old_solver", 0)] + \
-        ([("old_seed_43", 0)] if reseed else [])
+    units = [(name, r) for r in range(rounds) for name in RUNS] + ([("old_seed_43", 0)] if reseed else [])
     keep = {name: work / f"speedup-{scale}-{name}" for name, _ in units}
     done = {(u["code"], u["round"]) for u in res["runs"]}
     for name, r in units:
@@ -337,7 +336,7 @@ def compare_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 2
         # the first build of each keeps its release for the checks below
         out = keep[name] if r == 0 else work / f"speedup-{scale}-{name}-{r}"
         run = timed_build(base, new, out, work / f"speedup-cache-{scale}", code=old if name.startswith("old") else ROOT,
-                          prelude=OLD_SOLVER if name == "new_old_solver" else None,
+                          prelude=None,
                           extra=["--seed", "43"] if name == "old_seed_43" else [])
         run.update(code=name, round=r, load_average_at_end=os.getloadavg(), largest_z=_largest_z(out))
         if r:
@@ -345,16 +344,8 @@ def compare_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 2
         res["runs"].append(run)
         path.write_text(json.dumps(res, indent=2) + "\n")
     if "checks" not in res:
-        import pyarrow.parquet as pq
 
-        a, b, c = keep["old"], keep["new_old_solver"], keep["new"]
-        files = _release_files(a)
-        differ = [f for f in files if not (b / f).exists() or (a / f).read_bytes() != (b / f).read_bytes()]
-        # a split of more than one shard is now gathered shard by shard, and datasets sizes a shard's row
-        # groups from its Arrow bytes: the same rows, in the same order, may be cut into other row groups
-        same_rows = [f for f in differ if f.endswith(".parquet") and (b / f).exists()
-                     and pq.read_table(a / f).equals(pq.read_table(b / f))]
-        differ = [f for f in differ if f not in same_rows]
+        a, c = keep["old"], keep["new"]
         def overlap(x: Path, y: Path) -> dict:
             out = {}
             for cfg in ("z_filtered", "z_aug", "par_z", "seq_z"):
@@ -363,9 +354,7 @@ def compare_scale(scale: int, data: Path, work: Path, old: Path, rounds: int = 2
                             "jaccard": round(len(ux & uy) / max(len(ux | uy), 1), 4)}
             return out
 
-        res["checks"] = {"old_solver_same_files": not differ and files == _release_files(b),
-                         "files_compared": len(files), "differing": differ,
-                         "same_rows_other_row_groups": same_rows, "configs_old_vs_new": overlap(a, c)}
+        res["checks"] = {"old_solver_same_files": None, "configs_old_vs_new": overlap(a, c)}
         if reseed:
             res["checks"]["configs_old_seed_42_vs_43"] = overlap(a, keep["old_seed_43"])
         path.write_text(json.dumps(res, indent=2) + "\n")
@@ -557,6 +546,10 @@ def speedup_report(work: Path) -> None:
             continue
         acc = {code: next(u["hypothesis_only"] for u in r["runs"] if u["code"] == code) for code in RUNS}
         regrouped = ch.get("same_rows_other_row_groups", [])
+        if ch.get("old_solver_same_files") is None:  # runs since the machine-independent fit: no such check
+            lines += [f"**{r['scale']}x.** Out-of-fold hypothesis-only accuracy: {acc['old']['accuracy']:.4f} "
+                      f"(old code) and {acc['new']['accuracy']:.4f} (this code).", ""]
+            continue
         lines += [f"**{r['scale']}x.** With the old hypothesis-only solver put back, the new code writes "
                   f"{'the same' if ch['old_solver_same_files'] else 'NOT the same'} data/, rejected/ and images/ "
                   f"files as the old code ({ch['files_compared']} files: "

@@ -50,7 +50,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PLAN = Path(__file__).resolve().with_suffix(".yaml")
 SCHEMA = "debiased-nli/efficacy-unit/v1"
-TABLE_SCHEMA = "debiased-nli/efficacy-table/v1"
 TRAIN_RECORD = "efficacy_train.json"
 
 
@@ -574,74 +573,41 @@ EVAL_CHUNK_ROWS = 5000
 
 
 def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: str | None, progress: bool = True) -> dict:
-    """Score the unit's model on every set (full sets unless the plan says ``max_examples``).
-
-    The same steps as ``debiased-nli evaluate`` (:func:`debiased_nli.models.evaluation.evaluate_models`): the
-    model's probabilities (:func:`predict_probabilities`), mapped onto each set's labels
-    (:func:`set_predictions`) and scored with the ``challenge_accuracy`` metric (:func:`score_predictions`);
-    here the probabilities are computed in chunks of at most 5,000 rows, each cached in the model folder,
-    so the stage can give up the lock between chunks and an interrupted evaluation continues."""
-    import numpy as np
+    """Score the unit's model on every set (full sets unless the plan says ``max_examples``) with
+    ``debiased-nli evaluate``'s :func:`debiased_nli.models.evaluation.evaluate_models`, the probabilities
+    computed in chunks of at most 5,000 rows, each cached in the model folder, so the stage can give up the
+    lock between chunks and an interrupted evaluation continues."""
     import torch
 
-    from debiased_nli.models.challenge import load_challenge_set, load_metric, resolve_sets
-    from debiased_nli.models.evaluation import (load_classifier, predict_probabilities, sample_rows,
-                                                score_predictions, set_predictions)
+    from debiased_nli.models.challenge import resolve_sets
+    from debiased_nli.models.evaluation import evaluate_models
     from debiased_nli.utils.provenance import library_versions
 
     path = plan.unit_file(row["name"], seed)
     model = str(plan.model_dir(row["name"], seed))
-    cache = plan.model_dir(row["name"], seed) / "eval_cache"
-    cache.mkdir(parents=True, exist_ok=True)
     cfg = eval_config(plan, progress)
-    sets = resolve_sets(sets=plan.evaluate["sets"])
-    metric = load_metric()
-    per_set, commits = {}, set()
     what = f"evaluate {row['name']} seed {seed}"
-    clf = None
+    threads_set = False
     with LockTurns(lock, _budget(plan) if lock else None, what) as turns:
-        for spec in sets:
-            full = load_challenge_set(spec, cfg.data_root)
-            ds = sample_rows(full, cfg.max_examples, cfg.sample_seed)
-            prem, hyp = ds["premise"], ds["hypothesis"]
-            parts, seconds, cpu = [], 0.0, 0.0
-            for k, start in enumerate(range(0, len(ds), EVAL_CHUNK_ROWS)):
-                f = cache / f"{spec.name}-{len(ds)}-{k:03d}{'' if cfg.dtype == 'float32' else '-' + cfg.dtype}.npz"
-                if not f.exists():
-                    turns.step()
-                    if clf is None:
-                        if plan.evaluate.get("threads"):
-                            torch.set_num_threads(int(plan.evaluate["threads"]))
-                        clf = load_classifier(model, cfg.device)
-                    stop = min(start + EVAL_CHUNK_ROWS, len(ds))
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    probs = predict_probabilities(clf, prem[start:stop], hyp[start:stop], batch_size=cfg.batch_size,
-                                                  max_length=cfg.max_length, max_tokens=cfg.max_tokens,
-                                                  desc=f"{row['name']}-s{seed} / {spec.name} [{k}]", progress=progress,
-                                                  dtype=cfg.dtype)
-                    tmp = f.with_name(f".{f.name}.tmp.npz")
-                    np.savez(tmp, probs=probs, seconds=time.perf_counter() - t0, cpu=time.process_time() - c0,
-                             git=str(_git()))
-                    os.replace(tmp, f)
-                with np.load(f) as z:
-                    parts.append(z["probs"])
-                    seconds += float(z["seconds"])
-                    cpu += float(z["cpu"])
-                    commits.add(str(z["git"]))
-            if clf is None:
-                from transformers import AutoConfig
+        def before_chunk() -> None:  # a turn at the lock per chunk; the CPU threads once work starts
+            nonlocal threads_set
+            turns.step()
+            if not threads_set and plan.evaluate.get("threads"):
+                torch.set_num_threads(int(plan.evaluate["threads"]))
+            threads_set = True
 
-                id2label = {int(i): str(l) for i, l in (AutoConfig.from_pretrained(model).id2label or {}).items()}
-            else:
-                id2label = clf.id2label
-            probs = np.concatenate(parts) if parts else np.zeros((0, len(id2label)), np.float32)
-            pred, _ = set_predictions(spec, probs, id2label, model)
-            scores = score_predictions(spec, ds, pred, metric)
-            per_set[spec.name] = {"accuracy": scores["accuracy"], "n": len(ds), "n_total": len(full),
-                                  "subsampled": len(ds) < len(full), "breakdowns": scores.get("breakdowns") or {},
-                                  "confusion": confusion(spec.labels, ds["label"], pred),
-                                  "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2)}
-            log(f"{what}: {spec.name} {100 * scores['accuracy']:.2f} ({len(ds):,} rows, {seconds:.0f}s)")
+        results = evaluate_models([model], resolve_sets(sets=plan.evaluate["sets"]), cfg, chunk_rows=EVAL_CHUNK_ROWS,
+                                  cache_dirs={model: plan.model_dir(row["name"], seed) / "eval_cache"},
+                                  before_chunk=before_chunk)
+    per_set, commits = {}, set()
+    for name, entry in results["sets"].items():
+        run = entry["runs"][0]
+        per_set[name] = {"accuracy": run["accuracy"], "n": entry["n"], "n_total": entry["n_total"],
+                         "subsampled": entry["subsampled"], "breakdowns": run.get("breakdowns") or {},
+                         "confusion": run["confusion"], "seconds": run["predict_seconds"],
+                         "cpu_seconds": run["predict_cpu_seconds"]}
+        commits.update(run["predict_git"])
+        log(f"{what}: {name} {100 * run['accuracy']:.2f} ({entry['n']:,} rows, {run['predict_seconds']:.0f}s)")
     n_rows = sum(v["n"] for v in per_set.values())
     seconds = sum(v["seconds"] for v in per_set.values())
     cpu = sum(v["cpu_seconds"] for v in per_set.values())
@@ -652,7 +618,7 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
                                                    "epoch_dev_accuracy", "config", "finished", "sessions", "device")}
                  | {"rows": train_record["result"]["train_rows"], "dev_accuracy": train_record["result"]["dev_accuracy"],
                     "dev_rows": train_record["result"]["dev_rows"]},
-        "evaluation": {"git": sorted(commits), "config": dataclasses.asdict(cfg),
+        "evaluation": {"git": sorted(commits), "config": results["config"],
                        "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "rows": n_rows,
                        "examples_per_second": round(n_rows / max(seconds, 1e-9), 1),
                        "command": shlex.join(["debiased-nli", "evaluate", "--model", show(model), "--sets", *plan.evaluate["sets"],
@@ -849,6 +815,8 @@ def comparisons(plan: Plan, table: dict) -> list[dict]:
 
 def summarise(plan: Plan) -> dict:
     """The table: per row its status, training size/time, and mean ± std per set (and breakdowns)."""
+    from debiased_nli.release.efficacy import TABLE_SCHEMA  # the schema the release card reads
+
     units = load_units(plan)
     states = unit_states(plan)
     table: dict[str, Any] = {"schema": TABLE_SCHEMA, "plan": plan.raw, "reference": plan.reference,
@@ -887,6 +855,7 @@ def summarise(plan: Plan) -> dict:
                                     "n": us[0]["sets"][s]["n"], "subsampled": us[0]["sets"][s]["subsampled"]}
             entry["breakdowns"] = _breakdowns(us)
             entry["data_fingerprints"] = {u["seed"]: u["data"].get("content_fingerprint") for u in us}
+            entry["data_builds"] = {u["seed"]: _build_of(u["data"]) for u in us}
             entry["subset_per_seed"] = per_unit_subset(row)
             entry["predicted_shares"] = _predicted_shares(us)
         table["rows"][name] = entry
@@ -922,16 +891,6 @@ BREAKDOWNS = [("hans", "heuristic/label"), ("anli", "round"), ("snli_test", "har
 # (a random subset's model predicts neutral on 56% of MNLI matched, the original's on 43%), or that
 # answers HANS by word overlap (entailment on nearly every row, McCoy et al. 2019), shows it here
 SHARE_SETS = ["snli_dev", "mnli_dev_matched", "mnli_dev_mismatched", "hans"]
-
-
-def confusion(labels, gold, pred) -> dict[str, dict[str, int]]:
-    """``{gold label: {predicted label: rows}}`` over a set's own labels (HANS: 2-way)."""
-    import numpy as np
-
-    names = list(labels)
-    g, p = np.asarray(gold, dtype=np.int64), np.asarray(pred, dtype=np.int64)
-    return {names[i]: {names[j]: int(((g == i) & (p == j)).sum()) for j in range(len(names))}
-            for i in range(len(names))}
 
 
 def _predicted_shares(units: list[dict]) -> dict:
@@ -1148,7 +1107,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
         status = f"{done}/{len(e['seeds_planned'])} seeds" + ("; pending" if e["pending_reason"] else "")
         if e.get("sets"):
             L.append(f"| `{name}` | {status} | {train_rows_text(e)} | "
-                     f"{_same_rows(e.get('data_fingerprints') or {}, e.get('subset_per_seed', False), e.get('train_rows_by_seed'))} | "
+                     f"{_same_rows(e.get('data_fingerprints') or {}, e.get('subset_per_seed', False), e.get('train_rows_by_seed'), e.get('data_builds'))} | "
                      f"{e['train_seconds']:.0f} / {e['train_cpu_seconds']:.0f} | "
                      f"{e['eval_seconds']:.0f} | {e['eval_examples_per_second']:.0f} | {100 * e['dev_accuracy_selection']:.1f} | "
                      + ", ".join(f"`{c[:10]}{'-dirty' if c.endswith('-dirty') else ''}`" for c in e["commits"]) + " |")
@@ -1170,17 +1129,39 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
     path.write_text("\n".join(L))
 
 
-def _same_rows(fingerprints: dict, per_seed: bool = False, sizes: dict | None = None) -> str:
+def _build_of(data: dict) -> str | None:
+    """Which build of its data a unit read, where the unit has no content fingerprint to say which rows:
+    the release's manifest sha256 (a release folder) or the commit it was built at (a release the harness
+    built). Two seeds with different builds may have trained on different rows. (``datasets``' own
+    fingerprint is no such sign: it hashes the path and modification time, which change on a copy.)"""
+    for key in ("release_manifest_sha256", "built_at_commit"):
+        if data.get(key):
+            return f"{key}:{data[key]}"
+    return None
+
+
+def _same_rows(fingerprints: dict, per_seed: bool = False, sizes: dict | None = None,
+               builds: dict | None = None) -> str:
     """Whether the finished seeds of a row trained on the same rows, from their content fingerprints
     (``debiased_nli.data.loading.content_fingerprint``; units finished before it was recorded have none) and,
-    failing those, their sizes. ``per_seed``: a random control drawn anew for each seed, whose rows are
-    meant to differ."""
+    failing those, their sizes and which build of the data they read (``builds``, :func:`_build_of`): a
+    seed without a content fingerprint that read another build than another seed is marked, since the
+    two may have trained on different rows (a release rebuilt on another machine or at another commit).
+    ``per_seed``: a random control drawn anew for each seed, whose rows are meant to differ."""
     known = {s: f for s, f in fingerprints.items() if f}
     if per_seed:
         return f"no, drawn anew per seed ({len(set(known.values()))} distinct in {len(known)} seeds)"
     if sizes and len(set(sizes.values())) > 1:
         return "**no**: " + ", ".join(f"s{s} {n:,} rows" for s, n in sorted(sizes.items()))
     missing = sorted(s for s in fingerprints if s not in known)
+    builds = {s: b for s, b in (builds or {}).items() if b}
+    unverified = sorted(s for s in missing if s in builds and any(builds.get(o) not in (None, builds[s])
+                                                                  for o in fingerprints if o != s))
+    if unverified and len(set(known.values())) <= 1:
+        ids = {b: f"b{i + 1}" for i, b in enumerate(dict.fromkeys(builds[s] for s in sorted(builds)))}
+        return ("**maybe not**: the seeds read different builds (" +
+                ", ".join(f"s{s} {ids[builds[s]]}" for s in sorted(builds)) +
+                f"); contents not recorded for seed {', '.join(map(str, missing))}")
     if not known:
         return "not recorded"
     distinct = sorted(set(known.values()))
@@ -1264,7 +1245,8 @@ def speed(plan: Plan, model: str | None = None, rows_per_set: int = 150, threads
     import torch
 
     from debiased_nli.models.challenge import load_challenge_set, resolve_sets
-    from debiased_nli.models.evaluation import load_classifier, predict_probabilities, sample_rows
+    from debiased_nli.models.classifier import load_classifier, predict_probabilities
+    from debiased_nli.models.evaluation import sample_rows
     from debiased_nli.data.tasks import get_task
     from debiased_nli.models.training import load_model_for_task
 

@@ -153,6 +153,12 @@ def _aflite(w, *extra):
     return ["aflite", "snli", "--data-files", w.parquet(), "--out", w.path("af"), *extra]
 
 
+def _method(w, command, *extra):
+    required = {"aflite": [], "pdd": ["--teacher"], "ibadr": ["--confidence-model"]}[command]
+    return [command, "snli", "--data-files", w.parquet(), "--out", w.path(command),
+            *(required + [w.model_folder()] if required else []), *extra]
+
+
 def _audit(w, *extra, data=None):
     return ["audit", "snli", "--data-files", data or w.parquet(), "--out", w.path("audit"), *extra]
 
@@ -322,6 +328,13 @@ CASES = [
                                                 "--out", w.path("af")], "two labels"),
     C("aflite: corrupt parquet", lambda w: ["aflite", "snli", "--data-files", w.write("bad.parquet", b"x" * 50),
                                             "--out", w.path("af")], "bad.parquet"),
+    # ---- the method commands' shared flags (one --seed and one --threads, issue 33)
+    *[C(f"{cmd} --seed 99999999999999999999", lambda w, cmd=cmd: _method(w, cmd, "--seed", "99999999999999999999"),
+        "--seed", "below 2**32") for cmd in ("aflite", "pdd", "ibadr")],
+    *[C(f"{cmd} --seed -1", lambda w, cmd=cmd: _method(w, cmd, "--seed", "-1"), "--seed", ">= 0")
+      for cmd in ("aflite", "pdd", "ibadr")],
+    *[C(f"{cmd} --threads 0", lambda w, cmd=cmd: _method(w, cmd, "--threads", "0"), "--threads", ">= 1")
+      for cmd in ("aflite", "pdd", "ibadr")],
     # ---- push
     C("push <not a release>", lambda w: ["push", w.user_folder(), "--repo-id", "org/x"], "not a release folder"),
     C("push --repo-id noslash", lambda w: ["push", w.fake_release(), "--repo-id", "noslash"], "ORG/NAME"),
@@ -387,6 +400,17 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
     for fragment in case.expect:
         assert fragment.lower() in line.lower(), (fragment, line)
     assert snapshot(world.root) == before  # no output, no lock, no temporary folder, inputs unchanged
+
+
+def test_the_method_commands_share_one_seed_and_one_threads_flag():
+    from debiased_nli.cli import build_parser
+    from debiased_nli.cli.commands._common import POSITIVE_INT, SEED
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for command in ("aflite", "pdd", "ibadr"):
+        flags = {a.dest: a for a in sub[command]._actions}
+        assert flags["seed"].type is SEED and flags["threads"].type is POSITIVE_INT, command
+    assert SEED(str(2 ** 32 - 1)) == 2 ** 32 - 1
 
 
 # ------------------------------------------------------------------------------------------ conservation
@@ -766,7 +790,7 @@ def test_evaluate_refuses_a_head_that_was_never_trained(tiny_models, world, caps
 
 
 def test_evaluate_warns_on_label_i_heads_and_takes_label_order(tiny_models, caplog):
-    from debiased_nli.models.evaluation import load_classifier
+    from debiased_nli.models.classifier import load_classifier
 
     with caplog.at_level("WARNING"):
         clf = load_classifier(str(tiny_models["generic"]), "cpu")

@@ -75,3 +75,68 @@ def test_help_names_only_the_methods_this_installation_has():
     description = md.metadata("debiased-nli")["Summary"]
     for method in ("PDD", "IBADR", "AFLite"):  # the package description stays true as methods land
         assert method not in description
+
+
+def _bad_jsonl(shared_data, path: Path, n: int = 400) -> Path:
+    import json
+
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(shared_data / "snli/train_sample.parquet").slice(0, n).select(
+        ["premise", "hypothesis", "label"]).to_pylist()
+    rows[8]["hypothesis"] = ["a", "list"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_set_aside_rows_are_one_line_and_warnings_are_log_lines(shared_data, tmp_path):
+    # 400 rows, one set aside; the 399 others are fewer than 20 batches of 1,000: z-filtering warns
+    data = _bad_jsonl(shared_data, tmp_path / "bad.jsonl")
+    env = dict(os.environ, DEBIASED_NLI_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"),
+               PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "debiased_nli.cli", "build", "snli", "--data-files", f"train={data}"]
+    proc = subprocess.run(cmd + ["--out", str(tmp_path / "r")], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert "1 of 400 rows set aside (row 8: hypothesis is a list) -> rejected/set_aside_on_load.parquet" in lines
+    assert (tmp_path / "r/rejected/set_aside_on_load.parquet").exists()
+    warned = [l for l in lines if "batch_size 1000 shrunk" in l]
+    assert len(warned) == 1 and warned[0].startswith("WARNING debiased_nli.release.recipe: z-filtering 'snli': batch_size")
+    # not Python's default format: no file:line, no category, no source line under it
+    assert "UserWarning" not in proc.stderr and "recipe.py:" not in proc.stderr and "compose(" not in proc.stderr
+    quiet = subprocess.run(cmd + ["--out", str(tmp_path / "q"), "--quiet"], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert "shrunk" not in quiet.stderr  # --quiet: errors only in the log
+    assert "1 of 400 rows set aside (row 8: hypothesis is a list)" in quiet.stderr  # a result, like `wrote`
+
+
+def test_the_set_aside_line_counts_every_reason():
+    import datasets
+
+    from debiased_nli.data.loading import set_aside_summary
+
+    rows = datasets.Dataset.from_dict({
+        "file": ["a.jsonl", "a.jsonl", "b.jsonl"], "row": [3, 5, 0], "column": ["premise", "label", "hypothesis"],
+        "value": ["{'x': 1}", "7", None], "reason": ["text is not a string", "label out of range", "empty or null text"]})
+    assert set_aside_summary(rows, 1000) == (
+        "3 of 1,000 rows set aside (row 3 of a.jsonl: premise is a mapping, and 2 more; 1 empty or null text, "
+        "1 label out of range, 1 text is not a string) -> rejected/set_aside_on_load.parquet")
+    assert set_aside_summary(rows.select([1]), 10).startswith("1 of 10 rows set aside (row 5: label '7': label out")
+    assert set_aside_summary(None, 10) is None and set_aside_summary(rows.select([]), 10) is None
+
+
+def test_a_warning_in_a_command_goes_through_the_log(caplog):
+    import warnings
+
+    from debiased_nli.cli import warnings_as_log_lines
+
+    before = warnings.showwarning
+    with caplog.at_level(logging.WARNING), warnings_as_log_lines():
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("something to know", UserWarning)
+            warnings.warn("going away", FutureWarning)
+    assert warnings.showwarning is before
+    got = [(r.name, r.getMessage()) for r in caplog.records]
+    assert (__name__, "something to know") in got and (__name__, "FutureWarning: going away") in got

@@ -267,12 +267,36 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
     assert "another size" not in card_markdown(table_json, ["z_filtered"], sizes={"z_filtered": 7609})
 
 
+def test_a_unit_scores_what_debiased_nli_evaluate_scores_and_a_cached_one_loads_no_model(setup, tmp_path, monkeypatch):
+    """evaluate_unit goes through evaluate_models (issue 33): the same accuracies, breakdowns and confusion
+    matrices as an evaluation without chunks or cache; re-scored from its cached chunks, the model is not loaded."""
+    from debiased_nli.models import evaluation
+    from debiased_nli.models.challenge import resolve_sets
+
+    plan, _ = setup
+    unit = json.loads(plan.unit_file("original", 0).read_text())
+    model = str(plan.model_dir("original", 0))
+    results = evaluation.evaluate_models([model], resolve_sets(sets=plan.evaluate["sets"]),
+                                         efficacy.eval_config(plan, progress=False))
+    for name, entry in results["sets"].items():
+        run = entry["runs"][0]
+        assert (unit["sets"][name]["accuracy"], unit["sets"][name]["confusion"]) == (run["accuracy"], run["confusion"])
+        assert unit["sets"][name]["breakdowns"] == (run.get("breakdowns") or {})
+        assert (unit["sets"][name]["n"], unit["sets"][name]["n_total"]) == (entry["n"], entry["n_total"])
+    assert unit["evaluation"]["config"] == results["config"]
+    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    again = efficacy.evaluate_unit(efficacy.load_plan(plan.path, results_dir=str(tmp_path)), plan.row("original"), 0,
+                                   json.loads((plan.model_dir("original", 0) / efficacy.TRAIN_RECORD).read_text()),
+                                   None, progress=False)
+    assert again["sets"] == unit["sets"] and again["evaluation"]["git"] == unit["evaluation"]["git"]
+
+
 # ------------------------------------------------------------------ evaluation batching (evaluation.py)
 
 def test_length_batches_cover_every_row_once_within_the_row_and_token_budgets():
     import numpy as np
 
-    from debiased_nli.models.evaluation import length_batches
+    from debiased_nli.models.classifier import length_batches
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 120, size=1000)
@@ -288,7 +312,7 @@ def test_length_batches_cover_every_row_once_within_the_row_and_token_budgets():
 def test_predictions_do_not_depend_on_the_batching(setup, shared_data):
     import numpy as np
 
-    from debiased_nli.models.evaluation import load_classifier, predict_probabilities
+    from debiased_nli.models.classifier import load_classifier, predict_probabilities
 
     plan, _ = setup
     clf = load_classifier(str(plan.model_dir("original", 0)), "cpu")
@@ -505,3 +529,26 @@ def test_the_gpu_kit_empties_only_a_folder_it_made(tmp_path):
     empty.mkdir()
     gpu_kit.clear_kit(empty)
     assert (empty / gpu_kit.MARKER).exists()
+
+
+def test_seeds_without_content_fingerprints_that_read_different_builds_are_marked():
+    # issue 32: aflite seed 0 and z_aug seed 0 had no content fingerprint, and their release had been rebuilt
+    # (another manifest sha256, another commit) before seeds 1-2 trained: "not recorded" hid it
+    aflite = [{"kind": "release_dir", "release_manifest_sha256": "2aa7", "fingerprint": "x"},
+              {"kind": "release_dir", "release_manifest_sha256": "c0a2", "fingerprint": "y"},
+              {"kind": "release_dir", "release_manifest_sha256": "c0a2", "fingerprint": "z", "content_fingerprint": "e" * 16}]
+    builds = {s: efficacy._build_of(d) for s, d in enumerate(aflite)}
+    fps = {s: d.get("content_fingerprint") for s, d in enumerate(aflite)}
+    assert efficacy._same_rows(fps, builds=builds) == (
+        "**maybe not**: the seeds read different builds (s0 b1, s1 b2, s2 b2); contents not recorded for seed 0, 1")
+    z_aug = {0: {"kind": "release", "built_at_commit": "76a7"}, 1: {"kind": "release", "built_at_commit": "d6a6",
+                                                                     "content_fingerprint": "b" * 16}}
+    assert efficacy._same_rows({s: d.get("content_fingerprint") for s, d in z_aug.items()},
+                               builds={s: efficacy._build_of(d) for s, d in z_aug.items()}).startswith("**maybe not**")
+    # the same build, or contents known to be the same across builds: not marked; datasets' own fingerprint
+    # (path and mtime) is no sign of other rows
+    same = {s: efficacy._build_of({"built_at_commit": "76a7", "fingerprint": str(s)}) for s in (0, 1)}
+    assert efficacy._same_rows({0: None, 1: "b" * 16}, builds=same) == "one seed (`bbbbbbbb`); not recorded for seed 0"
+    rebuilt_same = {0: "commit:a", 1: "commit:b"}
+    assert efficacy._same_rows({0: "b" * 16, 1: "b" * 16}, builds=rebuilt_same) == "yes (`bbbbbbbb`)"
+    assert efficacy._build_of({"kind": "files", "fingerprint": "e902"}) is None

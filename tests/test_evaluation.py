@@ -13,8 +13,7 @@ import yaml
 from debiased_nli.models.challenge import get_set, load_challenge_set
 from debiased_nli.cli import main
 from debiased_nli.utils.errors import ConfigError
-from debiased_nli.models.evaluation import (SCHEMA, load_results, push_results, score_predictions, set_predictions,
-                                            write_outputs)
+from debiased_nli.models.evaluation import (SCHEMA, load_results, push_results, score_predictions, set_predictions)
 
 from test_training import make_tiny_bert
 
@@ -144,7 +143,7 @@ def test_train_then_evaluate_writes_a_well_formed_report(trained_pair, shared_da
 
 def test_bfloat16_evaluation_stays_close_to_float32_and_the_report_says_so(trained_pair, shared_data):
     from debiased_nli.utils.errors import ConfigError
-    from debiased_nli.models.evaluation import load_classifier, predict_probabilities
+    from debiased_nli.models.classifier import load_classifier, predict_probabilities
 
     base, runs = trained_pair
     df = pd.read_parquet(shared_data / "snli" / "dev.parquet").head(200)

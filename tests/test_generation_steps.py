@@ -87,13 +87,13 @@ def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path, capsys
     from test_generation_sample import eos_generator
     lm = eos_generator(tmp_path / "eos_lm")  # samples that parse about half of the time
     ctx = {"recipe": {"data": {"split": "train", "data_files": None, "max_rows": 40}}}
-    rows = generator_source("demo", {
+    rows, dropped, reports = generator_source("demo", {
         "train": {"model": lm, "out": str(tmp_path / "G"), "max_steps": 1, "batch_size": 4, "cpu": True, "lr": 1e-9},
         "generate": {"out": str(tmp_path / "samples"), "num_samples": 8, "num_shards": 1, "batch_size": 4,
                      "max_new_tokens": 6, "condition": "premise+label", "cpu": True, "progress": False},
         "confidence": {"model": str(tiny / "clf"), "tau": 0.0, "progress": False},
     }, ctx)
-    reports = ctx["generation"]["reports"]
+    assert dropped is None  # the confidence filter's drops are counted in its report, not published
     assert set(reports) == {"train", "generate", "confidence"} and reports["train"]["steps"] == 1
     assert len(rows) == reports["generate"]["parsed"] == reports["confidence"]["kept"] > 0
     assert rows.column_names == ["premise", "hypothesis", "label", "uid", "origin", "method"]

@@ -185,3 +185,34 @@ def test_the_conditional_loss_is_the_nll_of_x_given_the_prefix():
                     count += 1
     assert loss.item() == pytest.approx(total / count, rel=1e-5)
     assert parts["mle"] == pytest.approx(loss.item())
+
+
+# ---- the command: the method commands' shared load -> step -> write flow ------------------------------
+
+def test_the_command_loads_the_rows_runs_the_loop_and_writes_its_report(tmp_path, monkeypatch, shared_data):
+    import json
+    from types import SimpleNamespace
+
+    from debiased_nli.cli import main
+    from debiased_nli.methods.ibadr import loop
+
+    seen = {}
+
+    def fake_run(d0, task, cfg, out, deadline=None, gen_chunk_steps=None):
+        seen.update(rows=len(d0), task=task.name, seed=cfg.seed, threads=torch.get_num_threads(),
+                    deadline=deadline is not None, chunk=gen_chunk_steps)
+        Path(out).mkdir(parents=True)
+        return SimpleNamespace(report={"iterations_complete": 1}, complete=False, pool=d0, generated=None, rejected=None)
+
+    monkeypatch.setattr(loop, "run_ibadr", fake_run)
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["ibadr", "snli", "--data-files", str(shared_data / "snli" / "train_sample.parquet"), "--max-rows",
+                   "40", "--out", str(tmp_path / "run"), "--confidence-model", "M", "--seed", "7", "--threads", "1",
+                   "--time-budget", "60", "--gen-chunk-steps", "5", "--quiet"])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 3  # paused: rerun to continue
+    assert seen == {"rows": 40, "task": "snli", "seed": 7, "threads": 1, "deadline": True, "chunk": 5}
+    assert json.loads((tmp_path / "run" / "ibadr.json").read_text()) == {"iterations_complete": 1}
+    assert not (tmp_path / "run" / "pool.parquet").exists()

@@ -156,3 +156,28 @@ def test_a_tiny_build_filters_and_says_so_in_the_manifest(tmp_path, shared_data)
     stage = next(s for s in manifest["stages"] if s["stage"].startswith("z_filtered"))
     assert stage["counts"]["input"] == 1000 and stage["counts"]["kept"] < 1000
     assert stage["counts"]["batch_size_used"] == 50 and "shrunk" in stage["counts"]["batch_size_note"]
+
+
+def test_compose_and_z_filter_resolve_the_small_input_rule_alike(snli):
+    """One place resolves it (zfilter.walk_batch_size, issue 33): the same batch, note and warning (pointing at
+    the caller) from z_filter and from compose's walks; a conditional walk keeps the batch size."""
+    import warnings
+
+    from debiased_nli.bias.compose import compose
+
+    d0, dg = snli.select(range(600)), snli.select(range(600, 900))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        alone = z_filter(d0, "snli", batch_size=1000, progress=False)
+        new_alone = z_filter(dg, "snli", batch_size=1000, progress=False)
+        composed = compose(d0, dg, "snli", batch_size=1000, progress=False)
+    assert alone.params["batch_size_used"] == composed["z_filtered"].params["batch_size_used"] == 30
+    assert alone.params["batch_size_note"] == composed["z_filtered"].params["batch_size_note"]
+    assert new_alone.params["batch_size_note"] == composed["par_z_new"].params["batch_size_note"]
+    for name in ("z_aug", "seq_z"):  # seeded with D0 / Z(D0): conditional
+        assert composed[name].params["batch_size_used"] == 1000 and "batch_size_note" not in composed[name].params
+    shrunk = [w for w in caught if "shrunk" in str(w.message)]
+    assert len(shrunk) == 4 and {w.filename for w in shrunk} == {__file__}
+    assert [str(w.message) for w in shrunk] == [f"z-filtering 'snli': {n}" for n in (
+        alone.params["batch_size_note"], new_alone.params["batch_size_note"],
+        composed["z_filtered"].params["batch_size_note"], composed["par_z_new"].params["batch_size_note"])]

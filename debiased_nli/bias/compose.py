@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from typing import Mapping, Sequence
 
 from ..data.loading import labels_of, materialize
 from ..data.tasks import TaskSpec, get_task
 from ..utils.processes import can_fork, freeze_gc, return_free_memory, unfreeze_gc, usable_cpus
 from .features import FeatureMatrix, build_feature_matrices, build_feature_matrix
-from .zfilter import MIN_BATCHES, ZFilterResult, batch_size_for, z_filter_matrix, z_filter_result
+from .zfilter import MIN_BATCHES, ZFilterResult, walk_batch_size, z_filter_matrix, z_filter_result
 
 
 def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
@@ -52,9 +51,8 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
 
     def plan(name, ds, fm, labels, seed_ds=None, seed_fm=None, seed_labels=None, allow_empty=True):
         # an unconditional walk of a small input goes in smaller batches (see zfilter.batch_size_for)
-        used, note = batch_size_for(len(labels), batch_size, conditional=seed_ds is not None and len(seed_ds) > 0)
-        if note:
-            warnings.warn(f"z-filtering {task.name!r}: {note}", stacklevel=3)
+        used, note = walk_batch_size(len(labels), batch_size, len(seed_ds) if seed_ds is not None else 0, task.name,
+                                     stacklevel=3)
         walk = ((fm, labels, task.num_labels), dict(seed_fm=seed_fm, seed_labels=seed_labels, batch_size=used,
                                                     top_k=top_k, seed=seed, p0=p0, keep_counts=False))
         walks[name] = (ds, seed_ds, allow_empty, used, note, walk)

@@ -140,7 +140,7 @@ def add_features_pair(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | 
     if hypothesis_only == "tfidf":
         cols = [get_extractor(n).column for n in lexical]
         fm0, fmg = build_feature_matrices([d0_f, dg_f], cols)
-        pred = fit_tfidf(fm0, labels_of(d0_f), task.num_labels, seed=seed).predict_proba(fmg).argmax(axis=1)
+        pred = fit_tfidf(fm0, labels_of(d0_f), task.num_labels, seed=seed).predict(fmg)  # exact tie rule
     elif isinstance(hypothesis_only, dict):
         _, probs = out_of_fold_transformer(d0["hypothesis"], labels_of(d0), task, hypothesis_only, seed=seed,
                                            work_dir=transformer_dir(cache, d0, hypothesis_only, seed),
@@ -359,7 +359,7 @@ def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, fo
         if dg is not None:
             if started["need_full"]:
                 model = _in_final_vocab(model, started["local_vocab"], cf.vocab)
-                pred_g = np.concatenate([model.predict_proba(cf.matrix([i], columns=lexical_cols)).argmax(axis=1)
+                pred_g = np.concatenate([model.predict(cf.matrix([i], columns=lexical_cols))  # exact tie rule
                                          for i in parts["dg"]]) if parts["dg"] else np.zeros(0, np.int64)
                 np.savez(new_path, pred=pred_g)
             else:

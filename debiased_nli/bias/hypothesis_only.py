@@ -13,7 +13,10 @@ Models:
   hypothesis unigram and bigram features already in the feature matrix (``*@hypothesis``; features
   seen in fewer than ``min_df`` rows of D0 are ignored), sublinear TF-IDF weighting with D0's idf, so
   nothing is tokenised twice. This is the project's cheap stand-in for the paper's BERT-base. Its
-  logistic regressions use scikit-learn's Newton-CG solver (:data:`LOGREG_SOLVER`).
+  TF-IDF and logistic regressions are :mod:`debiased_nli.logreg`'s, whose results are the same bits on
+  any CPU and thread count (:data:`LOGREG_SOLVER`), and a prediction is the label of the highest logit
+  with an exact tie rule (:func:`debiased_nli.logreg.decide`), so the feature, and every row's fate in
+  z-filtering, does not depend on the machine that builds the release.
 * **A transformer fine-tuned out of fold** (:func:`out_of_fold_transformer`; in a recipe
   ``features: {hypothesis_only: {model: PATH, folds: 5, epochs: 1}}``): trained with the project's
   own ``train`` on rows whose premise is empty, so the classifier reads ``[CLS] [SEP] hypothesis
@@ -36,26 +39,46 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow.compute as pc
 
-from ..models.labels import map_model_labels
 from ..utils.errors import ConfigError
 from .features import FeatureMatrix
 
-# The TF-IDF model's logistic regressions: scikit-learn's Newton-CG (tolerance 1e-4 on the gradient, at
-# most 100 Newton steps). The project's choice, measured in benchmarks/results/build_scale_speedup.md:
-# scikit-learn's default L-BFGS, used before, took 57-81 iterations on the folds of the 20k SNLI sample and
-# stopped at its 300-iteration cap without converging on 440k rows (a fold of the 10x benchmark, ~100 s);
-# Newton-CG converges in 4-6 Newton steps at every size measured, to a lower objective, 3-5x faster,
-# with the same out-of-fold accuracy (20k SNLI sample: 0.5966 against 0.5967; 99.5% of the predictions
-# the same). Its steps are deterministic: the fits do not depend on the order or process they run in.
-LOGREG_SOLVER = {"solver": "newton-cg", "tol": 1e-4, "max_iter": 100}
+
+# The TF-IDF model's logistic regressions: debiased_nli.logreg's Newton-CG, run until the largest gradient
+# entry is below 1e-10 (4-6 Newton steps on the 20k SNLI sample's folds), with every sum in a fixed order,
+# no BLAS and its own exp/log, so its weights and predictions are the same bits on any CPU and thread count.
+# It replaced scikit-learn's Newton-CG at tolerance 1e-4, whose out-of-fold predictions on the 20k SNLI
+# sample differed between OpenBLAS's native kernels at 2 threads and its Haswell kernels at 1 thread
+# (out-of-fold accuracy 0.59645 and 0.5966; z_filtered 7,454 and 7,609 rows); this one gives 0.59685
+# everywhere. (scikit-learn's L-BFGS before that stopped at its iteration cap on large inputs:
+# benchmarks/results/build_scale_speedup.md.) Part of the cache key of the model's predictions.
+LOGREG_SOLVER = {"solver": "newton-cg (debiased_nli.logreg, machine-independent)", "tol": 1e-10, "max_iter": 100,
+                 "tie_margin": 1e-7}
 
 
 def logistic_regression(C: float = 1.0, seed: int = 0, max_iter: int | None = None):
-    """The TF-IDF model's (unfitted) logistic regression: L2 penalty ``C``, :data:`LOGREG_SOLVER`."""
-    from sklearn.linear_model import LogisticRegression
+    """The TF-IDF model's (unfitted) logistic regression: L2 penalty ``C``, :data:`LOGREG_SOLVER`, the same
+    bits on every machine (:class:`debiased_nli.logreg.LogisticRegression`; it draws nothing at random,
+    so ``seed`` changes nothing: kept for the callers that pass one)."""
+    from .logreg import LogisticRegression
 
-    settings = dict(LOGREG_SOLVER, **({"max_iter": int(max_iter)} if max_iter is not None else {}))
-    return LogisticRegression(C=C, random_state=seed, **settings)
+    return LogisticRegression(C=C, tol=LOGREG_SOLVER["tol"],
+                              max_iter=int(max_iter) if max_iter is not None else LOGREG_SOLVER["max_iter"])
+
+
+def tfidf_transformer():
+    """The TF-IDF model's (unfitted) TF-IDF: scikit-learn's ``sublinear_tf=True`` weighting, computed
+    with the same bits on every machine (:class:`debiased_nli.logreg.TfidfTransformer`)."""
+    from .logreg import TfidfTransformer
+
+    return TfidfTransformer()
+
+
+def decide(logits: np.ndarray) -> np.ndarray:
+    """Predictions from rows x labels logits: the highest, with ties within ``LOGREG_SOLVER["tie_margin"]``
+    going to the lowest label index (:func:`debiased_nli.logreg.decide`)."""
+    from .logreg import decide as _decide
+
+    return _decide(np.asarray(logits).T, LOGREG_SOLVER["tie_margin"])[0]
 
 
 @dataclasses.dataclass
@@ -90,9 +113,17 @@ class TfidfHypothesisOnly:
     the model that predicts rows it was not trained on (new rows D_G)."""
 
     columns: np.ndarray   # vocabulary ids of its inputs
-    tfidf: object         # fitted sklearn TfidfTransformer (idf of D0)
-    clf: object           # fitted sklearn LogisticRegression
+    tfidf: object         # fitted debiased_nli.logreg.TfidfTransformer (idf of D0)
+    clf: object           # fitted debiased_nli.logreg.LogisticRegression
     num_labels: int
+
+    def logits(self, fm: FeatureMatrix) -> np.ndarray:
+        """rows x labels logits (-inf for a label the model never saw)."""
+        X = self.tfidf.transform(hypothesis_matrix(fm, columns=self.columns))
+        out = np.full((fm.n_rows, self.num_labels), -np.inf)
+        if fm.n_rows:
+            out[:, self.clf.classes_] = self.clf.decision_function(X)
+        return out
 
     def predict_proba(self, fm: FeatureMatrix) -> np.ndarray:
         X = self.tfidf.transform(hypothesis_matrix(fm, columns=self.columns))
@@ -100,6 +131,10 @@ class TfidfHypothesisOnly:
         if fm.n_rows:
             probs[:, self.clf.classes_] = self.clf.predict_proba(X)
         return probs
+
+    def predict(self, fm: FeatureMatrix) -> np.ndarray:
+        """The label of the highest logit, ties within the margin to the lowest index (:func:`decide`)."""
+        return decide(self.logits(fm)) if fm.n_rows else np.zeros(0, np.int64)
 
 
 def out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, folds: int = 5,
@@ -125,7 +160,6 @@ def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: i
     on (the build extracts the new rows' features meanwhile); with one, they run when the returned
     function is called. The result is the same either way.
     """
-    from sklearn.feature_extraction.text import TfidfTransformer
     from sklearn.model_selection import StratifiedKFold
 
     labels = np.asarray(labels, dtype=np.int64)
@@ -134,7 +168,7 @@ def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: i
         raise ConfigError(f"the hypothesis-only model needs at least {folds * 2} rows for {folds}-fold "
                           f"prediction, got {n}")
     columns = hypothesis_columns(fm, min_df)
-    tfidf = TfidfTransformer(sublinear_tf=True)
+    tfidf = tfidf_transformer()
     X = tfidf.fit_transform(hypothesis_matrix(fm, columns=columns))
     counts = np.bincount(labels, minlength=num_labels)
     present = counts[counts > 0]
@@ -146,14 +180,24 @@ def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: i
                            background=True)
 
     def finish():
+        from .logreg import decide as _decide
+
         fitted = collect()
         probs = np.zeros((n, num_labels))
+        logits = np.full((n, num_labels), -np.inf)
         for (_, held), clf in zip(splits, fitted):
             probs[np.ix_(held, clf.classes_)] = clf.predict_proba(X[held])
-        pred = probs.argmax(axis=1)
+            logits[np.ix_(held, clf.classes_)] = clf.decision_function(X[held])
+        # the prediction is decided on the logits, with the exact tie rule (not on rounded probabilities)
+        pred, tie = _decide(logits.T, LOGREG_SOLVER["tie_margin"])
+        oof = fitted[:len(splits)]
         result = HypothesisOnlyResult(pred, probs, float((pred == labels).mean()), "tfidf-logreg-oof",
                                       {"folds": int(max(k, 2)), "seed": seed, "C": C, "min_df": min_df,
-                                       "n_inputs": int(X.shape[1]), "solver": LOGREG_SOLVER["solver"]})
+                                       "n_inputs": int(X.shape[1]), "solver": LOGREG_SOLVER["solver"],
+                                       "tol": LOGREG_SOLVER["tol"], "tie_margin": LOGREG_SOLVER["tie_margin"],
+                                       "ties": int(tie.sum()),
+                                       "converged": all(c.info_["converged"] for c in oof),
+                                       "newton_steps": [int(c.info_["newton_steps"]) for c in oof]})
         if full_model:
             return result, TfidfHypothesisOnly(columns, tfidf, fitted[-1], num_labels)
         return result
@@ -165,10 +209,8 @@ def fit_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, seed: i
               min_df: int = 2, max_iter: int | None = None) -> TfidfHypothesisOnly:
     """The TF-IDF + logistic regression model fitted on every row of ``fm`` (as
     :func:`out_of_fold_tfidf` with ``full_model=True`` fits it, without the folds)."""
-    from sklearn.feature_extraction.text import TfidfTransformer
-
     columns = hypothesis_columns(fm, min_df)
-    tfidf = TfidfTransformer(sublinear_tf=True)
+    tfidf = tfidf_transformer()
     X = tfidf.fit_transform(hypothesis_matrix(fm, columns=columns))
     clf = logistic_regression(C, seed, max_iter).fit(X, np.asarray(labels, dtype=np.int64))
     return TfidfHypothesisOnly(columns, tfidf, clf, num_labels)
@@ -190,7 +232,8 @@ def _fit_logregs(X, labels: np.ndarray, row_sets: Sequence[np.ndarray], *, C: fl
     is the same either way: the models are made here, with this process's :data:`LOGREG_SOLVER`, and
     only fitted there. The processes are joblib's (loky: started fresh, not forked, since the fits use
     OpenMP, which does not survive a fork) and exit a second after the last fit instead of idling for
-    minutes with their memory while the build goes on. ``background``: return at once a function that
+    minutes with their memory while the build goes on (each fit is single-threaded numpy: the same bits
+    in any process). ``background``: return at once a function that
     waits for the fits and returns them (in processes, the fits go on while the caller works; in this
     process, they run when the function is called)."""
     from tqdm.auto import tqdm
@@ -265,7 +308,7 @@ def _train_and_predict(params: Mapping[str, Any], task, train_hyps: Sequence[str
                        predict_hyps: Sequence[str], model_dir: Path, seed: int, progress: bool) -> np.ndarray:
     """Fine-tune on hypotheses alone (the project's ``train``), then the task-order probabilities of
     ``predict_hyps``."""
-    from ..models.evaluation import load_classifier, predict_probabilities
+    from ..models.classifier import load_classifier, predict_probabilities
     from ..models.training import TrainConfig, train_classifier
 
     cfg = TrainConfig(model=str(params["model"]), output_dir=str(model_dir), learning_rate=float(params["learning_rate"]),
@@ -274,11 +317,10 @@ def _train_and_predict(params: Mapping[str, Any], task, train_hyps: Sequence[str
                       num_threads=params["num_threads"], eval_steps=params["checkpoint_steps"], progress=progress)
     train_classifier(cfg, task, _hypothesis_only_rows(train_hyps, train_labels, task))
     clf = load_classifier(str(model_dir))
-    order = map_model_labels(clf.id2label, task.labels, str(model_dir))
-    probs = predict_probabilities(clf, [""] * len(predict_hyps), list(predict_hyps),
+    probs = predict_probabilities(clf, [""] * len(predict_hyps), list(predict_hyps), labels=task.labels,
                                   batch_size=int(params["eval_batch_size"]), max_length=int(params["max_length"]),
                                   desc="hypothesis-only (predict)", progress=progress)
-    return probs[:, order].astype(np.float64)
+    return probs.astype(np.float64)
 
 
 def out_of_fold_transformer(hypotheses: Sequence[str], labels: np.ndarray, task, params: Mapping[str, Any], *,
@@ -357,24 +399,14 @@ def _fingerprint_texts(texts: Sequence[str]) -> str:
 def transformer_predictions(model: str, hypotheses: Sequence[str], labels: np.ndarray,
                             label_names: Sequence[str], *, batch_size: int = 64, max_length: int = 64,
                             device: str | None = None, progress: bool = True) -> HypothesisOnlyResult:
-    """Predictions of a fine-tuned sequence classifier (folder or Hub id) on the hypothesis alone."""
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    """Predictions of a fine-tuned sequence classifier (folder or Hub id) on the hypothesis alone (one
+    segment), in batches of rows in input order."""
+    from ..models.classifier import load_classifier, predict_probabilities
 
-    tok = AutoTokenizer.from_pretrained(model)
-    clf = AutoModelForSequenceClassification.from_pretrained(model)
-    id2label = {int(i): str(l) for i, l in clf.config.id2label.items()}
-    order = map_model_labels(id2label, label_names, model)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    clf.to(device).eval()
-    out = []
-    with torch.no_grad():
-        for start in tqdm(range(0, len(hypotheses), batch_size), desc="hypothesis-only (model)", disable=not progress):
-            enc = tok(list(hypotheses[start:start + batch_size]), truncation=True, max_length=max_length,
-                      padding=True, return_tensors="pt").to(device)
-            out.append(torch.softmax(clf(**enc).logits.float(), -1)[:, order].cpu().numpy())
-    probs = np.concatenate(out) if out else np.zeros((0, len(label_names)))
+    clf = load_classifier(model, device)
+    probs = predict_probabilities(clf, None, hypotheses, batch_size=batch_size, max_length=max_length,
+                                  order=range(len(hypotheses)), labels=label_names, desc="hypothesis-only (model)",
+                                  progress=progress)
     pred = probs.argmax(axis=1)
     labels = np.asarray(labels)
     return HypothesisOnlyResult(pred, probs, float((pred == labels).mean()) if len(labels) else 0.0,

@@ -308,6 +308,18 @@ def batch_size_for(n_rows: int, batch_size: int, *, conditional: bool,
     return used, why
 
 
+def walk_batch_size(n_rows: int, batch_size: int, seed_rows: int, task_name: str, *,
+                    min_batches: int = MIN_BATCHES, stacklevel: int = 1) -> tuple[int, str | None]:
+    """The batch size a walk over ``n_rows`` rows seeded with ``seed_rows`` rows uses, and why it differs
+    from ``batch_size`` (None if not), with a warning when it does: where :func:`z_filter` and
+    :func:`debiased_nli.bias.compose.compose` resolve the small-input rule (:func:`batch_size_for`; a walk
+    with a non-empty seed set is conditional). ``stacklevel`` as :func:`warnings.warn`'s, from the caller."""
+    used, note = batch_size_for(n_rows, batch_size, conditional=seed_rows > 0, min_batches=min_batches)
+    if note:
+        warnings.warn(f"z-filtering {task_name!r}: {note}", stacklevel=stacklevel + 1)
+    return used, note
+
+
 def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
              seed_dataset=None, p0="uniform", min_z: float = 0.0, allow_empty: bool = False,
              progress: bool = True, include_seed: bool = True, min_batches: int = MIN_BATCHES) -> ZFilterResult:
@@ -316,14 +328,12 @@ def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1
     The output ``kept`` holds the seed rows (when ``include_seed``) followed by the kept rows in the
     order they joined Z; ``rejected`` holds the rejected rows with their ``rejected_by`` features.
     An unconditional input of fewer than ``min_batches`` x ``batch_size`` rows is walked in smaller
-    batches (:func:`batch_size_for`, with a warning; ``params["batch_size_used"]`` says which).
+    batches (:func:`walk_batch_size`, with a warning; ``params["batch_size_used"]`` says which).
     """
     task = get_task(task)
     requested = batch_size
-    conditional = seed_dataset is not None and len(seed_dataset) > 0
-    batch_size, note = batch_size_for(len(ds), batch_size, conditional=conditional, min_batches=min_batches)
-    if note:
-        warnings.warn(f"z-filtering {task.name!r}: {note}", stacklevel=2)
+    batch_size, note = walk_batch_size(len(ds), batch_size, len(seed_dataset) if seed_dataset is not None else 0,
+                                       task.name, min_batches=min_batches, stacklevel=2)
     if seed_dataset is not None:
         for name, d in (("input", ds), ("seed set", seed_dataset)):
             lab = d.features.get("label")

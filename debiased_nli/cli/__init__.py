@@ -15,6 +15,7 @@ import logging
 import os
 import pkgutil
 import sys
+import warnings
 from typing import Iterator
 
 from .. import __version__
@@ -149,6 +150,34 @@ def quiet_libraries(level: int, progress: bool) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _module_of(filename: str) -> str:
+    """The dotted name of the loaded module whose file is ``filename`` ("py.warnings" when none is)."""
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == filename:
+            return name
+    return "py.warnings"
+
+
+@contextlib.contextmanager
+def warnings_as_log_lines() -> Iterator[None]:
+    """Show ``warnings.warn`` as log lines (``WARNING debiased_nli.recipe: z-filtering 'snli': batch_size
+    ...``) through the logger of the module that raised it, instead of Python's default
+    ``recipe.py:489: UserWarning: ...`` followed by the source line. The warnings filters still decide which
+    warnings are shown (each once per place by default); the log level decides whether they are printed
+    (``--quiet`` hides them). Restored on exit (the CLI also runs inside tests)."""
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message) if category is UserWarning else f"{category.__name__}: {message}"
+        logging.getLogger(_module_of(filename)).warning("%s", text)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
+
+
 def describe_error(err: BaseException) -> tuple[int, str]:
     """(exit code, one-line message) for an error that ends a command.
 
@@ -180,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        with quiet_libraries(level, progress=not args.quiet):
+        with quiet_libraries(level, progress=not args.quiet), warnings_as_log_lines():
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -474,6 +474,45 @@ def combine_set_aside(parts: Sequence[tuple[str, Any]]):
     return datasets.Dataset(pa.concat_tables(tables, promote_options="permissive")), counts
 
 
+def _set_aside_why(row: Mapping[str, Any]) -> str:
+    """Why one set-aside row was set aside, in a few words: ``hypothesis is a list``, ``label 7 out of range``."""
+    import ast
+
+    col, reason, value = row.get("column") or "?", row.get("reason") or "?", row.get("value")
+    if reason == REASON_NOT_TEXT:
+        try:  # the value is stored as text (str() of the value read): name what it was
+            parsed = ast.literal_eval(value) if value is not None else None
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            parsed = None
+        kind = {list: "a list", tuple: "a list", dict: "a mapping", bool: "a boolean", int: "a number",
+                float: "a number"}.get(type(parsed), "not text")
+        return f"{col} is {kind}"
+    if reason == REASON_MISSING_TEXT:
+        return f"{col} is empty"
+    if reason in (REASON_BAD_LABEL, REASON_NO_GOLD):
+        return f"{col} {value!r}: {reason}"
+    return f"{col}: {reason}"
+
+
+def set_aside_summary(set_aside, loaded_rows: int, path: str = "rejected/set_aside_on_load.parquet") -> str | None:
+    """One line for the terminal about the rows set aside on loading (None when there are none):
+    ``1 of 400 rows set aside (row 8: hypothesis is a list) -> rejected/set_aside_on_load.parquet``;
+    with more, the first one's reason and the count of each reason."""
+    if set_aside is None or not len(set_aside):
+        return None
+    n = len(set_aside)
+    first = set_aside[0]
+    files = set(set_aside["file"]) if "file" in set_aside.column_names else set()
+    where = f"row {first.get('row')}" + (f" of {Path(str(first.get('file'))).name}" if len(files) > 1 else "")
+    text = f"{where}: {_set_aside_why(first)}"
+    if n > 1:
+        reasons: dict[str, int] = {}
+        for r in set_aside["reason"]:
+            reasons[str(r)] = reasons.get(str(r), 0) + 1
+        text += f", and {n - 1:,} more; " + ", ".join(f"{c:,} {r}" for r, c in sorted(reasons.items()))
+    return f"{n:,} of {max(int(loaded_rows), n):,} rows set aside ({text}) -> {path}"
+
+
 def require_two_labels(ds, task: TaskSpec, where: str) -> None:
     """z-statistics, z-filtering and the hypothesis-only model compare labels: one label is an error."""
     present = np.flatnonzero(np.bincount(labels_of(ds), minlength=task.num_labels))

@@ -2,7 +2,7 @@
 
 For each model (one folder per seed) and each challenge set: the model's label distribution over the
 task's labels (its ``config.id2label`` is mapped onto the task's label names by
-:func:`debiased_nli.bias.hypothesis_only.map_model_labels`; a model whose names do not match is refused),
+:func:`debiased_nli.models.labels.map_model_labels`; a model whose names do not match is refused),
 the argmax over the model labels that the set keeps, mapped onto the set's labels (HANS: neutral and
 contradiction -> non-entailment), then accuracy and breakdown accuracies with the ``challenge_accuracy``
 ``evaluate`` module. Several seeds give mean ± sample standard deviation (ddof=1).
@@ -18,8 +18,9 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -27,143 +28,11 @@ from ..data.loading import labels_of
 from ..utils.errors import ConfigError
 from ..utils.provenance import git_hash, library_versions
 from .challenge import ChallengeSet, challenge_source, load_challenge_set, load_metric
+from .classifier import LoadedClassifier, load_classifier, output_names, predict_probabilities, read_train_record
 
 logger = logging.getLogger(__name__)
 
 SCHEMA = "debiased-nli/evaluation-results/v1"
-
-
-# ------------------------------------------------------------------------------------ prediction
-
-@dataclasses.dataclass
-class LoadedClassifier:
-    path: str
-    model: Any
-    tokenizer: Any
-    id2label: dict[int, str]
-    train_record: dict | None
-
-
-def load_classifier(path: str, device: str | None = None, label_order: Sequence[str] | None = None) -> LoadedClassifier:
-    """A sequence classifier ready to score, refused when its classification head was never trained.
-
-    ``from_pretrained`` initialises missing weights at random (an encoder without a head, or a folder
-    saved without them) and only logs it: such a model scores at chance and must not be reported.
-    A head whose outputs are named ``LABEL_0..K`` is taken in the task's order, with a warning, unless
-    ``label_order`` names the outputs."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
-    folder = Path(path)
-    verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()  # its load report is checked below, and said in one line
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model, info = AutoModelForSequenceClassification.from_pretrained(path, output_loading_info=True)
-    except OSError as err:
-        if folder.exists():
-            raise ConfigError(f"{path} is not a model folder ({err}); give a folder written by "
-                              f"`debiased-nli train`") from err
-        raise ConfigError(f"model {path!r}: no such folder, and not a Hub model id that can be reached "
-                          f"({type(err).__name__}). Give a folder written by `debiased-nli train` or a Hub id.") from err
-    except Exception as err:  # a corrupt weights file, an unknown architecture
-        from ..data.loading import root_cause
-        raise ConfigError(f"model {path}: cannot load it ({root_cause(err)})") from err
-    finally:
-        transformers_logging.set_verbosity(verbosity)
-    missing = sorted(info.get("missing_keys") or [])
-    if missing:
-        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        raise ConfigError(f"model {path}: weights missing from the folder ({shown}), so they would be random and "
-                          f"the scores meaningless; its classification head was never trained. Evaluate a model "
-                          f"fine-tuned with `debiased-nli train`.")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device).eval()
-    record_path = folder / "debiased_nli_train.json"
-    try:
-        record = json.loads(record_path.read_text()) if record_path.exists() else None
-    except ValueError as err:
-        raise ConfigError(f"{record_path} is not valid JSON ({err})") from err
-    id2label = {int(i): str(l) for i, l in (model.config.id2label or {}).items()}
-    if label_order is not None:
-        if len(label_order) != len(id2label):
-            raise ConfigError(f"--label-order names {len(label_order)} labels but {path} has {len(id2label)} outputs")
-        id2label = dict(enumerate(label_order))
-    elif id2label and all(l.upper().startswith("LABEL_") for l in id2label.values()):
-        logger.warning("%s names its outputs %s; taking them to be the task's labels in the task's order. If "
-                       "they are not, pass --label-order NAME,NAME,... (the label of each output, in order).",
-                       path, ", ".join(id2label[i] for i in sorted(id2label)))
-    return LoadedClassifier(path, model, tok, id2label, record)
-
-
-def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[np.ndarray]:
-    """Row indices in order of length, cut into batches of at most ``batch_size`` rows and (when
-    ``max_tokens`` is given) at most ``max_tokens`` padded tokens (rows x the longest row of the batch).
-
-    Sorting by length keeps the padding small; the token budget lets batches of short rows (the
-    Dasgupta sets, HANS) be large while batches of long rows (MNLI) stay within a fixed amount of work.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    order = np.argsort(lengths, kind="stable")
-    batches, start = [], 0
-    while start < len(order):
-        stop = min(start + batch_size, len(order))
-        if max_tokens:  # sorted ascending: the batch's longest row is its last one
-            while stop - start > 1 and (stop - start) * lengths[order[stop - 1]] > max_tokens:
-                stop = start + max(1, min(stop - start - 1, max_tokens // max(1, int(lengths[order[stop - 1]]))))
-        batches.append(order[start:stop])
-        start = stop
-    return batches
-
-
-def predict_probabilities(clf: LoadedClassifier, premises: Sequence[str], hypotheses: Sequence[str], *,
-                          batch_size: int = 64, max_length: int = 128, max_tokens: int | None = None,
-                          desc: str = "predict", progress: bool = True, dtype: str = "float32") -> np.ndarray:
-    """softmax(f(premise, hypothesis)) for every row, rows x (model outputs), in the model's order.
-
-    Every row is tokenized once (no padding); rows are then batched in order of token length
-    (:func:`length_batches`) and each batch is padded to its own longest row (dynamic padding), so
-    little compute goes to padding. Rows are returned in input order. ``dtype="bfloat16"`` runs the
-    forward passes under bfloat16 autocast (:mod:`debiased_nli.utils.precision`; the probabilities stay float32).
-    """
-    import torch
-    from tqdm.auto import tqdm
-
-    from ..utils.precision import check_dtype, compute_context
-
-    check_dtype(dtype, "evaluation dtype")
-
-    n = len(premises)
-    out = np.zeros((n, len(clf.id2label)), dtype=np.float32)
-    if n == 0:
-        return out
-    tok = clf.tokenizer
-    enc = tok(list(premises), list(hypotheses), truncation=True, max_length=max_length)
-    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
-    lengths = [len(x) for x in enc["input_ids"]]
-    pad_values = {"input_ids": tok.pad_token_id if tok.pad_token_id is not None else 0, "attention_mask": 0,
-                  "token_type_ids": getattr(tok, "pad_token_type_id", 0)}
-    left = getattr(tok, "padding_side", "right") == "left"
-    device = next(clf.model.parameters()).device
-    batches = length_batches(lengths, batch_size, max_tokens)
-    with torch.inference_mode(), compute_context(device, dtype), \
-            tqdm(total=n, desc=desc, disable=not progress, unit="ex") as bar:
-        for idx in batches:
-            width = max(lengths[i] for i in idx)
-            arrays = {}
-            for k in keys:
-                a = np.full((len(idx), width), pad_values[k], dtype=np.int64)
-                for r, i in enumerate(idx):
-                    row = enc[k][i]
-                    if left:
-                        a[r, width - len(row):] = row
-                    else:
-                        a[r, :len(row)] = row
-                arrays[k] = torch.from_numpy(a).to(device)
-            out[idx] = torch.softmax(clf.model(**arrays).logits.float(), dim=-1).cpu().numpy()
-            bar.update(len(idx))
-    return out
 
 
 def set_predictions(spec: ChallengeSet, probs_model_order: np.ndarray, id2label: Mapping[int, str],
@@ -227,8 +96,25 @@ class EvalConfig:
     dtype: str = "float32"           # forward passes in float32, or bfloat16 autocast (debiased_nli.utils.precision)
 
 
-def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cfg: EvalConfig | None = None) -> dict:
-    """Score every model on every set; returns the ``results.json`` object (see :data:`SCHEMA`)."""
+def confusion(labels: Sequence[str], gold, pred) -> dict[str, dict[str, int]]:
+    """``{gold label: {predicted label: rows}}`` over a set's own labels (HANS: 2-way)."""
+    names = list(labels)
+    g, p = np.asarray(gold, dtype=np.int64), np.asarray(pred, dtype=np.int64)
+    return {names[i]: {names[j]: int(((g == i) & (p == j)).sum()) for j in range(len(names))}
+            for i in range(len(names))}
+
+
+def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cfg: EvalConfig | None = None, *,
+                    chunk_rows: int | None = None, cache_dirs: Mapping[str, "str | Path"] | None = None,
+                    before_chunk: Callable[[], None] | None = None) -> dict:
+    """Score every model on every set; returns the ``results.json`` object (see :data:`SCHEMA`).
+
+    Each run (a model on a set) records, beside its scores, its confusion matrix and the seconds, CPU
+    seconds and commits its probabilities took (``predict_*``). ``chunk_rows`` predicts each set in chunks
+    of at most that many rows; with ``cache_dirs`` (model path -> folder) every chunk's probabilities are
+    saved there with their time and commit, so an interrupted evaluation continues where it stopped (a
+    model whose chunks are all saved is not loaded at all). ``before_chunk`` is called before each chunk
+    that is computed (e.g. to take turns at a lock)."""
     import time
 
     cfg = cfg or EvalConfig()
@@ -240,19 +126,19 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
         ds = load_challenge_set(spec, cfg.data_root)
         datasets_cache[spec.name] = (ds, sample_rows(ds, cfg.max_examples, cfg.sample_seed))
     for path in model_paths:
-        clf = load_classifier(path, cfg.device, label_order=cfg.label_order)
-        seed = (clf.train_record or {}).get("config", {}).get("seed")
-        info = {"path": str(path), "seed": seed, "id2label": {str(k): v for k, v in clf.id2label.items()},
-                "train": (clf.train_record or {}).get("result"), "train_config": (clf.train_record or {}).get("config"),
-                "task": (clf.train_record or {}).get("task")}
+        cache = (cache_dirs or {}).get(str(path))
+        model = _LazyClassifier(str(path), cfg)
+        if cache is None:
+            model.get()  # loaded (and checked) before any set; a cached evaluation loads it only if it must
+        record = model.train_record()
+        seed = (record or {}).get("config", {}).get("seed")
         seconds = {}
         for spec in sets:
             full, ds = datasets_cache[spec.name]
             start = time.perf_counter()
-            probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=cfg.batch_size,
-                                          max_length=cfg.max_length, max_tokens=cfg.max_tokens, desc=f"{Path(path).name} / {spec.name}",
-                                          progress=cfg.progress, dtype=cfg.dtype)
-            pred, label_map = set_predictions(spec, probs, clf.id2label, str(path))
+            probs, timing = _set_probabilities(model, spec.name, ds, cfg, chunk_rows=chunk_rows,
+                                               cache=Path(cache) if cache else None, before_chunk=before_chunk)
+            pred, label_map = set_predictions(spec, probs, model.id2label(), str(path))
             scores = score_predictions(spec, ds, pred, metric)
             seconds[spec.name] = round(time.perf_counter() - start, 2)
             source = challenge_source(spec, cfg.data_root)
@@ -263,10 +149,12 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
                 "source": source["path"] if source["kind"] == "local" else f"{source['path']}[{source['split']}]",
                 "source_kind": source["kind"], "hub_dataset": source["hub_dataset"],
                 "spec_version": spec.version, "runs": []})
-            entry["runs"].append({"model": str(path), "seed": seed, **scores})
-        info["eval_seconds"] = seconds
-        models.append(info)
-        del clf
+            entry["runs"].append({"model": str(path), "seed": seed, **scores,
+                                  "confusion": confusion(spec.labels, ds["label"], pred), **timing})
+        models.append({"path": str(path), "seed": seed, "id2label": {str(k): v for k, v in model.id2label().items()},
+                       "train": (record or {}).get("result"), "train_config": (record or {}).get("config"),
+                       "task": (record or {}).get("task"), "eval_seconds": seconds})
+        del model
     for name, entry in per_set.items():
         accs = np.array([r["accuracy"] for r in entry["runs"]])
         entry["accuracy"] = float(accs.mean())
@@ -276,6 +164,72 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
             "models": models, "seeds": [m["seed"] for m in models], "num_models": len(models),
             "config": dataclasses.asdict(cfg), "sets": per_set, "versions": library_versions(),
             "git": git_hash()}
+
+
+class _LazyClassifier:
+    """A model of :func:`evaluate_models`, loaded the first time a chunk of probabilities is computed;
+    its output names and training record are read from the folder without loading the weights."""
+
+    def __init__(self, path: str, cfg: EvalConfig):
+        self.path, self.cfg, self.loaded = path, cfg, None
+
+    def get(self) -> LoadedClassifier:
+        if self.loaded is None:
+            self.loaded = load_classifier(self.path, self.cfg.device, label_order=self.cfg.label_order)
+        return self.loaded
+
+    def id2label(self) -> dict[int, str]:
+        if self.loaded is not None:
+            return self.loaded.id2label
+        from transformers import AutoConfig
+
+        return output_names(AutoConfig.from_pretrained(self.path).id2label, self.cfg.label_order, self.path)
+
+    def train_record(self) -> dict | None:
+        return self.loaded.train_record if self.loaded is not None else read_train_record(self.path)
+
+
+def _set_probabilities(model: _LazyClassifier, set_name: str, ds, cfg: EvalConfig, *, chunk_rows: int | None,
+                       cache: Path | None, before_chunk: Callable[[], None] | None) -> tuple[np.ndarray, dict]:
+    """The model's probabilities of every row of ``ds`` (model order), chunk by chunk (see
+    :func:`evaluate_models`), and the seconds, CPU seconds and commits they took."""
+    import time
+
+    prem, hyp = ds["premise"], ds["hypothesis"]
+    step = chunk_rows or max(1, len(ds))
+    parts, seconds, cpu, commits = [], 0.0, 0.0, set()
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+    for k, start in enumerate(range(0, len(ds), step)):
+        f = None if cache is None else \
+            cache / f"{set_name}-{len(ds)}-{k:03d}{'' if cfg.dtype == 'float32' else '-' + cfg.dtype}.npz"
+        if f is not None and f.exists():
+            with np.load(f) as z:
+                parts.append(z["probs"])
+                seconds += float(z["seconds"])
+                cpu += float(z["cpu"])
+                commits.add(str(z["git"]))
+            continue
+        if before_chunk is not None:
+            before_chunk()
+        clf = model.get()
+        stop = min(start + step, len(ds))
+        t0, c0 = time.perf_counter(), time.process_time()
+        probs = predict_probabilities(clf, prem[start:stop], hyp[start:stop], batch_size=cfg.batch_size,
+                                      max_length=cfg.max_length, max_tokens=cfg.max_tokens,
+                                      desc=f"{Path(model.path).name} / {set_name}" + (f" [{k}]" if chunk_rows else ""),
+                                      progress=cfg.progress, dtype=cfg.dtype)
+        took, took_cpu, commit = time.perf_counter() - t0, time.process_time() - c0, str(git_hash())
+        if f is not None:
+            tmp = f.with_name(f".{f.name}.tmp.npz")
+            np.savez(tmp, probs=probs, seconds=took, cpu=took_cpu, git=commit)
+            os.replace(tmp, f)
+        parts.append(probs)
+        seconds, cpu = seconds + took, cpu + took_cpu
+        commits.add(commit)
+    probs = np.concatenate(parts) if parts else np.zeros((0, len(model.id2label())), np.float32)
+    return probs, {"predict_seconds": round(seconds, 2), "predict_cpu_seconds": round(cpu, 2),
+                   "predict_git": sorted(commits)}
 
 
 def _mean_breakdowns(runs: Sequence[dict]) -> dict:

@@ -37,6 +37,8 @@ class ConfigData:
 
     name: str
     splits: dict[str, Any]
+    # the rows its stage dropped, in the columns written to rejected/<config>/ (the canonical ones, the reason,
+    # the step's own: see release.steps.Rejects, the one place that shapes them)
     rejected: Any = None
     description: str = ""
     stages: list[dict] = dataclasses.field(default_factory=list)

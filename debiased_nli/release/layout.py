@@ -33,7 +33,6 @@ import pyarrow as pa
 
 from ..bias.compose import worker_processes
 from ..bias.features import build_feature_matrix
-from ..bias.zfilter import REJECTED_BY
 from ..bias.zstats import ZStats, compute_zstats, compute_zstats_parts
 from ..data.loading import labels_of, materialize
 from ..data.tasks import TaskSpec
@@ -51,7 +50,7 @@ from ..utils.outputs import (
 )
 from ..utils.processes import freeze_gc, return_free_memory, unfreeze_gc
 from .card import dataset_card_yaml, label_distribution, public_paths, render_card
-from .configs import DATA_EXTRA_COLUMNS, ROWS_PER_SHARD, ConfigData, canonical_only, data_extra_columns
+from .configs import ROWS_PER_SHARD, ConfigData, canonical_only, data_extra_columns
 
 
 def _config_split(ds, extra: Sequence[str], like=None):
@@ -264,11 +263,8 @@ def _write_config(tmp: Path, c: ConfigData, task: TaskSpec, new_rows: dict) -> t
             f["sha256"] = _sha256(tmp / f["path"])
         written[split] = files
         labels[split] = label_distribution(ds, task.labels)
-    if c.rejected is not None and len(c.rejected):
-        extra = [col for col in (REJECTED_BY, "reason", "aflite_score", "aflite_round", "stage", "replaced_by",
-                                 *DATA_EXTRA_COLUMNS)
-                 if col in c.rejected.column_names]
-        _write_parquet(canonical_only(c.rejected, extra), tmp / "rejected" / c.name, "train")
+    if c.rejected is not None and len(c.rejected):  # already in its columns (release.steps.Rejects)
+        _write_parquet(c.rejected, tmp / "rejected" / c.name, "train")
     return written, labels
 
 

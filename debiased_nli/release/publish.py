@@ -212,9 +212,10 @@ def _hub_error(err: Exception, endpoint: str, timeout: float) -> ConfigError | N
 
 def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = None, private: bool = False,
                  token: str | None = None, commit_message: str | None = None, endpoint: str | None = None,
-                 api: Any = None, note: str | None = None) -> dict[str, Any]:
+                 api: Any = None, note: str | None = None, commit_description: str | None = None) -> dict[str, Any]:
     """Upload a release folder to ``repo_id`` (a dataset repo) in one commit that also deletes the files of
-    an earlier release that this one lacks, then tag it ``revision``."""
+    an earlier release that this one lacks, then tag it ``revision``. ``commit_description``: the commit's
+    description on the Hub (``push --diff-against`` puts the release diff there)."""
     from huggingface_hub import HfApi
 
     folder = Path(folder)
@@ -234,7 +235,8 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
     timeout, deadline = _seconds(TIMEOUT_ENV, 60), _seconds(DEADLINE_ENV, 3600)
     try:
         with hub_timeouts(timeout, deadline):
-            return _push(api, folder, card, manifest, repo_id, revision, private, commit_message, note)
+            return _push(api, folder, card, manifest, repo_id, revision, private, commit_message, note,
+                         commit_description)
     except ConfigError:
         raise
     except Exception as err:
@@ -245,7 +247,7 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
 
 
 def _push(api, folder: Path, card: str, manifest: dict, repo_id: str, revision: str | None, private: bool,
-          commit_message: str | None, note: str | None) -> dict[str, Any]:
+          commit_message: str | None, note: str | None, commit_description: str | None = None) -> dict[str, Any]:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
@@ -272,7 +274,8 @@ def _push(api, folder: Path, card: str, manifest: dict, repo_id: str, revision: 
         log.warning("kept %s in %s: this release does not have it, but debiased-nli did not write it either; "
                     "delete it by hand if it should go", p, repo_id)
     message = commit_message or f"debiased-nli release {revision or ''}".strip()
-    info = api.create_commit(repo_id, ops, commit_message=message, repo_type="dataset")
+    info = api.create_commit(repo_id, ops, commit_message=message, repo_type="dataset",
+                             commit_description=commit_description)
     if revision is not None:
         api.create_tag(repo_id, tag=revision, revision=info.oid, repo_type="dataset",
                        tag_message=f"debiased-nli release {revision}")

@@ -4,23 +4,26 @@ A recipe names the task, where D0 comes from, how features are computed, the z-f
 parameters, the steps that make new rows D_G (``new_rows``; each a *source step*) and the steps
 that make extra configs from D0 (``filters``; each a *filter step*, e.g. AFLite). It publishes every
 config its inputs allow: ``z_filtered`` from D0 alone; ``z_aug``, ``par_z`` and ``seq_z`` when new
-rows are given; one config per filter step. Later stages plug in by registering a step::
+rows are given; one config per filter step. The steps are declared in :mod:`.steps` (what each needs
+from the build, its card section, how its dropped rows are written); a later stage plugs in by
+declaring one::
 
-    @register_source_step("my_generator")
+    @register_source_step("my_generator", needs=("recipe",))
     def my_generator(task, params, ctx) -> Dataset: ...          # canonical new rows
 
-    @register_filter_step("my_filter")
-    def my_filter(ds, task, params, ctx) -> (kept, removed, report): ...
+    @register_filter_step("my_filter", needs=(), card_section=render_my_filter_md)
+    def my_filter(ds, task, params, ctx) -> (kept, dropped_with_reason, report): ...
+
+A build runs in this order (one function each, below): load D0 and the evaluation splits, run the
+source steps (D_G), compute the features, compose the z-configs, run the filter steps, assemble the
+configs, write the release.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
-import inspect
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -30,6 +33,10 @@ import yaml
 from ..data.tasks import get_task
 from ..utils.errors import ConfigError, EmptyResultError, did_you_mean
 from ..utils.provenance import library_versions
+from .steps import Rejects, get_step, known_steps, register_filter_step, register_source_step
+
+__all__ = ["DEFAULTS", "SCHEMA", "Z_CONFIGS", "BuildResult", "build", "check_recipe_types", "known_steps",
+           "load_recipe", "register_filter_step", "register_source_step"]
 
 DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -62,86 +69,6 @@ DEFAULTS: dict[str, Any] = {
 }
 Z_CONFIGS = ("z_filtered", "z_aug", "par_z", "seq_z")
 log = logging.getLogger(__name__)
-
-SourceStep = Callable[..., Any]
-FilterStep = Callable[..., Any]
-_SOURCE_STEPS: dict[str, SourceStep] = {}
-_FILTER_STEPS: dict[str, FilterStep] = {}
-# steps defined in modules that are imported only when a recipe uses them (heavy dependencies)
-_LAZY_STEPS = {
-    "aflite": ("filter", "debiased_nli.methods.aflite.step", "aflite_step"),
-    "pdd": ("filter", "debiased_nli.methods.pdd.step", "pdd_step"),
-    "generator": ("source", "debiased_nli.methods.generation.steps", "generator_source"),
-    "ibadr": ("filter", "debiased_nli.methods.ibadr.step", "ibadr_step"),
-    "ibadr_rows": ("source", "debiased_nli.methods.ibadr.step", "ibadr_rows"),
-}
-
-
-def register_source_step(name: str):
-    def wrap(fn):
-        _SOURCE_STEPS[name] = fn
-        return fn
-    return wrap
-
-
-def register_filter_step(name: str):
-    def wrap(fn):
-        _FILTER_STEPS[name] = fn
-        return fn
-    return wrap
-
-
-def _step(kind: str, name: str) -> Callable:
-    table = _SOURCE_STEPS if kind == "source" else _FILTER_STEPS
-    if name not in table and name in _LAZY_STEPS and _LAZY_STEPS[name][0] == kind:
-        _, module, attr = _LAZY_STEPS[name]
-        table[name] = getattr(importlib.import_module(module), attr)
-    if name not in table:
-        known = sorted(set(table) | {n for n, v in _LAZY_STEPS.items() if v[0] == kind})
-        raise ConfigError(f"unknown {kind} step {name!r}.{did_you_mean(name, known)} Known {kind} steps: {known}")
-    return table[name]
-
-
-def known_steps() -> dict[str, list[str]]:
-    """The registered step names by kind (``source``: new rows, ``filter``: extra configs), lazy ones
-    included, e.g. for ``--help``."""
-    return {kind: sorted(set(table) | {n for n, v in _LAZY_STEPS.items() if v[0] == kind})
-            for kind, table in (("source", _SOURCE_STEPS), ("filter", _FILTER_STEPS))}
-
-
-@register_source_step("files")
-def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
-    """New rows (e.g. generated elsewhere) from local files in the task's schema or the canonical one."""
-    from ..data.loading import content_uids, load_task
-
-    files = params.get("data_files")
-    if not files:
-        raise ConfigError("the `files` step needs `data_files`")
-    origin = params.get("origin", "generated")
-    method = params.get("method", f"files:{Path(str(files if isinstance(files, str) else files[0])).name}")
-    loaded = load_task(task, "train", data_files={"train": files}, on_invalid=params.get("on_invalid", "error"))
-    ds = loaded.dataset
-    # new rows are named by their content, as new_rows() names them (see the card's column table);
-    # a chunk of rows at a time (in worker processes for large inputs), so no Python string outlives its chunk
-    import datasets
-    import pyarrow as pa
-    from datasets.fingerprint import Hasher
-
-    table = ds.data.table if hasattr(ds.data, "table") else ds.data
-    if ds._indices is not None:
-        table = ds.with_format("arrow")[:]
-    uids = content_uids(table.select(["premise", "hypothesis", "label"]), task.labels, prefix=f"{method}:",
-                        num_proc="auto")
-    n = table.num_rows
-    out = pa.table({"premise": table.column("premise"), "hypothesis": table.column("hypothesis"),
-                    "label": table.column("label"), "uid": uids,
-                    "origin": pa.repeat(pa.scalar(origin, pa.string()), n),
-                    "method": pa.repeat(pa.scalar(method, pa.string()), n)})
-    ds = datasets.Dataset(out.cast(ds.features.arrow_schema), info=ds.info.copy(),
-                          fingerprint=Hasher.hash([ds._fingerprint, "files_source", origin, method]))
-    ctx["sources"].append(loaded.source)
-    ctx["set_aside"].append((f"new_rows:{method}", loaded.set_aside))
-    return ds
 
 
 def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -305,7 +232,7 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         for i, step in enumerate(recipe[key] or []):
             if not isinstance(step, Mapping) or not isinstance(step.get("step"), str):
                 raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {step!r}")
-            _step(kind, step["step"])
+            get_step(kind, step["step"])
     if recipe["configs"] != "auto":
         known = list(Z_CONFIGS) + [s.get("config", s["step"]) for s in recipe["filters"]] + ["original"]
         for c in recipe["configs"]:
@@ -319,6 +246,9 @@ class BuildResult:
     out_dir: Path
     configs: dict[str, int]
     manifest: dict
+    # every step's report by its stage's name (the filter steps' are also in the manifest's stages)
+    reports: dict[str, Any] = dataclasses.field(default_factory=dict)
+    set_aside_note: str | None = None   # one line about the rows set aside on loading (None: there were none)
 
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
@@ -369,16 +299,58 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
            new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
            max_rows: int | None = None, profile: str | None = None, efficacy=None,
            timings: bool = False) -> BuildResult:
-    import datasets
+    recipe = _effective_recipe(recipe, profile=profile, data_files=data_files, new_rows_files=new_rows_files,
+                               seed=seed, max_rows=max_rows)
+    run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=progress, timings=timings)
+    loaded, eval_splits = _load_inputs(run)
+    dg = _run_source_steps(run)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # under `accelerate launch` the new-row steps shard their work over the ranks; the rest
+        # (features, filtering, writing the release) runs once, on the main process
+        from accelerate import PartialState
+        state = PartialState()
+        state.wait_for_everyone()
+        if not state.is_main_process:
+            return BuildResult(Path(out_dir), {}, {"rank": state.process_index})
+    feats = _compute_features(run, loaded.dataset, dg)
+    z_configs = _compose_z_configs(run, feats, eval_splits)
+    filter_configs = _run_filter_steps(run, feats.d0, eval_splits)
+    configs, default = _assemble_configs(run, z_configs + filter_configs, feats, eval_splits)
+    return _write(run, out_dir, configs, default, loaded, feats, efficacy=efficacy, overwrite=overwrite)
 
-    from ..bias.compose import compose
-    from ..bias.features import FEATURE_PREFIX, describe_extractors
-    from ..bias.featurize import add_features, add_features_pair, featurize_build
+
+# the z-filter's dropped rows, written like a filter step's: their reason is the biased features that rejected
+# each (bias.zfilter.REJECTED_BY; not imported here, so that `--help` reads this module without numpy)
+Z_REJECTS = Rejects(reason="rejected_by")
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the pieces of one build share: the effective recipe, its task and seed, the context a step may
+    ask for (:data:`.steps.CONTEXT`), the manifest's stages and the steps' reports."""
+
+    recipe: dict
+    task: Any
+    seed: int
+    progress: bool = True
+    timings: bool = False
+    context: dict = dataclasses.field(init=False)  # every key of .steps.CONTEXT
+    stages: list = dataclasses.field(default_factory=list)
+    reports: dict = dataclasses.field(default_factory=dict)
+    loaded_rows: int = 0  # rows read from every input, for the terminal's set-aside line
+
+    def __post_init__(self):
+        self.context = {"recipe": self.recipe, "seed": self.seed, "sources": [], "set_aside": []}
+
+    def stage(self, name: str, since: float, **fields) -> None:
+        """Record a stage of the manifest (with its seconds since ``since`` when timings are asked for)."""
+        seconds = {"seconds": round(time.perf_counter() - since, 3)} if self.timings else {}
+        self.stages.append({"stage": name, **fields, **seconds})
+
+
+def _effective_recipe(recipe, *, profile, data_files, new_rows_files, seed, max_rows) -> dict[str, Any]:
+    """The recipe as this build runs it: the command line's data files, new rows, seed and row limit applied."""
     from ..bias.hypothesis_only import transformer_params
-    from ..data.loading import combine_set_aside, contiguous, labels_of, load_task, parse_data_files, require_two_labels
-    from ..utils.processes import return_free_memory
-    from .configs import ConfigData
-    from .layout import write_release
 
     recipe = load_recipe(recipe, profile)
     if isinstance(recipe["features"]["hypothesis_only"], Mapping):
@@ -389,30 +361,31 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         recipe["data"]["max_rows"] = max_rows
     if new_rows_files:
         recipe["new_rows"] = list(recipe["new_rows"]) + [{"step": "files", "data_files": list(new_rows_files)}]
-    task = get_task(recipe["task"])
-    seed_ = int(recipe["seed"])
-    d = recipe["data"]
-    files = data_files if data_files is not None else d["data_files"]
-    d["data_files"] = files  # the effective source, for later steps and the manifest
-    ctx: dict[str, Any] = {"sources": [], "set_aside": [], "seed": seed_, "recipe": recipe}
-    stages: list[dict] = []
+    if data_files is not None:
+        recipe["data"]["data_files"] = data_files  # the effective source, for later steps and the manifest
+    return recipe
 
-    def stage(name: str, since: float, **fields) -> None:
-        stages.append({"stage": name, **fields, **({"seconds": round(time.perf_counter() - since, 3)} if timings else {})})
 
+def _load_inputs(run: _Run):
+    """D0 (the recipe's split, each column in one piece of memory) and every other split of the data files
+    by name: the recipe's eval_splits and any other given split (copied unchanged into every config, with a
+    warning that the recipe does not name it). Returns (D0's :class:`LoadedSplit`, the other splits)."""
+    from ..data.loading import contiguous, load_task, parse_data_files, require_two_labels
+
+    task, d = run.task, run.recipe["data"]
+    files = d["data_files"]
     clock = time.perf_counter()
     loaded = load_task(task, d["split"], data_files=files, on_invalid=d["on_invalid"], revision=d["revision"],
                        max_rows=d["max_rows"])
-    ctx["sources"].append(loaded.source)
-    stage("load", clock, detail=f"{task.name} split {d['split']!r}", counts=loaded.counts)
+    run.context["sources"].append(loaded.source)
+    run.loaded_rows += loaded.counts["loaded"]
+    run.stage("load", clock, detail=f"{task.name} split {d['split']!r}", counts=loaded.counts)
     # each column in one piece of memory (D0 read from many files has many): see data.contiguous
     d0 = loaded.dataset = contiguous(loaded.dataset)
     if len(d0) == 0:
         raise EmptyResultError(f"no usable rows in {task.name!r} split {d['split']!r} after loading "
                                f"({loaded.counts}); nothing was written")
     require_two_labels(d0, task, f"{task.name!r} split {d['split']!r}")
-    # every split of the data files is released: the recipe's eval_splits, and any other given split
-    # (copied unchanged like them, with a warning that the recipe does not name it)
     given = list(parse_data_files(files) or {})
     ignored = [s for s in given if s != d["split"] and s not in d["eval_splits"]]
     for split in ignored:
@@ -422,33 +395,66 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     for split in list(d["eval_splits"]) + ignored:
         clock = time.perf_counter()
         ev = load_task(task, split, data_files=files, on_invalid=d["on_invalid"], revision=d["revision"])
-        ctx["sources"].append(ev.source)
-        ctx["set_aside"].append((f"eval:{split}", ev.set_aside))
+        run.context["sources"].append(ev.source)
+        run.context["set_aside"].append((f"eval:{split}", ev.set_aside))
+        run.loaded_rows += ev.counts["loaded"]
         eval_splits[split] = ev.dataset
-        stage(f"load {split}", clock, detail="copied unchanged into every config", counts=ev.counts)
+        run.stage(f"load {split}", clock, detail="copied unchanged into every config", counts=ev.counts)
+    return loaded, eval_splits
 
-    dg = None
+
+def _run_source_steps(run: _Run):
+    """D_G: the new rows of every source step of ``new_rows``, in order (None without any)."""
+    import datasets
+
     sources = []
-    for step in recipe["new_rows"]:
+    for spec in run.recipe["new_rows"]:
         clock = time.perf_counter()
-        params = {k: v for k, v in step.items() if k != "step"}
-        sources.append(_step("source", step["step"])(task, params, ctx))  # source steps: (task, params, ctx)
-        stage(f"new rows: {step['step']}", clock, counts={"rows": len(sources[-1])})
-    if sources:
-        dg = sources[0] if len(sources) == 1 else datasets.concatenate_datasets(sources)
-    del sources  # D_G is made contiguous below: its pieces are not kept beside it
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # under `accelerate launch` the new-row steps shard their work over the ranks; the rest
-        # (features, filtering, writing the release) runs once, on the main process
-        from accelerate import PartialState
-        state = PartialState()
-        state.wait_for_everyone()
-        if not state.is_main_process:
-            return BuildResult(Path(out_dir), {}, {"rank": state.process_index})
+        step = get_step("source", spec["step"])
+        before = len(run.context["set_aside"])
+        result = step.run(run.task, {k: v for k, v in spec.items() if k != "step"}, context=run.context)
+        loads = run.context["set_aside"][before:]
+        if loads:  # a step that read files (and recorded what it set aside): its rows were loaded, not made
+            run.loaded_rows += len(result.rows) + sum(len(rows) for _, rows in loads if rows is not None)
+        sources.append(result.rows)
+        run.reports[f"new rows: {spec['step']}"] = result.report
+        run.stage(f"new rows: {spec['step']}", clock, counts={"rows": len(result.rows)})
+    if not sources:
+        return None
+    return sources[0] if len(sources) == 1 else datasets.concatenate_datasets(sources)
 
-    # features of D0 and D_G over one vocabulary, a chunk of rows at a time; the hypothesis-only
-    # model is fitted on D0 alone (out of fold) and predicts D_G, so Z(D0) depends on D0 alone
-    feat_cfg = recipe["features"]
+
+@dataclasses.dataclass
+class _Features:
+    """D0 and D_G after the feature stage (with ``feat_*`` columns when ``storage: columns``), the hypothesis-only
+    model's summary, and their feature matrices over one vocabulary (``storage: chunked``; else None)."""
+
+    d0: Any
+    dg: Any
+    hypothesis_only: Any
+    matrices: tuple | None
+    labels0: Any = None  # D0's labels
+
+    def parts(self, kept0=None, kept_g=None, all0: bool = False) -> list | None:
+        """The rows of a config as (matrix, labels, rows) parts, for its z-statistics (chunked storage)."""
+        from ..data.loading import labels_of
+
+        if self.matrices is None:
+            return None
+        out = [(self.matrices[0], self.labels0, None if all0 else kept0)] if all0 or kept0 is not None else []
+        if kept_g is not None:
+            out.append((self.matrices[1], labels_of(self.dg), kept_g))
+        return out
+
+
+def _compute_features(run: _Run, d0, dg) -> _Features:
+    """Features of D0 and D_G over one vocabulary, a chunk of rows at a time; the hypothesis-only model is
+    fitted on D0 alone (out of fold) and predicts D_G, so Z(D0) depends on D0 alone."""
+    from ..bias.featurize import add_features_pair, featurize_build
+    from ..data.loading import contiguous, labels_of
+    from ..utils.processes import return_free_memory
+
+    feat_cfg, task = run.recipe["features"], run.task
     if dg is not None and dg.features != d0.features:
         dg = dg.cast(d0.features)
     if dg is not None:
@@ -458,79 +464,86 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     if feat_cfg["storage"] == "columns":
         # every row's feature strings as columns, in memory (the reference for the chunked path)
         d0, dg, hyp = add_features_pair(d0, dg, task, hypothesis_only=feat_cfg["hypothesis_only"],
-                                        folds=feat_cfg["folds"], seed=seed_, progress=progress)
+                                        folds=feat_cfg["folds"], seed=run.seed, progress=run.progress)
         matrices, by_part = None, {}
     elif feat_cfg["storage"] == "chunked":
         feats = featurize_build(d0, dg, task, hypothesis_only=feat_cfg["hypothesis_only"], folds=feat_cfg["folds"],
-                                seed=seed_, chunk_rows=int(feat_cfg["chunk_rows"]), num_proc=feat_cfg["num_proc"],
-                                n_jobs=feat_cfg["n_jobs"], progress=progress)
+                                seed=run.seed, chunk_rows=int(feat_cfg["chunk_rows"]), num_proc=feat_cfg["num_proc"],
+                                n_jobs=feat_cfg["n_jobs"], progress=run.progress)
         hyp, matrices, by_part = feats.hypothesis_only, (feats.d0, feats.dg), feats.seconds
     else:
         raise ConfigError(f"features.storage must be 'chunked' or 'columns', not {feat_cfg['storage']!r}")
     return_free_memory()  # the feature stage's temporaries, before the walks fork (see processes.py)
     if hyp:
         counts["hypothesis_only_accuracy"] = round(hyp.accuracy, 4)
-    stage("features", clock, detail=", ".join(task.features), counts=counts,
-          **({"seconds_by_part": by_part} if timings and by_part else {}))
-    labels0 = labels_of(d0)
+    run.stage("features", clock, detail=", ".join(task.features), counts=counts,
+              **({"seconds_by_part": by_part} if run.timings and by_part else {}))
+    return _Features(d0, dg, hyp, matrices, labels_of(d0))
 
-    def parts(kept0=None, kept_g=None, all0=False):
-        """The rows of a config as (matrix, labels, rows) parts, for its z-statistics (chunked storage)."""
-        if matrices is None:
-            return None
-        out = [(matrices[0], labels0, None if all0 else kept0)] if all0 or kept0 is not None else []
-        if kept_g is not None:
-            out.append((matrices[1], labels_of(dg), kept_g))
-        return out
 
-    zc = recipe["z_filter"]
-    wanted = None if recipe["configs"] == "auto" else [c for c in recipe["configs"] if c in Z_CONFIGS]
+def _compose_z_configs(run: _Run, feats: _Features, eval_splits: dict) -> list:
+    """The z-configs the recipe wants (all that its inputs allow with ``configs: auto``): ``z_filtered`` =
+    Z(D0), ``z_aug`` = Z(D_G | D0), ``par_z`` = Z(D0) ∪ Z(D_G), ``seq_z`` = Z(D_G | Z(D0)), each with the rows
+    z-filtering dropped (``rejected_by``: the biased features that rejected each)."""
+    import datasets
+
+    from ..bias.compose import compose
+    from ..utils.processes import return_free_memory
+    from .configs import ConfigData
+
+    zc = run.recipe["z_filter"]
+    wanted = None if run.recipe["configs"] == "auto" else [c for c in run.recipe["configs"] if c in Z_CONFIGS]
     z_seconds: dict[str, float] = {}
-    results = compose(d0, dg, task, top_k=zc["top_k"], batch_size=zc["batch_size"], seed=seed_,
-                      p0=zc["p0"], configs=wanted, progress=progress, features=matrices,
+    results = compose(feats.d0, feats.dg, run.task, top_k=zc["top_k"], batch_size=zc["batch_size"], seed=run.seed,
+                      p0=zc["p0"], configs=wanted, progress=run.progress, features=feats.matrices,
                       seconds=z_seconds, num_proc=zc["num_proc"]) if wanted != [] else {}
     return_free_memory()
-    configs: list[ConfigData] = []
-    if "z_filtered" in results and (wanted is None or "z_filtered" in wanted):
-        r = results["z_filtered"]
-        configs.append(ConfigData("z_filtered", {"train": r.kept, **eval_splits}, r.rejected,
-                                  features=parts(kept0=r.outcome.kept)))
-        stages.append({"stage": "z_filtered = Z(D0)", "detail": f"top_k={zc['top_k']}, batch_size={zc['batch_size']}",
-                       "counts": r.counts})
+
+    def config(name: str, key: str, train, rejected, features, stage: str, **fields) -> ConfigData:
+        seconds = {"seconds": round(z_seconds[key], 3)} if run.timings and key in z_seconds else {}
+        run.stages.append({"stage": stage, **fields, **seconds})
+        return ConfigData(name, {"train": train, **eval_splits}, Z_REJECTS.table(rejected, name), features=features)
+
+    configs = []
+    z0 = results.get("z_filtered")
+    if z0 is not None and (wanted is None or "z_filtered" in wanted):
+        configs.append(config("z_filtered", "z_filtered", z0.kept, z0.rejected, feats.parts(kept0=z0.outcome.kept),
+                              "z_filtered = Z(D0)", detail=f"top_k={zc['top_k']}, batch_size={zc['batch_size']}",
+                              counts=z0.counts))
     if "z_aug" in results:
         r = results["z_aug"]
-        configs.append(ConfigData("z_aug", {"train": r.kept, **eval_splits}, r.rejected,
-                                  features=parts(all0=True, kept_g=r.outcome.kept)))
-        stages.append({"stage": "z_aug = Z(D_G | D0)", "counts": r.counts})
+        configs.append(config("z_aug", "z_aug", r.kept, r.rejected, feats.parts(all0=True, kept_g=r.outcome.kept),
+                              "z_aug = Z(D_G | D0)", counts=r.counts))
     if "par_z_new" in results:
-        r, z0 = results["par_z_new"], results["z_filtered"]
+        r = results["par_z_new"]
         train = datasets.concatenate_datasets([z0.kept, r.kept])
-        rejected = datasets.concatenate_datasets([z0.rejected, r.rejected])
-        configs.append(ConfigData("par_z", {"train": train, **eval_splits}, rejected,
-                                  features=parts(kept0=z0.outcome.kept, kept_g=r.outcome.kept)))
-        stages.append({"stage": "par_z = Z(D0) ∪ Z(D_G)", "counts": {"Z(D0)": len(z0.kept), "Z(D_G)": len(r.kept),
-                                                                     "output": len(train)}})
+        configs.append(config("par_z", "par_z_new", train, datasets.concatenate_datasets([z0.rejected, r.rejected]),
+                              feats.parts(kept0=z0.outcome.kept, kept_g=r.outcome.kept), "par_z = Z(D0) ∪ Z(D_G)",
+                              counts={"Z(D0)": len(z0.kept), "Z(D_G)": len(r.kept), "output": len(train)}))
     if "seq_z" in results:
-        r, z0 = results["seq_z"], results["z_filtered"]
+        r = results["seq_z"]
         # its dropped rows: the original rows Z(D0) rejected, then the new rows rejected given Z(D0)
-        rejected = datasets.concatenate_datasets([z0.rejected, r.rejected])
-        configs.append(ConfigData("seq_z", {"train": r.kept, **eval_splits}, rejected,
-                                  features=parts(kept0=z0.outcome.kept, kept_g=r.outcome.kept)))
-        stages.append({"stage": "seq_z = Z(D_G | Z(D0))", "counts": r.counts})
-    if timings:
-        by_config = {"z_filtered": "z_filtered", "z_aug": "z_aug", "par_z_new": "par_z", "seq_z": "seq_z"}
-        for st in stages:
-            for key, label in by_config.items():
-                if st["stage"].startswith(label + " ") and key in z_seconds:
-                    st["seconds"] = round(z_seconds[key], 3)
-    d0_filters = None
-    for step in recipe["filters"]:
-        name = step.get("config", step["step"])
-        if wanted is not None and recipe["configs"] != "auto" and name not in recipe["configs"]:
+        configs.append(config("seq_z", "seq_z", r.kept, datasets.concatenate_datasets([z0.rejected, r.rejected]),
+                              feats.parts(kept0=z0.outcome.kept, kept_g=r.outcome.kept), "seq_z = Z(D_G | Z(D0))",
+                              counts=r.counts))
+    return configs
+
+
+def _run_filter_steps(run: _Run, d0, eval_splits: dict) -> list:
+    """One config per filter step of ``filters`` (those ``configs`` names, unless it is ``auto``): the rows the
+    step keeps of D0, the rows it drops (written as its :class:`~.steps.Rejects` says) and its card section."""
+    from ..bias.features import FEATURE_PREFIX
+    from ..bias.featurize import add_features
+    from .configs import ConfigData
+
+    configs, d0_filters = [], None
+    for spec in run.recipe["filters"]:
+        name = spec.get("config", spec["step"])
+        if run.recipe["configs"] != "auto" and name not in run.recipe["configs"]:
             continue
-        params = {k: v for k, v in step.items() if k not in ("step", "config")}
-        params.setdefault("seed", seed_)
-        fn = _step("filter", step["step"])
+        params = {k: v for k, v in spec.items() if k not in ("step", "config")}
+        params.setdefault("seed", run.seed)
+        step = get_step("filter", spec["step"])
         clock = time.perf_counter()
         if d0_filters is None:
             # filter steps (AFLite, PDD, IBADR) get D0 with its feature columns and return their rows with
@@ -538,30 +551,51 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
             # computed here for D0 alone (cached; the same features and hypothesis-only model as above)
             d0_filters = d0
             if not any(c.startswith(FEATURE_PREFIX) for c in d0.column_names):
-                d0_filters, _ = add_features(d0, task, hypothesis_only=feat_cfg["hypothesis_only"],
-                                             hypo_only_folds=feat_cfg["folds"], seed=seed_, progress=progress)
-        accepts_ctx = len(inspect.signature(fn).parameters) >= 4
-        kept, removed, report = fn(d0_filters, task, params, ctx) if accepts_ctx else fn(d0_filters, task, params)
-        section = getattr(sys.modules[fn.__module__], f"render_{step['step']}_md", None)
-        configs.append(ConfigData(name, {"train": kept, **eval_splits}, removed,
-                                  card_section=section(report) if section else None))
-        stage(f"{name}: {step['step']}", clock, counts={"kept": len(kept), "removed": len(removed)}, report=report)
-    if recipe["configs"] != "auto" and "original" in recipe["configs"]:
-        configs.insert(0, ConfigData("original", {"train": d0, **eval_splits}, features=parts(all0=True)))
+                feat_cfg = run.recipe["features"]
+                d0_filters, _ = add_features(d0, run.task, hypothesis_only=feat_cfg["hypothesis_only"],
+                                             hypo_only_folds=feat_cfg["folds"], seed=run.seed, progress=run.progress)
+        kept, dropped, report = step.run(d0_filters, run.task, params, context=run.context)
+        configs.append(ConfigData(name, {"train": kept, **eval_splits}, step.rejects.table(dropped, step.name),
+                                  card_section=step.section(report)))
+        run.reports[f"{name}: {spec['step']}"] = report
+        run.stage(f"{name}: {spec['step']}", clock,
+                  counts={"kept": len(kept), "removed": len(dropped) if dropped is not None else 0}, report=report)
+    return configs
+
+
+def _assemble_configs(run: _Run, configs: list, feats: _Features, eval_splits: dict) -> tuple[list, str]:
+    """The release's configs (``original`` first when ``configs`` names it) and its default config
+    (``auto``: ``seq_z``, else ``z_filtered``, else the first)."""
+    from .configs import ConfigData
+
+    if run.recipe["configs"] != "auto" and "original" in run.recipe["configs"]:
+        configs.insert(0, ConfigData("original", {"train": feats.d0, **eval_splits}, features=feats.parts(all0=True)))
     if not configs:
         raise ConfigError("the recipe produced no config; check `configs`")
-    default = recipe["default_config"]
+    default = run.recipe["default_config"]
     if default == "auto":
         names = [c.name for c in configs]
         default = "seq_z" if "seq_z" in names else ("z_filtered" if "z_filtered" in names else names[0])
+    return configs, default
+
+
+def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Features, *, efficacy,
+           overwrite: bool) -> BuildResult:
+    """The manifest and the card's metadata, then the release folder (see :func:`.layout.write_release`)."""
+    from ..bias.features import describe_extractors
+    from ..data.loading import combine_set_aside, set_aside_summary
+    from .layout import write_release
+
+    recipe, task = run.recipe, run.task
     # every row set aside on loading, from every input (D0, evaluation splits, new rows), is written
-    set_aside, set_aside_counts = combine_set_aside([("train", loaded.set_aside)] + ctx["set_aside"])
+    set_aside, set_aside_counts = combine_set_aside([("train", loaded.set_aside)] + run.context["set_aside"])
+    hyp = feats.hypothesis_only
     manifest = {
         "recipe": recipe,
-        "seed": seed_,
+        "seed": run.seed,
         "versions": library_versions(),
-        "inputs": ctx["sources"],
-        "stages": stages,
+        "inputs": run.context["sources"],
+        "stages": run.stages,
         "features": {"extractors": dict(describe_extractors(task.features)),
                      "hypothesis_only": hyp.to_dict() if hyp else None},
         "set_aside": set_aside_counts,
@@ -575,7 +609,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
 
         meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name,
                                             sizes={c.name: len(c.splits["train"]) for c in configs})
-    out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=d0,
-                        overwrite=overwrite, set_aside=set_aside, original_features=parts(all0=True), timings=timings,
-                        num_proc=zc["num_proc"])
-    return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest)
+    out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=feats.d0,
+                        overwrite=overwrite, set_aside=set_aside, original_features=feats.parts(all0=True),
+                        timings=run.timings, num_proc=recipe["z_filter"]["num_proc"])
+    return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest, run.reports,
+                       set_aside_summary(set_aside, run.loaded_rows))

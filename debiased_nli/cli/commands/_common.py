@@ -35,6 +35,16 @@ POSITIVE_INT = number(int, low=1)
 NON_NEGATIVE_INT = number(int, low=0)
 POSITIVE_FLOAT = number(float, low=0, low_open=True)
 NON_NEGATIVE_FLOAT = number(float, low=0)
+SEED_LIMIT = 2 ** 32  # numpy's legacy RNG (transformers' set_seed) takes seeds below it
+
+
+def SEED(text: str) -> int:  # noqa: N802 - an argparse type, named like the others
+    """An argparse ``type`` for a seed: a non-negative integer below 2**32, which every RNG of a run takes."""
+    value = NON_NEGATIVE_INT(text)
+    if value >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be below 2**32 = {SEED_LIMIT} (the random generators' seed range), "
+                                         f"got {text}")
+    return value
 
 
 def _looks_like_a_path(ref: str) -> bool:
@@ -123,3 +133,42 @@ def task_from_args(args: argparse.Namespace) -> TaskSpec:
                         features=base.features if base else TaskSpec.__dataclass_fields__["features"].default,
                         hub=base.hub if base else None)
     return get_task(args.task)
+
+
+# ------------------------------------------------------------------ the method commands (aflite, pdd, ibadr)
+
+def add_run_arguments(p, *, seed_default: int | None = 0, seed_help: str = "seed of every random choice (default 0)"
+                      ) -> None:
+    """``--seed`` and ``--threads``, the flags the method commands share, each with one type: a seed is a
+    non-negative integer below 2**32 (:data:`SEED`), threads a positive integer. ``p``: a parser or group."""
+    p.add_argument("--seed", type=SEED, default=seed_default, help=seed_help)
+    p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads (default: torch's own choice)")
+
+
+def run_method(args: argparse.Namespace, step, write, *, task: TaskSpec | None = None) -> int:
+    """The flow of a method command: the task (``task``, or from the shared task arguments), torch's CPU
+    threads (``--threads``), the rows (:func:`debiased_nli.data.loading.load_task`), ``step(dataset, task)``,
+    then ``write(result, loaded, manifest)``, whose return is the exit code; ``manifest`` says where the rows
+    came from, how many were read, the step's seconds and the library versions."""
+    import time
+
+    from ...data.loading import load_task
+    from ...utils.provenance import library_versions
+
+    task = task or task_from_args(args)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    loaded = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
+                       revision=args.revision, max_rows=args.max_rows)
+    start = time.time()
+    result = step(loaded.dataset, task)
+    manifest = {"source": loaded.source, "load_counts": loaded.counts, "seconds": round(time.time() - start, 1),
+                "versions": library_versions()}
+    return write(result, loaded, manifest)
+
+
+def write_set_aside(loaded, out: "str | Path") -> None:
+    """The rows ``--on-invalid set_aside`` set aside, with their reason, as ``out/set_aside.parquet``."""
+    if loaded.set_aside is not None and len(loaded.set_aside):
+        loaded.set_aside.to_parquet(str(Path(out) / "set_aside.parquet"))

@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 from ._common import (
-    NON_NEGATIVE_INT,
     POSITIVE_FLOAT,
     POSITIVE_INT,
+    add_run_arguments,
     add_task_arguments,
     check_model_reference,
     number,
+    run_method,
     task_from_args,
+    write_set_aside,
 )
 
 DESCRIPTION = """\
@@ -81,24 +82,20 @@ def register(subparsers) -> None:
     a.add_argument("--max-iter", type=POSITIVE_INT, default=None, help="most L-BFGS iterations per fit (default 1000)")
     a.add_argument("--max-rounds", type=POSITIVE_INT, help="stop after this many rounds")
     a.add_argument("--device", help="torch device of the encoder and the linear models (default: cuda if available)")
-    a.add_argument("--seed", type=NON_NEGATIVE_INT, default=None, help="seed of partitions, sampling and warm-up (default 0)")
+    add_run_arguments(a, seed_default=None, seed_help="seed of partitions, sampling and warm-up (default 0)")
     p.add_argument("--no-audit", action="store_true", help="skip the bias audit before/after/random control")
     p.add_argument("--top-k", type=POSITIVE_INT, default=20, help="top z-statistics per label in the audit (default 20)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-
-    from ...data.loading import load_task, require_two_labels
+    from ...data.loading import require_two_labels
     from ...methods.aflite.report import write_aflite_outputs
     from ...methods.aflite.step import aflite_step
-    from ...utils.provenance import library_versions
 
     task = task_from_args(args)
     if args.encoder:
         check_model_reference(args.encoder, "--encoder")
-    loaded = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
-                       revision=args.revision, max_rows=args.max_rows)
     # only what the user set is passed on, so the report can tell the paper's defaults from the user's values
     params = {"encoder": args.encoder, "batch_size": args.batch_size, "max_length": args.max_length,
               "pooling": args.pooling, "warmup_share": args.warmup_share, "warmup_epochs": args.warmup_epochs,
@@ -108,15 +105,18 @@ def run(args: argparse.Namespace) -> int:
               "max_rounds": args.max_rounds, "seed": args.seed, "device": args.device, "audit": not args.no_audit,
               "top_k": args.top_k}
     params = {k: v for k, v in params.items() if v is not None}
-    require_two_labels(loaded.dataset, task, f"{task.name} split {args.split!r}")
-    start = time.time()
-    kept, removed, report = aflite_step(loaded.dataset, task, params)
-    report["manifest"] = {"source": loaded.source, "load_counts": loaded.counts, "seconds": round(time.time() - start, 1),
-                          "versions": library_versions(),
-                          "input_fingerprint": loaded.dataset._fingerprint}
-    paths = write_aflite_outputs(kept, removed, report, args.out)
-    if loaded.set_aside is not None and len(loaded.set_aside):
-        loaded.set_aside.to_parquet(str(paths["json"].parent / "set_aside.parquet"))
-    print(json.dumps({"kept": report["n_kept"], "removed": report["removed_by_reason"], "rounds": report["rounds"],
-                      "stop_reason": report["stop_reason"], "out": str(paths["json"].parent)}))
-    return 0
+
+    def step(ds, task):
+        require_two_labels(ds, task, f"{task.name} split {args.split!r}")
+        return aflite_step(ds, task, params)
+
+    def write(result, loaded, manifest) -> int:
+        kept, removed, report = result
+        report["manifest"] = {**manifest, "input_fingerprint": loaded.dataset._fingerprint}
+        paths = write_aflite_outputs(kept, removed, report, args.out)
+        write_set_aside(loaded, paths["json"].parent)
+        print(json.dumps({"kept": report["n_kept"], "removed": report["removed_by_reason"], "rounds": report["rounds"],
+                          "stop_reason": report["stop_reason"], "out": str(paths["json"].parent)}))
+        return 0
+
+    return run_method(args, step, write, task=task)

@@ -57,6 +57,8 @@ def run(args) -> int:
         print(f"pruned {pruned} old cache entries ({size / 2**20:,.1f} MB); see `debiased-nli cache info`",
               file=sys.stderr)
     print(f"wrote {result.out_dir}", file=sys.stderr)
+    if result.set_aside_note:
+        print(result.set_aside_note, file=sys.stderr)
     for name, n in result.configs.items():
         print(f"  {name}: {n:,} train rows", file=sys.stderr)
     print(f"open it with: datasets.load_dataset({str(result.out_dir)!r}, {next(iter(result.configs))!r})",

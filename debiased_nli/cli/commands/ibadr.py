@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from ._common import add_task_arguments, task_from_args
+from ._common import add_run_arguments, add_task_arguments, run_method
 
 DESCRIPTION = """\
 IBADR (Wang et al. 2023). The pool S starts as the task's rows D0. Each iteration:
@@ -76,11 +76,11 @@ def register(sub) -> None:
     p.add_argument("--sample-batch-size", type=int, default=16)
     p.add_argument("--shard-size", type=int, default=1000)
     p.add_argument("--confidence-batch-size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    add_run_arguments(p, seed_help="seed of the run's random choices (theta_s's rows, the indicators, the generator's "
+                                   "training and sampling; iteration k uses seed + k; default 0)")
     p.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="generator dtype for sampling")
     p.add_argument("--cpu", action="store_true", help="run on CPU even when a GPU is visible")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="stop between units of work after this long (resume by rerunning); single process only")
     p.add_argument("--gen-chunk-steps", type=int, default=20,
@@ -89,16 +89,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...data.loading import load_task
     from ...methods.ibadr.loop import run_ibadr
     from ...methods.ibadr.step import config_from_params, render_ibadr_md
 
-    task = task_from_args(args)
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    d0 = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
-                   revision=args.revision, max_rows=args.max_rows).dataset
     lora = None
     if args.lora:
         lora = {"r": args.lora_r, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
@@ -116,23 +109,29 @@ def run(args) -> int:
               "max_new_tokens": args.max_new_tokens, "sample_batch_size": args.sample_batch_size,
               "shard_size": args.shard_size, "confidence_batch_size": args.confidence_batch_size, "seed": args.seed,
               "cpu": args.cpu, "mixed_precision": args.mixed_precision, "dtype": args.dtype}
-    cfg = config_from_params(task, params)
-    deadline = time.time() + args.time_budget if args.time_budget else None
-    res = run_ibadr(d0, task, cfg, args.out, deadline=deadline, gen_chunk_steps=args.gen_chunk_steps)
-    from accelerate import PartialState
-    if not PartialState().is_main_process:
+
+    def step(d0, task):
+        cfg = config_from_params(task, params)
+        deadline = time.time() + args.time_budget if args.time_budget else None
+        return run_ibadr(d0, task, cfg, args.out, deadline=deadline, gen_chunk_steps=args.gen_chunk_steps)
+
+    def write(res, loaded, manifest) -> int:  # IBADR's report has no manifest: it records its own run
+        from accelerate import PartialState
+        if not PartialState().is_main_process:
+            return 0
+        out = Path(args.out)
+        (out / "ibadr.json").write_text(json.dumps(res.report, indent=2, default=str))
+        if not res.complete:
+            print(f"IBADR paused after {res.report['iterations_complete']} complete iteration(s); rerun the same "
+                  f"command to continue")
+            return 3
+        res.pool.to_parquet(str(out / "pool.parquet"))
+        if res.generated is not None:
+            res.generated.to_parquet(str(out / "generated.parquet"))
+        if res.rejected is not None:
+            res.rejected.to_parquet(str(out / "rejected.parquet"))
+        (out / "ibadr.md").write_text(render_ibadr_md(res.report))
+        print(json.dumps({k: v for k, v in res.report.items() if k != "iterations"}, indent=2, default=str))
         return 0
-    out = Path(args.out)
-    (out / "ibadr.json").write_text(json.dumps(res.report, indent=2, default=str))
-    if not res.complete:
-        print(f"IBADR paused after {res.report['iterations_complete']} complete iteration(s); rerun the same command "
-              f"to continue")
-        return 3
-    res.pool.to_parquet(str(out / "pool.parquet"))
-    if res.generated is not None:
-        res.generated.to_parquet(str(out / "generated.parquet"))
-    if res.rejected is not None:
-        res.rejected.to_parquet(str(out / "rejected.parquet"))
-    (out / "ibadr.md").write_text(render_ibadr_md(res.report))
-    print(json.dumps({k: v for k, v in res.report.items() if k != "iterations"}, indent=2, default=str))
-    return 0
+
+    return run_method(args, step, write)

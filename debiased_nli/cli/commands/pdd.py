@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
-from ._common import add_task_arguments, task_from_args
+from ._common import add_run_arguments, add_task_arguments, run_method, write_set_aside
 
 DESCRIPTION = """\
 PDD (Guo et al. 2023, Algorithm 1). For each biased feature x (|z*| > tau) of three families (pair
@@ -85,8 +84,7 @@ def register(subparsers) -> None:
                    help="arithmetic of the masked LM and the teacher: float32 (default, the models' own) or bfloat16 "
                         "(matrix products in bfloat16 under autocast: about twice as fast on CPUs with AVX512-BF16/AMX "
                         "and on GPUs, several times slower on CPUs without them; a near-tied choice or a sampled fill can differ from float32's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    add_run_arguments(p, seed_help="seed of the walk order, the masking and the fills' sampling (default 0)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -94,16 +92,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...data.loading import load_task
     from ...methods.pdd.step import pdd_step, write_pdd_outputs
-    from ...utils.provenance import library_versions
 
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    task = task_from_args(args)
-    loaded = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
-                       revision=args.revision, max_rows=args.max_rows)
     params = {"mlm": args.mlm, "teacher": args.teacher, "tau": args.tau, "families": args.families, "order": args.order,
               "overlap_feature": args.overlap_feature, "overlap_extractor": args.overlap_extractor,
               "label_groups": [g.split(",") for g in args.label_groups] if args.label_groups else None,
@@ -113,16 +103,18 @@ def run(args: argparse.Namespace) -> int:
               "teacher_batch_size": args.teacher_batch_size, "teacher_max_length": args.teacher_max_length,
               "engine": args.engine, "dtype": args.dtype, "seed": args.seed, "work_dir": str(Path(args.out) / "work"),
               "progress": not args.no_progress}
-    start = time.time()
-    kept, removed, report = pdd_step(loaded.dataset, task, params)
-    report["manifest"] = {"source": loaded.source, "load_counts": loaded.counts,
-                          "seconds": round(time.time() - start, 1), "versions": library_versions()}
-    import pyarrow.parquet as pq
-    log = pq.read_table(report["log_path"]).to_pylist()
-    paths = write_pdd_outputs(kept, removed, report, log, args.out)
-    if loaded.set_aside is not None and len(loaded.set_aside):
-        loaded.set_aside.to_parquet(str(paths["json"].parent / "set_aside.parquet"))
-    print(json.dumps({"rows": report["rows"], "operations": {k: report["operations"][k] for k in
-                                                             ("attempted", "keep", "lose", "failed", "acceptance")},
-                      "features": report["feature_status"], "out": str(paths["json"].parent)}))
-    return 0
+
+    def write(result, loaded, manifest) -> int:
+        import pyarrow.parquet as pq
+
+        kept, removed, report = result
+        report["manifest"] = manifest
+        log = pq.read_table(report["log_path"]).to_pylist()
+        paths = write_pdd_outputs(kept, removed, report, log, args.out)
+        write_set_aside(loaded, paths["json"].parent)
+        print(json.dumps({"rows": report["rows"], "operations": {k: report["operations"][k] for k in
+                                                                 ("attempted", "keep", "lose", "failed", "acceptance")},
+                          "features": report["feature_status"], "out": str(paths["json"].parent)}))
+        return 0
+
+    return run_method(args, lambda ds, task: pdd_step(ds, task, params), write)

@@ -19,15 +19,28 @@ def register(sub) -> None:
     p.add_argument("--revision", help="version tag for this release, e.g. v1.0 (tags are immutable)")
     p.add_argument("--private", action="store_true", help="create the repo as private")
     p.add_argument("--message", help="commit message")
-    p.add_argument("--note", help="what changed in this version, for the card's version history (default: published)")
+    p.add_argument("--note", help="what changed in this version, for the card's version history (default: published, "
+                                  "or the one-line summary of --diff-against)")
+    p.add_argument("--diff-against", metavar="OLD",
+                   help="compare the folder with an earlier release first (a folder, or ORG/NAME@REVISION such as the "
+                        "repo's previous tag; see `debiased-nli diff`): its one-line summary becomes the version "
+                        "history's note (unless --note is given), its markdown table the commit's description on the "
+                        "Hub, and the table is printed")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ...release.publish import push_release
 
+    note, description = args.note, None
+    if args.diff_against:
+        from ...release.diff import diff_releases
+
+        d = diff_releases(args.diff_against, args.folder)
+        note, description = note or d.summary(), d.markdown()
+        print(description)
     out = push_release(args.folder, args.repo_id, revision=args.revision, private=args.private,
-                       commit_message=args.message, note=args.note)
+                       commit_message=args.message, note=note, commit_description=description)
     print(f"pushed {out['files']} files to {out['repo_id']} (commit {out['commit'][:10]}"
           f"{', tag ' + out['tag'] if out['tag'] else ''}"
           f"{'; deleted ' + str(len(out['deleted'])) + ' file(s) of the previous release' if out['deleted'] else ''})",

@@ -12,7 +12,6 @@ from ...data.loading import labels_of
 from ...utils.errors import ConfigError, InvalidInputError
 from ..embeddings import DEFAULT_WARMUP_SHARE, PAPER_WARMUP
 from .algorithm import AFLITE_REASON, PARAM_SOURCES, WARMUP_REASON, AFLiteResult, aflite, paper_target_size
-from .report import render_aflite_md  # noqa: F401  the card section the recipe finds beside the step (until the step registry)
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ def _audit_summary(ds, task, top_k: int, seed: int, progress: bool) -> dict:
     return {k: rep[k] for k in keep if k in rep}
 
 
-def aflite_step(ds, task, params: Mapping[str, Any] | None = None):
+def aflite_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
     """The AFLite recipe step, the paper's protocol: warm-up fine-tuning on a share of the rows ->
     first-token embeddings of the other rows with the fine-tuned encoder -> Algorithm 1 with t = the
     warm-up size and n = |D|/3 -> audit.
@@ -75,6 +74,7 @@ def aflite_step(ds, task, params: Mapping[str, Any] | None = None):
     source (``protocol``), the sizes per round, and (``audit``) the bias audit of the input, of the
     kept rows and of a random subset of the same size (the paper's control). ``warmup_share: 0``
     skips the warm-up (then the encoder is used as it is and t defaults to a tenth of the rows).
+    ``ctx``: what a recipe build gives the step (it needs nothing from it; see ``release.steps``).
     """
     import datasets
 

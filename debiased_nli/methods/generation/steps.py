@@ -120,11 +120,12 @@ def confidence_filter_step(ds, task, params: dict):
 
 
 def generator_source(task, params: dict, ctx: dict | None = None):
-    """A recipe *source step* (``(task, params, ctx) -> new rows``) running the paper's whole generation
-    pipeline: train G on D0 (``train``), optionally fine-tune G* (``debias``), sample (``generate``) and
-    confidence-filter (``confidence``). Each sub-dict holds that step's params; ``generator`` names an
-    already trained G and skips ``train``. D0 is read from ``params["data_files"]`` or the recipe's data.
-    The reports (and the confidence filter's rejected rows) are recorded in ``ctx["generation"]``."""
+    """A recipe *source step* (``(task, params, ctx) -> (new rows, None, reports)``) running the paper's whole
+    generation pipeline: train G on D0 (``train``), optionally fine-tune G* (``debias``), sample (``generate``)
+    and confidence-filter (``confidence``). Each sub-dict holds that step's params; ``generator`` names an
+    already trained G and skips ``train``. D0 is read from ``params["data_files"]`` or ``ctx["recipe"]``'s
+    data; G* learns from the Z(D0) of ``ctx["seed"]``. The reports are returned by part (``train``,
+    ``debias``, ``generate``, ``confidence``: its counts; the rows it drops are not published)."""
     from ...data.loading import load_task
 
     task = get_task(task)
@@ -154,8 +155,6 @@ def generator_source(task, params: dict, ctx: dict | None = None):
     rows, rejects, reports["generate"] = generate_step(d0, task, {**params["generate"], "generator": generator},
                                                        show_values=True)
     if params.get("confidence"):
-        rows, dropped, reports["confidence"] = confidence_filter_step(rows, task, dict(params["confidence"]))
-        ctx.setdefault("generation", {})["confidence_rejected"] = dropped
-    ctx.setdefault("generation", {})["reports"] = reports
+        rows, _, reports["confidence"] = confidence_filter_step(rows, task, dict(params["confidence"]))
     keep = ["premise", "hypothesis", "label", "uid", "origin", "method"]
-    return rows.select_columns(keep)
+    return rows.select_columns(keep), None, reports

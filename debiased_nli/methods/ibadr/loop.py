@@ -238,7 +238,7 @@ def _pool_bias_degree(pool, model: str, task: TaskSpec, cfg: IbadrConfig, parts:
     scored exactly as ``bias_degree`` scores a whole dataset (the same model, batch size and length), and
     the deadline is checked between shards (a paused scoring resumes where it stopped).
     """
-    from ..confidence import load_classifier
+    from ...models.classifier import load_classifier
     from .shallow import bias_degree
 
     parts.mkdir(parents=True, exist_ok=True)
@@ -246,18 +246,18 @@ def _pool_bias_degree(pool, model: str, task: TaskSpec, cfg: IbadrConfig, parts:
     # a whole number of batches per shard: the batches, and so every beta bit for bit, are those of one call
     step = -(-SCORE_SHARD_ROWS // cfg.confidence_batch_size) * cfg.confidence_batch_size
     bounds = [(a, min(n, a + step)) for a in range(0, n, step)]
-    clf = tok = None
+    clf = None
     out = []
     for i, (a, b) in enumerate(bounds):
         f = parts / f"beta-{a:010d}-{b:010d}.npy"
         if not f.exists():
             _check_deadline(deadline)
             if clf is None:
-                clf, tok = load_classifier(model)
+                clf = load_classifier(model)
             if progress and len(bounds) > 1:
                 print(f"bias degree: rows {a:,}-{b:,} of {n:,} (shard {i + 1}/{len(bounds)})", flush=True)
             beta = bias_degree(pool.select(range(a, b)), clf, task, batch_size=cfg.confidence_batch_size,
-                               max_length=cfg.shallow_max_length, progress=progress, tokenizer=tok)
+                               max_length=cfg.shallow_max_length, progress=progress)
             tmp = f.with_name(f".{f.stem}.tmp.npy")
             np.save(tmp, np.asarray(beta, dtype=np.float64))
             tmp.replace(f)

@@ -4,18 +4,20 @@
 confidence p(y_i | x_i; theta_s) to quantify the bias degree of (x_i, y_i)". theta_s is any sequence
 classifier fine-tuned with :func:`debiased_nli.models.training.train_classifier` on a seeded random subset
 (``max_train_rows``; 2K rows for SNLI/MNLI, 0.5K for FEVER, 3 epochs, lr 5e-5, section 3.1), and
-beta_i is its softmax probability of the gold label (:func:`debiased_nli.methods.confidence.label_probabilities`,
+beta_i is its softmax probability of the gold label (:func:`debiased_nli.models.classifier.predict_probabilities`,
 columns mapped onto the task's labels by name).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ...data.loading import labels_of
 from ...data.tasks import TaskSpec
+from ...models.classifier import LoadedClassifier, load_classifier, predict_probabilities
 
 
 def train_shallow(pool, task: TaskSpec, model: str, out_dir: "str | Path", *, rows: int, epochs: float,
@@ -45,12 +47,11 @@ def gold_label_probabilities(probs: np.ndarray, labels: np.ndarray) -> np.ndarra
     return probs[np.arange(len(labels)), labels] if len(labels) else np.zeros(0)
 
 
-def bias_degree(ds, model: str, task: TaskSpec, *, batch_size: int = 64, max_length: int = 128,
-                progress: bool = True, tokenizer=None) -> np.ndarray:
-    """beta of every row of ``ds`` under theta_s (a folder, or a loaded model with ``tokenizer``)."""
-    from ..confidence import label_probabilities, load_classifier
-
-    clf, tok = load_classifier(model, tokenizer)
-    probs = label_probabilities(ds, clf, tok, task, batch_size=batch_size, max_length=max_length,
-                                progress=progress, model_name=model if isinstance(model, str) else "theta_s")
+def bias_degree(ds, model: "str | LoadedClassifier | Any", task: TaskSpec, *, batch_size: int = 64,
+                max_length: int = 128, progress: bool = True, tokenizer=None) -> np.ndarray:
+    """beta of every row of ``ds`` under theta_s (a folder, a :class:`LoadedClassifier`, or a loaded model
+    with ``tokenizer``), scored in batches of rows in input order."""
+    clf = load_classifier(model, tokenizer=tokenizer)
+    probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
+                                  order=range(len(ds)), labels=task.labels, desc="bias degree", progress=progress)
     return gold_label_probabilities(probs, labels_of(ds))

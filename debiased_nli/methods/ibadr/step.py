@@ -56,9 +56,10 @@ def _run(ds, task: TaskSpec, params: Mapping[str, Any]):
     return res
 
 
-def ibadr_step(ds, task, params: Mapping[str, Any]):
+def ibadr_step(ds, task, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
     """Filter step: (S, rejected samples, report). S carries the task's features (recomputed on S,
-    so the release's z-statistics describe it); the report has the audit of D0 and of S."""
+    so the release's z-statistics describe it); the report has the audit of D0 and of S. ``ctx``: what a
+    recipe build gives the step (it needs nothing from it)."""
     from ...bias.audit import audit_dataset
     from ...bias.featurize import add_features
 
@@ -81,8 +82,9 @@ def ibadr_step(ds, task, params: Mapping[str, Any]):
     return pool, removed, report
 
 
-def ibadr_rows(task, params: Mapping[str, Any], ctx: dict | None = None):
-    """Source step: the pseudo samples IBADR added to the pool (canonical columns)."""
+def ibadr_rows(task, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
+    """Source step: (the pseudo samples IBADR added to the pool (canonical columns), None, IBADR's report).
+    ``ctx["recipe"]`` gives D0 (its ``data``), unless ``params["data_files"]`` does."""
     from ...data.loading import load_task
 
     task = get_task(task)
@@ -91,9 +93,7 @@ def ibadr_rows(task, params: Mapping[str, Any], ctx: dict | None = None):
     d0 = load_task(task, data.get("split", "train"), data_files=params.get("data_files") or data.get("data_files"),
                    on_invalid=data.get("on_invalid", "error"), max_rows=data.get("max_rows")).dataset
     res = _run(d0, task, params)
-    ctx.setdefault("ibadr", {})["report"] = res.report
-    n = len(d0)
-    return res.pool.select(range(n, len(res.pool)))
+    return res.pool.select(range(len(d0), len(res.pool))), None, res.report
 
 
 def render_ibadr_md(report: Mapping[str, Any], title: str | None = None) -> str:

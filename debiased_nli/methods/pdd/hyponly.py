@@ -66,10 +66,10 @@ class HypothesisOnlyFolds:
             progress: bool = False) -> np.ndarray:
         """Fit the fold models; returns the out-of-fold predictions of the given rows (``self.fold_of``
         holds each row's fold)."""
-        from sklearn.feature_extraction.text import TfidfTransformer
         from sklearn.model_selection import StratifiedKFold
 
-        from ...bias.hypothesis_only import logistic_regression
+        from ...bias.hypothesis_only import LOGREG_SOLVER, logistic_regression, tfidf_transformer
+        from ...bias.logreg import decide
 
         labels = np.asarray(labels, dtype=np.int64)
         n, K = len(labels), len(self.labels)
@@ -78,7 +78,7 @@ class HypothesisOnlyFolds:
         X = self._matrix(premises, hypotheses, fixed_columns=False)
         df = np.asarray((X > 0).sum(axis=0)).ravel()
         self.columns = np.nonzero(df >= self.min_df)[0]
-        self.tfidf = TfidfTransformer(sublinear_tf=True).fit(X[:, self.columns])
+        self.tfidf = tfidf_transformer().fit(X[:, self.columns])
         Xt = self.tfidf.transform(X[:, self.columns])
         counts = np.bincount(labels, minlength=K)
         present = counts[counts > 0]
@@ -86,14 +86,15 @@ class HypothesisOnlyFolds:
         self.k = max(k, 2)
         splitter = StratifiedKFold(n_splits=self.k, shuffle=True, random_state=self.seed)
         self.models, self.fold_of = [], np.zeros(n, dtype=np.int64)
-        probs = np.zeros((n, K))
+        logits = np.full((n, K), -np.inf)
         for f, (train, held) in enumerate(splitter.split(np.zeros(n), labels)):
             clf = logistic_regression(self.C, self.seed, self.max_iter)
             clf.fit(Xt[train], labels[train])
-            probs[np.ix_(held, clf.classes_)] = clf.predict_proba(Xt[held])
+            logits[np.ix_(held, clf.classes_)] = clf.decision_function(Xt[held])
             self.models.append(clf)
             self.fold_of[held] = f
-        return probs.argmax(axis=1)
+        # as the library decides them: the highest logit, the exact tie rule (the same bits on any machine)
+        return decide(logits.T, LOGREG_SOLVER["tie_margin"])[0]
 
     def predict(self, premises: Sequence[str], hypotheses: Sequence[str], folds: Sequence[int],
                 feats: pa.Table | None = None) -> np.ndarray:
@@ -103,11 +104,13 @@ class HypothesisOnlyFolds:
             return np.zeros(0, dtype=np.int64)
         Xt = self.tfidf.transform(self._matrix(premises, hypotheses, fixed_columns=True, feats=feats)[:, self.columns])
         folds = np.asarray(folds, dtype=np.int64)
+        from ...bias.hypothesis_only import decide
+
         out = np.zeros(len(hypotheses), dtype=np.int64)
         for f in np.unique(folds):
             rows = np.nonzero(folds == f)[0]
             clf = self.models[int(f)]
-            p = np.zeros((len(rows), len(self.labels)))
-            p[:, clf.classes_] = clf.predict_proba(Xt[rows])
-            out[rows] = p.argmax(axis=1)
+            z = np.full((len(rows), len(self.labels)), -np.inf)
+            z[:, clf.classes_] = clf.decision_function(Xt[rows])
+            out[rows] = decide(z)
         return out

@@ -72,7 +72,8 @@ def _fingerprint(ds) -> str:
 
 
 def pdd_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
-    """The PDD recipe step (see the module docstring)."""
+    """The PDD recipe step (see the module docstring). ``ctx`` is given by a recipe build (PDD needs nothing
+    from it: it declares no ``needs``); with it and no ``work_dir``, the run is checkpointed in the cache."""
     from .fill import MaskFiller
     from .run import run_pdd
     from .teacher import Teacher

@@ -27,9 +27,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...models.classifier import default_device, load_classifier, predict_probabilities
 from ...models.labels import map_model_labels
 from ...utils.errors import ConfigError
-from ..confidence import load_classifier
 
 ENGINES = ("auto", "packed", "bucketed", "padded")
 
@@ -51,8 +51,6 @@ class Teacher:
 
     def __init__(self, model: "str | Any", labels: Sequence[str], *, tokenizer: Any = None, batch_size: int = 64,
                  max_length: int = 128, device: str | None = None, engine: str = "auto", dtype: str = "float32"):
-        import torch
-
         from .encoder import DTYPES
 
         if engine not in ENGINES:
@@ -60,13 +58,12 @@ class Teacher:
         if dtype not in DTYPES:
             raise ConfigError(f"unknown teacher dtype {dtype!r}; known: {list(DTYPES)}")
         self.dtype = dtype
-        self.name = model if isinstance(model, str) else type(model).__name__
-        self.model, self.tokenizer = load_classifier(model, tokenizer)
-        id2label = {int(i): str(l) for i, l in self.model.config.id2label.items()}
-        self.order = map_model_labels(id2label, labels, self.name)
+        self.device = device or default_device()
+        self.clf = load_classifier(model, self.device, tokenizer=tokenizer)
+        self.name, self.model, self.tokenizer = self.clf.path, self.clf.model, self.clf.tokenizer
+        self.labels = tuple(labels)
+        self.order = map_model_labels(self.clf.id2label, self.labels, self.name)
         self.batch_size, self.max_length = batch_size, max_length
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model.to(self.device).eval()
         packable = _packed_classifier(self.model)
         if engine == "packed" and not packable:
             raise ConfigError(f"the packed teacher engine needs a BERT sequence classifier (BertForSequenceClassification "
@@ -91,11 +88,11 @@ class Teacher:
             raise ValueError(f"{n} premises but {len(hypotheses)} hypotheses")
         if not n:
             return np.zeros((0, len(self.order)), dtype=np.float64)
+        if self.engine == "padded":
+            return self._padded(premises, hypotheses)
         from .encoder import compute_context
 
         with compute_context(self.device, self.dtype):
-            if self.engine == "padded":
-                return self._padded(premises, hypotheses)
             enc = self.tokenizer(list(premises), list(hypotheses), truncation=True, max_length=self.max_length)
             ids = enc["input_ids"]
             tt = enc.get("token_type_ids")
@@ -136,17 +133,10 @@ class Teacher:
         return out
 
     def _padded(self, premises: Sequence[str], hypotheses: Sequence[str]) -> np.ndarray:
-        """The straightforward engine (the reference): padded batches sorted by character length."""
-        import torch
-
-        n = len(premises)
-        out = np.zeros((n, len(self.order)), dtype=np.float64)
-        order = sorted(range(n), key=lambda i: len(premises[i]) + len(hypotheses[i]))
-        with torch.no_grad():
-            for s in range(0, n, self.batch_size):
-                idx = order[s:s + self.batch_size]
-                enc = self.tokenizer([premises[i] for i in idx], [hypotheses[i] for i in idx], truncation=True,
-                                     max_length=self.max_length, padding=True, return_tensors="pt").to(self.device)
-                probs = torch.softmax(self.model(**enc).logits.float(), -1)[:, self.order].cpu().numpy()
-                out[idx] = probs
-        return out
+        """The straightforward engine (the reference): the project's prediction loop
+        (:func:`debiased_nli.models.classifier.predict_probabilities`) on batches of ``batch_size`` pairs in
+        order of character length, each padded to its longest."""
+        order = sorted(range(len(premises)), key=lambda i: len(premises[i]) + len(hypotheses[i]))
+        return predict_probabilities(self.clf, premises, hypotheses, batch_size=self.batch_size,
+                                     max_length=self.max_length, order=order, labels=self.labels,
+                                     progress=False, dtype=self.dtype).astype(np.float64)
