@@ -26,6 +26,10 @@ unclaimed unit; every row's seed 0 comes first), stops them at ``--deadline`` se
 finished result files, the training records and the logs into ``OUT/efficacy_gpu.tar.gz`` every 20 s,
 so what finished comes back even when the machine's time runs out. A unit stopped half-way is simply
 run again by the next ``run`` (its result file is what counts).
+
+``python benchmarks/gpu_kit.py generator ...`` is ``benchmarks/gpu_generator.py ...``: the generator pipeline's
+kit (issue 31: the SmolLM2 GGUF shipped in two parts, G, M, sampling, confidence filter and throughput on one
+GPU, in a chain of calls; benchmarks/GPU_GENERATOR.md).
 """
 from __future__ import annotations
 
@@ -447,8 +451,12 @@ def collect(archive: Path, plan_path: Path, logs_to: Path | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["generator"]:  # the generator pipeline's kit (issue 31)
+        from benchmarks import gpu_generator
+        return gpu_generator.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["make", "run", "collect"])
+    ap.add_argument("command", choices=["make", "run", "collect", "generator"])
     ap.add_argument("archive", nargs="?", help="`collect`: the efficacy_gpu.tar.gz that `run` wrote")
     ap.add_argument("--plan", default=str(DEFAULT_PLAN), help="the GPU plan (default benchmarks/efficacy_gpu.yaml)")
     ap.add_argument("--kit", default=str(KIT), help="the kit folder (default .gpu, git-ignored)")

@@ -139,18 +139,20 @@ def test_an_input_of_one_batch_is_walked_in_smaller_batches_not_kept_whole(snli)
     assert cond.params["batch_size_used"] == 1000 and cond.outcome.n_batches == 1
 
 
-def test_a_tiny_build_filters_and_says_so_in_the_manifest(tmp_path, shared_data):
+def test_a_tiny_build_filters_and_says_so_in_the_manifest(tmp_path, shared_data, caplog):
+    import logging
     from pathlib import Path
 
     from debiased_nli.cli import main
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "x"
-    with pytest.warns(UserWarning, match="shrunk to 50"):
+    # the command shows its warnings as log lines (cli.warnings_as_log_lines), so the warning is read from the log
+    with caplog.at_level(logging.WARNING):
         rc = main(["build", str(root / "builders/snli.yaml"), "--data-files",
-                   f"train={shared_data / 'snli/train_sample.parquet'}", "--max-rows", "1000", "--out", str(out),
-                   "--quiet"])
+                   f"train={shared_data / 'snli/train_sample.parquet'}", "--max-rows", "1000", "--out", str(out)])
     assert rc == 0
+    assert any(r.levelno == logging.WARNING and "shrunk to 50" in r.getMessage() for r in caplog.records)
     import json
     manifest = json.loads((out / "manifest.json").read_text())
     stage = next(s for s in manifest["stages"] if s["stage"].startswith("z_filtered"))

@@ -166,7 +166,6 @@ def warnings_as_log_lines() -> Iterator[None]:
     warnings are shown (each once per place by default); the log level decides whether they are printed
     (``--quiet`` hides them). Restored on exit (the CLI also runs inside tests)."""
     original = warnings.showwarning
-
     def show(message, category, filename, lineno, file=None, line=None):
         text = str(message) if category is UserWarning else f"{category.__name__}: {message}"
         logging.getLogger(_module_of(filename)).warning("%s", text)

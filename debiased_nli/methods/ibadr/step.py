@@ -16,7 +16,8 @@ from typing import Any, Mapping
 from ...data.tasks import TaskSpec, get_task
 from ...utils.errors import ConfigError
 from . import PAPER_DEFAULTS
-from .loop import IbadrConfig, run_ibadr
+from . import loop
+from .loop import IbadrConfig
 
 STEP_ONLY = ("out", "gen_chunk_steps", "progress", "data_files")
 
@@ -49,7 +50,8 @@ def _run(ds, task: TaskSpec, params: Mapping[str, Any]):
         raise ConfigError("the IBADR step needs `out`: the folder of its iterations (resumable)")
     cfg = config_from_params(task, params)
     cols = ["premise", "hypothesis", "label", "uid", "origin", "method"]
-    res = run_ibadr(ds.select_columns(cols), task, cfg, params["out"], gen_chunk_steps=params.get("gen_chunk_steps"),
+    # looked up at call time (loop.run_ibadr), not bound at import: a stand-in for the loop reaches the step
+    res = loop.run_ibadr(ds.select_columns(cols), task, cfg, params["out"], gen_chunk_steps=params.get("gen_chunk_steps"),
                     progress=params.get("progress", True))
     if not res.complete:
         raise ConfigError(f"IBADR in {params['out']} stopped before its last iteration; run it again to resume")

@@ -1,0 +1,434 @@
+"""Throughput benchmarks of the generator pipeline's models (issue 31), run by ``gpu_generator.py`` on a
+lent GPU (and in tiny form on the CPU by its dry run and tests).
+
+The paper's own models, built from their configs with random weights (a decoding step, a training
+step or a classifier's forward pass costs the same whatever the weights are):
+
+* ``gpt2``  GPT-2 large (774M) sampling with the lengths forced to the SNLI training rows' length
+  distribution: each length bucket L is sampled with ``min_new_tokens = max_new_tokens = L`` (the end
+  marker cannot come before L tokens, and nothing goes on after), in bfloat16 with a KV cache, at the
+  best batch size of a sweep. The lengths are those of the *whole row* the generator writes after its
+  prompt (``premise: P\\nlabel: l\\nhypothesis: H<end>`` in GPT-2 tokens: Wu et al. sample whole rows,
+  so that is the work per sample); the hypothesis-only lengths are reported beside them. Gives
+  samples/s against the paper's ~40 (5M samples in 35 h on an A100), tokens/s, and the fraction of
+  the GPU's memory-bandwidth roofline: every decoding step reads all weights once plus the KV cache
+  of every sequence so far, so ``bytes/s = sum over steps (weights + batch x context x KV bytes per
+  token) / seconds``, against the card's peak (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
+  Also a GPT-2 large *training* step (MLE + 0.5 label-consistency unlikelihood, Table 7's batch 24,
+  bf16 autocast over float32 weights, AdamW) and RoBERTa-large's inference rows/s on SNLI-length
+  pairs (the paper's M): the inputs of the pipeline projection.
+* ``sweep`` the trained generator G: one batch per batch size with the library's own sampling call
+  (plain sampling, up to 128 new tokens, stop at the end marker), samples/s and tokens/s each; the
+  best batch size is what ``debiased-nli generate`` is then run with.
+
+    python benchmarks/gpu_throughput.py gpt2 --lengths lengths.json --out gpt2.json [--tiny]
+    python benchmarks/gpu_throughput.py sweep --generator G/ --out sweep.json --batches 256 512 1024
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+# peak HBM bandwidth (bytes/s) by device name, most specific first
+PEAK_BANDWIDTH = [("H200", 4.8e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12),
+                  ("A100-SXM4-80GB", 2.039e12), ("A100 80GB PCIe", 1.935e12), ("A100", 1.555e12)]
+PAPER_SAMPLES_PER_S = 40.0  # Wu et al. 2022: 5M samples in ~35 h on one A100 (issue 31)
+GPT2_LARGE = dict(n_embd=1280, n_layer=36, n_head=20, n_positions=1024, vocab_size=50257)
+GPT2_TINY = dict(n_embd=32, n_layer=2, n_head=2, n_positions=256, vocab_size=50257)
+ROBERTA_LARGE = dict(vocab_size=50265, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                     intermediate_size=4096, max_position_embeddings=514, type_vocab_size=1)
+ROBERTA_TINY = dict(vocab_size=50265, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=514, type_vocab_size=1)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def peak_bandwidth(device_name: str) -> float | None:
+    for key, bw in PEAK_BANDWIDTH:
+        if key in device_name:
+            return bw
+    return None
+
+
+def _sync(device) -> None:
+    import torch
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def length_buckets(hist: dict, width: int = 8) -> list[tuple[int, float]]:
+    """``{length: count}`` -> ``[(bucket length, share), ...]``: each length rounded *up* to a multiple of
+    ``width`` (a sample is never timed shorter than it is), shares summing to 1."""
+    counts: dict[int, int] = {}
+    for length, n in hist.items():
+        b = max(width, int(math.ceil(int(length) / width) * width))
+        counts[b] = counts.get(b, 0) + int(n)
+    total = sum(counts.values())
+    return [(b, n / total) for b, n in sorted(counts.items())]
+
+
+def forced_length_generate(model, batch: int, length: int, prompt_ids: list[int], *, eos_id: int, pad_id: int,
+                           device="cpu"):
+    """``batch`` samples of exactly ``length`` new tokens after ``prompt_ids`` (plain sampling, KV cache):
+    ``min_new_tokens = max_new_tokens = length`` keeps the end marker out until the length is reached
+    and stops there."""
+    import torch
+
+    ids = torch.tensor([prompt_ids] * batch, dtype=torch.long, device=device)
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0,
+                              top_p=1.0, temperature=1.0, min_new_tokens=length, max_new_tokens=length,
+                              eos_token_id=eos_id, pad_token_id=pad_id, use_cache=True)
+
+
+def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
+    """Bytes of K and V that one token of context holds over all layers."""
+    layers = getattr(config, "n_layer", None) or config.num_hidden_layers
+    heads = getattr(config, "num_key_value_heads", None) or getattr(config, "n_head", None) or config.num_attention_heads
+    hidden = getattr(config, "n_embd", None) or config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // (getattr(config, "n_head", None) or config.num_attention_heads)
+    return int(layers * 2 * heads * head_dim * dtype_bytes)
+
+
+def decode_bytes(weight_bytes: int, kv_per_token: int, batch: int, prompt_len: int, length: int) -> int:
+    """Bytes a generate call of ``length`` steps must read at least: all weights once per step, plus, at
+    step t, the KV cache of ``prompt_len + t - 1`` tokens of every sequence."""
+    steps = range(1, length + 1)
+    return int(sum(weight_bytes + batch * (prompt_len + t - 1) * kv_per_token for t in steps))
+
+
+def _weight_bytes(model) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:  # tied embeddings are read once
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _memory(device) -> dict:
+    import torch
+    if not str(device).startswith("cuda"):
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"max_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+            "max_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+            "device_total_gib": round(total / 2**30, 2)}
+
+
+def time_batch(model, batch: int, length: int, prompt_ids, *, eos_id, pad_id, device) -> float:
+    _sync(device)
+    t = time.perf_counter()
+    out = forced_length_generate(model, batch, length, prompt_ids, eos_id=eos_id, pad_id=pad_id, device=device)
+    _sync(device)
+    dt = time.perf_counter() - t
+    if out.shape != (batch, len(prompt_ids) + length):
+        raise RuntimeError(f"forced length {length} gave shape {tuple(out.shape)}")
+    return dt
+
+
+def bench_sampling(model, hist: dict, prompt_ids: list[int], *, eos_id: int, pad_id: int, device, batches,
+                   width: int = 8, deadline: float | None = None) -> dict:
+    """The batch-size sweep at the median bucket, then every bucket at the best batch size; the
+    distribution-weighted samples/s, tokens/s and roofline fraction."""
+    import torch
+
+    buckets = length_buckets(hist, width)
+    cum, median = 0.0, buckets[-1][0]
+    for b, share in buckets:
+        cum += share
+        if cum >= 0.5:
+            median = b
+            break
+    wbytes, kvpt = _weight_bytes(model), kv_bytes_per_token(model.config, next(model.parameters()).element_size())
+    p = len(prompt_ids)
+    time_batch(model, min(batches), 4, prompt_ids, eos_id=eos_id, pad_id=pad_id, device=device)  # warm-up
+    sweep = []
+    for bs in batches:
+        if deadline and time.monotonic() > deadline:
+            break
+        try:
+            dt = time_batch(model, bs, median, prompt_ids, eos_id=eos_id, pad_id=pad_id, device=device)
+        except torch.OutOfMemoryError:
+            sweep.append({"batch": bs, "error": "out of memory"})
+            torch.cuda.empty_cache()
+            break
+        sweep.append({"batch": bs, "length": median, "seconds": round(dt, 4), "samples_per_s": round(bs / dt, 1),
+                      "tokens_per_s": round(bs * median / dt, 1)})
+        log(f"sampling: batch {bs} x {median} tokens: {bs / dt:,.0f} samples/s")
+        if len(sweep) >= 2 and "samples_per_s" in sweep[-2] and bs / dt < 1.02 * sweep[-2]["samples_per_s"]:
+            break  # no longer pays: a larger batch would only cost memory
+    ok = [s for s in sweep if "samples_per_s" in s]
+    best = max(ok, key=lambda s: s["samples_per_s"])["batch"]
+    per_bucket, sec_per_sample, tokens, read = [], 0.0, 0.0, 0.0
+    for b, share in buckets:
+        if deadline and time.monotonic() > deadline and per_bucket:
+            # out of time: the remaining buckets scaled from the longest one timed (time ~ length)
+            last = per_bucket[-1]
+            dt = last["seconds"] * b / last["length"]
+            measured = False
+            bs = last["batch"]
+        else:
+            bs = per_bucket[-1]["batch"] if per_bucket else best
+            while True:  # a long bucket's KV cache may not fit at the best batch: halve it there
+                try:
+                    dt = time_batch(model, bs, b, prompt_ids, eos_id=eos_id, pad_id=pad_id, device=device)
+                    break
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    if bs <= 1:
+                        raise
+                    bs //= 2
+                    log(f"sampling: length {b} does not fit at batch {bs * 2}; batch {bs}")
+            measured = True
+        by = decode_bytes(wbytes, kvpt, bs, p, b)
+        per_bucket.append({"length": b, "share": round(share, 5), "batch": bs, "seconds": round(dt, 4),
+                           "measured": measured, "samples_per_s": round(bs / dt, 1),
+                           "bandwidth_tb_s": round(by / dt / 1e12, 3)})
+        sec_per_sample += share * dt / bs
+        tokens += share * b
+        read += share * by / bs
+    sps = 1.0 / sec_per_sample
+    name = torch.cuda.get_device_name(0) if str(device).startswith("cuda") else "cpu"
+    peak = peak_bandwidth(name)
+    bw = read * sps  # bytes read per sample x samples per second
+    return {"device": name, "batch_sweep": sweep, "best_batch": best, "median_length": median, "buckets": per_bucket,
+            "mean_length": round(tokens, 2), "samples_per_s": round(sps, 1), "tokens_per_s": round(sps * tokens, 1),
+            "x_paper": round(sps / PAPER_SAMPLES_PER_S, 1), "weight_bytes": wbytes, "kv_bytes_per_token": kvpt,
+            "bandwidth_tb_s": round(bw / 1e12, 3), "peak_bandwidth_tb_s": peak and peak / 1e12,
+            "roofline_fraction": round(bw / peak, 3) if peak else None}
+
+
+def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8, warmup: int = 3,
+                   lam: float = 0.5, seed: int = 0) -> dict:
+    """Optimizer steps of the generator objective (MLE + lam * label-consistency unlikelihood) on
+    random rows of the SNLI length distribution: seconds per step and tokens/s (one copy of each row;
+    the perturbed-label copy doubles the forward tokens)."""
+    import numpy as np
+    import torch
+
+    losses = importlib.import_module("debiased_nli.methods.generation.losses")
+    rng = np.random.default_rng(seed)
+    lengths, counts = zip(*sorted((int(k), int(v)) for k, v in hist.items()))
+    probs = np.asarray(counts, dtype=float) / sum(counts)
+    vocab = model.config.vocab_size
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=1e-6, weight_decay=0.0)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else torch.autocast("cpu", enabled=False)
+    times, tokens = [], 0
+    for i in range(warmup + steps):
+        ls = rng.choice(lengths, size=batch, p=probs) + 3  # + the prompt
+        n = int(ls.max())
+        ids = torch.tensor(rng.integers(0, vocab, size=(batch, n)), device=device)
+        mask = (torch.arange(n, device=device)[None, :] < torch.tensor(ls, device=device)[:, None]).long()
+        hyp = ((torch.arange(n, device=device)[None, :] >= torch.tensor((ls * 0.7).astype(int), device=device)[:, None])
+               & mask.bool()).long()
+        p_ids = ids.clone()
+        _sync(device)
+        t = time.perf_counter()
+        with autocast:
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            p_logits = model(input_ids=p_ids, attention_mask=mask).logits
+            loss, _ = losses.generator_loss(logits, ids, mask, p_logits, p_ids, hyp, lam=lam)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+            tokens += int(mask.sum())
+    sec = float(np.mean(times))
+    return {"batch": batch, "steps_timed": steps, "seconds_per_step": round(sec, 4),
+            "tokens_per_s": round(tokens / sum(times), 1), "forward_tokens_per_s": round(2 * tokens / sum(times), 1),
+            "rows_per_s": round(batch / sec, 1), **_memory(device)}
+
+
+def bench_classifier(model, hist: dict, *, device, batch: int = 512, batches: int = 8, warmup: int = 2,
+                     seed: int = 0) -> dict:
+    """Inference rows/s of a sequence classifier on pairs of the SNLI pair-length distribution
+    (random batches, padded to their longest pair, as ``confidence-filter`` batches them)."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    lengths, counts = zip(*sorted((int(k), int(v)) for k, v in hist.items()))
+    probs = np.asarray(counts, dtype=float) / sum(counts)
+    model.eval()
+    times, rows = [], 0
+    for i in range(warmup + batches):
+        ls = rng.choice(lengths, size=batch, p=probs)
+        n = int(ls.max())
+        ids = torch.tensor(rng.integers(5, model.config.vocab_size, size=(batch, n)), device=device)
+        mask = (torch.arange(n, device=device)[None, :] < torch.tensor(ls, device=device)[:, None]).long()
+        _sync(device)
+        t = time.perf_counter()
+        with torch.no_grad():
+            torch.softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1).cpu()
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+            rows += batch
+    return {"batch": batch, "batches_timed": batches, "rows_per_s": round(rows / sum(times), 1), **_memory(device)}
+
+
+
+def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float | None = None,
+             batches: list[int] | None = None) -> dict:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, RobertaConfig, RobertaForSequenceClassification
+
+    t0 = time.monotonic()
+    deadline = t0 + deadline_s if deadline_s else None
+    cuda = torch.cuda.is_available() and not tiny
+    device = "cuda" if cuda else "cpu"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    batches = batches or ([128, 256, 512, 1024, 2048, 4096] if cuda else [2, 4])
+    eos = int(lengths["eos_id_gpt2"])
+    prompt = [int(x) for x in lengths["prompt_ids_gpt2"]]
+    result = {"model": "gpt2-large (random weights, GPT2Config)" if not tiny else "gpt2-tiny (CPU dry run)",
+              "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": len(prompt),
+              "lengths": "whole row after the prompt (premise, label, hypothesis, end marker), GPT-2 tokens"}
+    torch.manual_seed(0)
+    cfg = GPT2Config(**(GPT2_TINY if tiny else GPT2_LARGE))
+    with torch.device(device):
+        model = GPT2LMHeadModel(cfg).to(dtype).eval()
+    result["parameters"] = sum(p.numel() for p in model.parameters())
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    result["sampling"] = bench_sampling(model, lengths["row_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos,
+                                        device=device, batches=batches,
+                                        deadline=deadline and deadline - (30 if cuda else 0))
+    result["sampling"].update(_memory(device))
+    hyp = bench_sampling(model, lengths["hypothesis_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos, device=device,
+                         batches=[result["sampling"]["best_batch"]], deadline=deadline and deadline - 25) \
+        if not deadline or time.monotonic() < deadline - 40 else None
+    if hyp:
+        result["sampling_hypothesis_lengths_only"] = {k: hyp[k] for k in ("mean_length", "samples_per_s", "tokens_per_s",
+                                                                          "roofline_fraction")}
+    _write(out, result)
+    del model
+    if cuda:
+        torch.cuda.empty_cache()
+    if not deadline or time.monotonic() < deadline - 15:
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = GPT2LMHeadModel(cfg)  # float32 weights, bf16 autocast: how the generator is trained
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        result["training"] = bench_training(model, lengths["row_lengths_gpt2"], device=device,
+                                            steps=8 if cuda else 2, warmup=3 if cuda else 1)
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
+        _write(out, result)
+    if not deadline or time.monotonic() < deadline - 8:
+        rcfg = RobertaConfig(**(ROBERTA_TINY if tiny else ROBERTA_LARGE), num_labels=3, pad_token_id=1)
+        with torch.device(device):
+            clf = RobertaForSequenceClassification(rcfg).to(dtype)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        result["classifier"] = {"model": "roberta-large (random weights)" if not tiny else "roberta-tiny",
+                                "dtype": str(dtype).replace("torch.", ""),
+                                **bench_classifier(clf, lengths["pair_lengths_gpt2"], device=device,
+                                                   batch=512 if cuda else 8, batches=8 if cuda else 2,
+                                                   warmup=2 if cuda else 1)}
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    _write(out, result)
+    return result
+
+
+def run_sweep(generator: str, out: Path, batches: list[int], *, max_new_tokens: int = 128, cpu: bool = False,
+              deadline_s: float | None = None) -> dict:
+    """G's samples/s and tokens/s per batch size, with the library's sampling call (plain sampling,
+    stop at the end marker), in bfloat16 on a GPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.monotonic()
+    cuda = torch.cuda.is_available() and not cpu
+    device = "cuda" if cuda else "cpu"
+    tok = AutoTokenizer.from_pretrained(generator)
+    model = AutoModelForCausalLM.from_pretrained(generator, dtype=torch.bfloat16 if cuda else torch.float32).to(device).eval()
+    fmt = importlib.import_module("debiased_nli.methods.generation.format").SequenceFormat
+    labels = ("entailment", "neutral", "contradiction")
+    prompt = fmt.for_tokenizer(tok, labels).prompt()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rows = []
+    torch.manual_seed(0)
+    for i, bs in enumerate([min(batches)] + list(batches)):  # the first: warm-up
+        if deadline_s and time.monotonic() - t0 > deadline_s:
+            break
+        enc = tok([prompt] * bs, return_tensors="pt", add_special_tokens=False).to(device)
+        _sync(device)
+        t = time.perf_counter()
+        try:
+            with torch.no_grad():
+                gen = model.generate(**enc, do_sample=True, top_p=1.0, temperature=1.0, top_k=0,
+                                     max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=tok.eos_token_id)
+        except torch.OutOfMemoryError:
+            rows.append({"batch": bs, "error": "out of memory"})
+            break
+        _sync(device)
+        dt = time.perf_counter() - t
+        new = gen[:, enc["input_ids"].shape[1]:]
+        # tokens a sample really has: up to and with its end marker (the rest is padding)
+        ended = (new == tok.eos_token_id)
+        first = torch.where(ended.any(1), ended.float().argmax(1) + 1, torch.full_like(ended[:, 0], new.shape[1], dtype=torch.long))
+        if i == 0:
+            continue
+        rows.append({"batch": bs, "seconds": round(dt, 3), "steps": int(new.shape[1]),
+                     "samples_per_s": round(bs / dt, 1), "tokens_per_s": round(float(first.sum()) / dt, 1),
+                     "mean_tokens": round(float(first.float().mean()), 1),
+                     "ended": round(float(ended.any(1).float().mean()), 3)})
+        log(f"G sampling sweep: batch {bs}: {bs / dt:,.0f} samples/s, {int(new.shape[1])} steps")
+    ok = [r for r in rows if "samples_per_s" in r]
+    result = {"generator": str(generator), "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+              "dtype": "bfloat16" if cuda else "float32", "max_new_tokens": max_new_tokens, "sweep": rows,
+              "best_batch": max(ok, key=lambda r: r["samples_per_s"])["batch"] if ok else min(batches),
+              "seconds": round(time.monotonic() - t0, 1), **_memory(device)}
+    _write(out, result)
+    return result
+
+
+def _write(path: Path, obj: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["gpt2", "sweep"])
+    ap.add_argument("--lengths", help="gpt2: the kit's lengths.json (SNLI length distributions, GPT-2 tokens)")
+    ap.add_argument("--generator", help="sweep: the trained generator folder")
+    ap.add_argument("--batches", type=int, nargs="+")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="sweep: as `generate --max-new-tokens` (default 128)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU (dry run, tests)")
+    ap.add_argument("--deadline", type=float, help="seconds this benchmark may take (it cuts its later parts)")
+    a = ap.parse_args(argv)
+    if a.what == "gpt2":
+        r = run_gpt2(json.loads(Path(a.lengths).read_text()), Path(a.out), tiny=a.tiny, deadline_s=a.deadline,
+                     batches=a.batches)
+        s = r["sampling"]
+        print(f"gpt2: {s['samples_per_s']:,.0f} samples/s at batch {s['best_batch']} ({s['x_paper']}x the paper's "
+              f"{PAPER_SAMPLES_PER_S:.0f}), roofline fraction {s['roofline_fraction']}", flush=True)
+    else:
+        r = run_sweep(a.generator, Path(a.out), a.batches or [256, 512, 1024, 2048], cpu=a.tiny,
+                      deadline_s=a.deadline, max_new_tokens=a.max_new_tokens)
+        print(f"sweep: best batch {r['best_batch']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
