@@ -155,16 +155,17 @@ def report() -> None:
         "examples": examples,
     }
     from debiased_nli.methods.generation.sample import summarize
+    from debiased_nli.data.tasks import get_task
     if (RUN / "samples_premise_only").exists():
-        summary["premise_only"] = summarize(RUN / "samples_premise_only", "snli")
+        summary["premise_only"] = summarize(RUN / "samples_premise_only", get_task("snli"))
     bug = RUN / "samples_trailing_space_bug"
     if bug.exists():
-        b = summarize(bug, "snli")
+        b = summarize(bug, get_task("snli"))
         hyps = datasets.concatenate_datasets([datasets.Dataset.from_parquet(str(f)) for f in sorted(bug.glob("shard-*"))])["hypothesis"]
         b["hypotheses_starting_with_a_digit"] = round(float(np.mean([h[:1].isdigit() for h in hyps])), 4)
         summary["before_the_prompt_fix"] = {"premise+label": b}
         if (RUN / "samples_premise_only_trailing_space_bug").exists():
-            summary["before_the_prompt_fix"]["premise"] = summarize(RUN / "samples_premise_only_trailing_space_bug", "snli")
+            summary["before_the_prompt_fix"]["premise"] = summarize(RUN / "samples_premise_only_trailing_space_bug", get_task("snli"))
     elif (HERE / "generator_run.json").exists():
         # a rerun on another machine has no samples of the bug (they came from code fixed in 3428ffe):
         # keep what the committed report measured then

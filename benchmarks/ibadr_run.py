@@ -141,6 +141,7 @@ def measure_check(seconds: float | None = None) -> None:
     from debiased_nli.methods.confidence import confidence_filter
     from debiased_nli.data.loading import labels_of
     from debiased_nli.methods.generation.sample import load_generated, summarize
+    from debiased_nli.data.tasks import get_task
     from debiased_nli.methods.ibadr.shallow import bias_degree
 
     d0 = _load_d0()
@@ -151,8 +152,8 @@ def measure_check(seconds: float | None = None) -> None:
     for b in ("b1", "b5"):
         folder = RUN / f"check_{b}"
         rows = load_generated(str(folder))
-        s = summarize(folder, "snli")
-        beta = bias_degree(rows, shallow, "snli", max_length=64, progress=False)
+        s = summarize(folder, get_task("snli"))
+        beta = bias_degree(rows, shallow, get_task("snli"), max_length=64, progress=False)
         y = labels_of(rows)
         hyp_acc = float((hyp_model.predict(vec.transform(rows["hypothesis"])) == y).mean())
         audit = audit_dataset(rows.select_columns(["premise", "hypothesis", "label", "uid", "origin", "method"]),

@@ -170,6 +170,7 @@ def test_the_generator_card_says_what_the_adapter_is(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from debiased_nli.methods.generation.models import LoraOptions, render_generator_card
+    from debiased_nli.data.tasks import get_task
     from debiased_nli.methods.generation.train import train_generator
     from test_generation_train import rows
 
@@ -190,7 +191,7 @@ def test_the_generator_card_says_what_the_adapter_is(tmp_path):
     assert isinstance(model, torch.nn.Module)
     # a Hub base model is named in the metadata; G* says its loss
     card = render_generator_card({"task": "snli", "model": "gpt2-large", "mode": "debias", "alpha": 1.0,
-                                  "rows": 10, "steps": 3, "lora": None}, adapter=False)
+                                  "rows": 10, "steps": 3, "lora": None}, get_task("snli"), adapter=False)
     meta = yaml.safe_load(card.split("---\n")[1])
     assert meta["base_model"] == "gpt2-large" and meta["library_name"] == "transformers"
     assert "alpha · L_UL on Z-(D0), alpha = 1.0" in card

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from debiased_nli.data.loading import new_rows
+from debiased_nli.data.tasks import get_task
 from debiased_nli.models.classifier import LoadedClassifier, load_classifier, predict_probabilities
 from debiased_nli.utils.errors import ConfigError
 from test_training import make_tiny_bert
@@ -129,7 +130,7 @@ def test_each_caller_gives_its_old_loops_probabilities_bit_for_bit(folder, rows)
     by_uid = dict(zip(rows["uid"], gold.astype(np.float64).tolist()))
     assert {u: c for d in (kept, rejected) for u, c in zip(d["uid"], d["confidence"])} == by_uid
     assert len(kept) and len(rejected)
-    np.testing.assert_array_equal(bias_degree(rows, folder, "snli", batch_size=7, progress=False), gold)
+    np.testing.assert_array_equal(bias_degree(rows, folder, get_task("snli"), batch_size=7, progress=False), gold)
     teacher = Teacher(folder, LABELS, batch_size=4, device="cpu", engine="padded")
     np.testing.assert_array_equal(teacher.label_probs(PREMISES, HYPOTHESES),
                                   old_teacher_loop(PREMISES, HYPOTHESES, model, tok, 4, 128))

@@ -8,6 +8,7 @@ import torch
 
 from debiased_nli.methods.confidence import confidence_filter, confidence_report
 from debiased_nli.data.loading import new_rows
+from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
@@ -60,7 +61,7 @@ def test_keeps_rows_whose_label_probability_is_above_tau(rows, tmp_path):
             assert c == pytest.approx(by_uid[uid], abs=1e-5)  # batched with padding == one at a time
     assert set(rejected["rejected_by"]) == {f"confidence<={tau}"}
     assert kept.column_names[:6] == ["premise", "hypothesis", "label", "uid", "origin", "method"]
-    rep = confidence_report(kept, rejected, "snli", tau)
+    rep = confidence_report(kept, rejected, get_task("snli"), tau)
     assert rep["acceptance_rate"] == pytest.approx(len(kept) / 20, abs=1e-4)
     assert sum(v["kept"] for v in rep["per_label"].values()) == len(kept)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from debiased_nli.data.loading import new_rows
+from debiased_nli.data.tasks import get_task
 from debiased_nli.methods.generation.models import LoraOptions, load_generator, merge_adapter
 from debiased_nli.methods.generation.train import (REJECTED_COLUMN, debias_training_set, encode_dataset,
                                                    perturbed_labels, train_generator)
@@ -60,7 +61,7 @@ def test_perturbed_label_is_never_the_gold_label():
 def test_encoded_rows_carry_the_perturbed_label_sequence(tiny_gpt2):
     from debiased_nli.methods.generation.models import load_tokenizer
     tok = load_tokenizer(tiny_gpt2)
-    enc = encode_dataset(rows(4), "snli", tok, seed=0, progress=False)
+    enc = encode_dataset(rows(4), get_task("snli"), tok, seed=0, progress=False)
     for r, lab, pert in zip(enc, rows(4)["label"], perturbed_labels(np.array(rows(4)["label"]), 3, 0)):
         names = ("entailment", "neutral", "contradiction")
         assert f"label: {names[lab]}" in tok.decode(r["input_ids"])

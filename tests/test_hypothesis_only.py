@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from debiased_nli.utils.errors import ConfigError
+from debiased_nli.data.tasks import get_task
 from debiased_nli.models.labels import map_model_labels
 from debiased_nli.bias.hypothesis_only import transformer_predictions
 from test_embeddings import GPT2_TOKENIZER
@@ -59,7 +60,7 @@ def test_the_tfidf_models_logistic_regressions_converge(shared_data):
     from debiased_nli.bias.hypothesis_only import LOGREG_SOLVER, out_of_fold_tfidf
 
     d0 = load_task("snli", data_files=str(shared_data / "snli/train_sample.parquet"), max_rows=6000).dataset
-    fm = featurize_build(d0, None, "snli", hypothesis_only=None, progress=False).d0
+    fm = featurize_build(d0, None, get_task("snli"), hypothesis_only=None, progress=False).d0
     result, full = out_of_fold_tfidf(fm, labels_of(d0), 3, seed=0, full_model=True, progress=False)
     assert result.params["solver"] == LOGREG_SOLVER["solver"] and result.params["converged"]
     assert full.clf.info_["converged"] and full.clf.info_["max_abs_gradient"] <= LOGREG_SOLVER["tol"] == 1e-10

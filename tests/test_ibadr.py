@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from debiased_nli.data.loading import new_rows
+from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError
 from debiased_nli.methods.generation.conditional import ConditionalFormat, encode_conditional
 from debiased_nli.methods.generation.losses import target_log_probs
@@ -41,7 +42,7 @@ def test_beta_is_the_classifiers_probability_of_the_gold_label():
         model = BertForSequenceClassification(cfg).eval()
         with torch.no_grad():
             model.classifier.weight.mul_(50)
-        beta = bias_degree(rows, model, "snli", tokenizer=tok, progress=False)
+        beta = bias_degree(rows, model, get_task("snli"), tokenizer=tok, progress=False)
         expected = []
         with torch.no_grad():
             for p, h, y in zip(rows["premise"], rows["hypothesis"], rows["label"]):
@@ -167,8 +168,8 @@ def test_the_conditional_loss_is_the_nll_of_x_given_the_prefix():
     rows = new_rows("snli", ["A dog runs.", "Two men play chess in a park."], ["An animal moves.", "Nobody plays."],
                     ["entailment", "contradiction"], origin="original", method="t")
     rows = rows.add_column("control_bias", ["b1", "b4"])
-    enc = encode_dataset(rows, "snli", tok, mode="conditional", progress=False)
-    assert enc[0]["input_ids"] == encode_conditional(rows, "snli", tok, progress=False)[0]["input_ids"]
+    enc = encode_dataset(rows, get_task("snli"), tok, mode="conditional", progress=False)
+    assert enc[0]["input_ids"] == encode_conditional(rows, get_task("snli"), tok, progress=False)[0]["input_ids"]
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=len(tok))).eval()
     batch = collate([enc[0], enc[1]], tok.pad_token_id)

@@ -261,7 +261,7 @@ def test_pool_scoring_resumes_by_shard_and_matches_one_call(world, full_run, tmp
     beta = loop._pool_bias_degree(pool, shallow, get_task("snli"), cfg, parts, None, False)
     assert first[0].stat().st_mtime_ns == stamp  # the finished shard was read, not scored again
     assert len(calls) == 3 and len(sorted(parts.glob("beta-*.npy"))) == 2
-    whole = bias_degree(pool, shallow, "snli", batch_size=16, max_length=cfg.shallow_max_length, progress=False)
+    whole = bias_degree(pool, shallow, get_task("snli"), batch_size=16, max_length=cfg.shallow_max_length, progress=False)
     np.testing.assert_array_equal(beta, whole)
     # the run itself left no shard folder behind once scores.parquet was written
     assert not (out / "iter-1" / loop.SCORE_PARTS).exists() and (out / "iter-1" / "scores.parquet").exists()

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from debiased_nli.data.loading import load_task
+from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError
 from debiased_nli.bias.hypothesis_only import out_of_fold_tfidf
 from debiased_nli.bias.features import build_feature_matrix
@@ -52,7 +53,7 @@ def test_accounting_rows_out_equal_rows_in_plus_additions(run, demo):
     rows, ops = run.report["rows"], run.report["operations"]
     assert rows["output"] == rows["input"] + ops["keep"] == len(demo) + ops["keep"]
     assert rows["removed"] == ops["lose"] == len(run.state.replaced_by)
-    kept, removed = build_outputs(demo, "demo", run)
+    kept, removed = build_outputs(demo, get_task("demo"), run)
     assert len(kept) == rows["output"] and len(removed) == ops["lose"]
     uid_label = dict(zip(run.state.uid, run.state.label))
     new = kept.filter(lambda o: o == "perturbed", input_columns="origin")
@@ -133,7 +134,7 @@ def test_same_seed_gives_byte_identical_output(demo, tmp_path):
     for i in range(2):
         out = run_pdd(small, "demo", filler=NonceFiller(), teacher=HashTeacher(), progress=False,
                       config=PDDConfig(tau=3.0, seed=2, families=["overlap", "unigram"]))
-        kept, removed = build_outputs(small, "demo", out)
+        kept, removed = build_outputs(small, get_task("demo"), out)
         for name, d in (("kept", kept), ("removed", removed), ("log", log_dataset(out.log))):
             d.to_parquet(str(tmp_path / f"{name}{i}.parquet"))
         paths.append(tmp_path)

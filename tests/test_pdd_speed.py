@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from debiased_nli.data.loading import load_task
+from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError
 from debiased_nli.methods.pdd.algorithm import (Algorithm1, PairFeaturizer, PDDConfig, PDDState, Perturber,
                                                 PerturbRequest)
@@ -193,7 +194,7 @@ def test_the_walk_with_the_fast_engines_gives_the_same_rows_and_is_byte_identica
     assert b.report["scoring"]["engine"] == "packed" and b.report["scoring"]["fill_engine"] == "packed"
     # the same engine and seed twice: byte-identical datasets and log
     for i, name in enumerate(("fast", "fast2")):
-        kept, removed = build_outputs(demo, "demo", outs[name])
+        kept, removed = build_outputs(demo, get_task("demo"), outs[name])
         for part, d in (("kept", kept), ("removed", removed), ("log", log_dataset(outs[name].log))):
             d.to_parquet(str(tmp_path / f"{part}{i}.parquet"))
     for part in ("kept", "removed", "log"):

@@ -99,7 +99,7 @@ def test_poe_gradient_is_smaller_where_the_bias_model_is_already_right():
 
 def test_bias_model_is_out_of_fold_tfidf_log_probabilities(snli_small):
     train, _ = snli_small
-    logb, info = bias_log_probabilities(train, "snli", "tfidf", progress=False)
+    logb, info = bias_log_probabilities(train, get_task("snli"), "tfidf", progress=False)
     assert logb.shape == (len(train), 3)
     np.testing.assert_allclose(np.exp(logb).sum(axis=1), 1.0, atol=1e-5)
     assert info["method"] == "tfidf-logreg-oof"
@@ -301,7 +301,7 @@ def test_the_bias_model_can_be_a_trained_hypothesis_only_classifier(tmp_path, sn
     train = snli_small[0].select(range(40))
     folder = make_tiny_bert(tmp_path / "hyp", list(train["hypothesis"]), head=True,
                             id2label={0: "neutral", 1: "contradiction", 2: "entailment"})
-    logb, info = bias_log_probabilities(train, "snli", str(folder), progress=False)
+    logb, info = bias_log_probabilities(train, get_task("snli"), str(folder), progress=False)
     assert info["method"] == "transformers" and logb.shape == (40, 3)
     np.testing.assert_allclose(np.exp(logb).sum(axis=1), 1.0, atol=1e-5)
 
@@ -400,7 +400,7 @@ def test_a_rotated_hypothesis_only_bias_model_gives_the_same_task_ordered_probab
     base = make_tiny_bert(tmp_path / "hyp", list(train["hypothesis"]), head=True,
                           id2label={0: "entailment", 1: "neutral", 2: "contradiction"})
     rotated = _rotated_copy(base, tmp_path / "hyp_rot", {0: "contradiction", 1: "entailment", 2: "neutral"})
-    a, _ = bias_log_probabilities(train, "snli", str(base), progress=False)
-    b, _ = bias_log_probabilities(train, "snli", str(rotated), progress=False)
+    a, _ = bias_log_probabilities(train, get_task("snli"), str(base), progress=False)
+    b, _ = bias_log_probabilities(train, get_task("snli"), str(rotated), progress=False)
     np.testing.assert_allclose(a, b, atol=1e-5)
     assert not np.allclose(a[:, [1, 2, 0]], a, atol=1e-3)  # the rotation would show if it were mishandled

@@ -114,7 +114,7 @@ def add_features(ds, task: "str | TaskSpec", *, extractors: Sequence[str] | None
     return out, result
 
 
-def add_features_pair(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str | dict | None" = "tfidf",
+def add_features_pair(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | None" = "tfidf",
                       folds: int = 5, seed: int = 0, cache_dir: "str | Path | None" = None,
                       num_proc: int | None = None, progress: bool = True):
     """D0 and D_G with their ``feat_*`` columns (strings, as :func:`add_features` adds them), the
@@ -124,7 +124,6 @@ def add_features_pair(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str |
     The in-memory counterpart of :func:`featurize_build` (``features.storage: columns`` in a recipe):
     the same features and predictions, with every row's feature strings held as columns.
     """
-    task = get_task(task)
     d0_f, result = add_features(d0, task, hypothesis_only=hypothesis_only, hypo_only_folds=folds, seed=seed,
                                 cache_dir=cache_dir, num_proc=num_proc, progress=progress)
     if dg is None:
@@ -212,7 +211,7 @@ def _map_chunks(jobs, num_proc: "int | str | None"):
         yield from pool.imap(_encode_chunk, jobs)  # in order; a worker's codes are pickled back
 
 
-def featurize_build(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str | dict | None" = "tfidf",
+def featurize_build(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | None" = "tfidf",
                     folds: int = 5, seed: int = 0, chunk_rows: int = 100_000, num_proc: int | None = None,
                     n_jobs: "int | str | None" = None, cache_dir: "str | Path | None" = None,
                     progress: bool = True) -> BuildFeatures:
@@ -227,7 +226,6 @@ def featurize_build(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str | d
     """
     from tqdm.auto import tqdm
 
-    task = get_task(task)
     names = list(task.features)
     exts = [get_extractor(n) for n in names]
     lexical = [e for e in exts if HYPO_ONLY_COLUMN not in e.requires]

@@ -12,7 +12,7 @@ from ..utils.errors import ConfigError
 from .featurize import add_features
 
 
-def bias_log_probabilities(ds, task: "str | TaskSpec", bias_model: str = "tfidf", *, seed: int = 0,
+def bias_log_probabilities(ds, task: TaskSpec, bias_model: str = "tfidf", *, seed: int = 0,
                            progress: bool = True) -> tuple[np.ndarray, dict]:
     """Per-row log-probabilities of the hypothesis-only bias model, rows x K, in the task's label order.
 
@@ -20,7 +20,6 @@ def bias_log_probabilities(ds, task: "str | TaskSpec", bias_model: str = "tfidf"
     scored by a model that saw it); otherwise a fine-tuned classifier folder run on the hypothesis.
     Probabilities are clipped at 1e-6 before the log, so a confident bias model cannot give -inf.
     """
-    task = get_task(task)
     _, result = add_features(ds, task, hypothesis_only=bias_model, seed=seed, progress=progress)
     if result is None:
         raise ConfigError(f"task {task.name!r} has no hypothesis-only feature (hypo_only_v1); cannot build "
@@ -34,4 +33,5 @@ def bias_model_for(cfg: Any, task: "str | TaskSpec") -> Callable[[Any], tuple[np
     """The fixed bias model a :class:`~debiased_nli.models.training.TrainConfig` names (``cfg.bias_model``:
     ``"tfidf"`` or a hypothesis-only classifier folder), as the function of the training rows that
     ``train_classifier(..., bias_model=...)`` calls on the rows it trains on."""
+    task = get_task(task)
     return lambda ds: bias_log_probabilities(ds, task, cfg.bias_model, seed=cfg.data_seed, progress=cfg.progress)

@@ -173,15 +173,7 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
         raise ConfigError(f"{len(labels)} labels for {n} rows")
     if batch_size < 1 or top_k < 1:
         raise ConfigError(f"batch_size and top_k must be >= 1 (got {batch_size}, {top_k})")
-    counts = np.zeros((V, K), np.int64)
-    seed_label_counts = np.zeros(K, np.int64)
-    if seed_fm is not None:
-        if seed_fm.n_features != V or seed_fm.vocab is not fm.vocab and not np.array_equal(seed_fm.vocab, fm.vocab):
-            raise ConfigError("the seed set's feature matrix must share the input's vocabulary "
-                              "(build both with build_feature_matrices)")
-        sl = np.asarray(seed_labels, dtype=np.int64)
-        counts += count_matrix(seed_fm, sl, K)  # in blocks of rows: small temporaries
-        seed_label_counts = np.bincount(sl, minlength=K)
+    counts, seed_label_counts = _seed_counts(fm, seed_fm, seed_labels, K)
     if isinstance(p0, str) and p0 == "prior":
         # the prior of the full input (plus seed); fixed for the whole walk
         p0_arr = resolve_p0("prior", K, np.bincount(labels, minlength=K) + seed_label_counts)
@@ -246,12 +238,33 @@ def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, t
     bar.close()
     kept = np.concatenate(kept_parts) if kept_parts else np.zeros(0, np.int64)
     rejected = np.concatenate(rej_parts) if rej_parts else np.zeros(0, np.int64)
+    ids, indptr = _rejecting_features(rej_ids, rej_lens)
+    return ZFilterOutcome(kept, rejected, ids, indptr, batch_of, counts if keep_counts else None, n_batches,
+                          topk.full_rankings)
+
+
+def _seed_counts(fm: FeatureMatrix, seed_fm: FeatureMatrix | None, seed_labels, K: int):
+    """The counts Z starts from (features x labels; the seed set's, or zeros) and the seed set's label counts."""
+    V = fm.n_features
+    counts = np.zeros((V, K), np.int64)
+    seed_label_counts = np.zeros(K, np.int64)
+    if seed_fm is not None:
+        if seed_fm.n_features != V or seed_fm.vocab is not fm.vocab and not np.array_equal(seed_fm.vocab, fm.vocab):
+            raise ConfigError("the seed set's feature matrix must share the input's vocabulary "
+                              "(build both with build_feature_matrices)")
+        sl = np.asarray(seed_labels, dtype=np.int64)
+        counts += count_matrix(seed_fm, sl, K)  # in blocks of rows: small temporaries
+        seed_label_counts = np.bincount(sl, minlength=K)
+    return counts, seed_label_counts
+
+
+def _rejecting_features(rej_ids: list, rej_lens: list) -> tuple[np.ndarray, np.ndarray]:
+    """The biased features that rejected each rejected row, as CSR parts: (vocabulary ids, indptr)."""
     lens = np.concatenate(rej_lens) if rej_lens else np.zeros(0, np.int64)
     indptr = np.zeros(len(lens) + 1, np.int64)
     np.cumsum(lens, out=indptr[1:])
     ids = np.concatenate(rej_ids) if rej_ids else np.zeros(0, np.int32)
-    return ZFilterOutcome(kept, rejected, ids, indptr, batch_of, counts if keep_counts else None, n_batches,
-                          topk.full_rankings)
+    return ids, indptr
 
 
 @dataclasses.dataclass

@@ -320,6 +320,48 @@ def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[
 
     columns = columns or task.columns
     table = raw.with_format("arrow")[:] if raw._indices is not None else raw.data.table
+    _check_columns(table, columns, where)
+    n = table.num_rows
+    premise, premise_not_text = _text_column(table, columns["premise"])
+    hypothesis, hypothesis_not_text = _text_column(table, columns["hypothesis"])
+    label_raw = table.column(columns["label"]).combine_chunks()
+    if isinstance(raw.features.get(columns["label"]), datasets.ClassLabel):
+        names = raw.features[columns["label"]].names
+        if label_values is None and list(names) != list(task.labels):
+            # a ClassLabel source: map its names onto the task's labels
+            label_values = {i: nm for i, nm in enumerate(names) if nm in task.labels}
+    lookup = task.label_lookup(label_values)
+    codes = _label_codes(label_raw, lookup)
+    reason, bad_col = _invalid_rows(table, task, columns, premise, hypothesis, premise_not_text,
+                                    hypothesis_not_text, label_raw, codes)
+    bad = np.nonzero(reason != "")[0]
+    if len(bad) and on_invalid == "error":
+        _raise_first_invalid(table, task, lookup, reason, bad_col, bad, where)
+
+    label_arr = pa.array(np.where(codes >= 0, codes, -1), pa.int64())
+    uid = pa.array([f"{task.name}:{split}:{i}" for i in range(row_offset, row_offset + n)], pa.string())
+    canon = pa.table({
+        "premise": premise, "hypothesis": hypothesis, "label": label_arr, "uid": uid,
+        "origin": pa.array([origin] * n, pa.string()), "method": pa.array([method] * n, pa.string()),
+    })
+    set_aside = None
+    if len(bad):
+        good = np.nonzero(reason == "")[0]
+        set_aside = datasets.Dataset(_set_aside_table(table, bad, reason, bad_col, premise, hypothesis, uid, where))
+        canon = canon.take(pa.array(good))
+    features = canonical_features(task)
+    # a deterministic fingerprint (source fingerprint + how it was canonicalised), so that the
+    # feature map on top of it is cached across runs
+    from datasets.fingerprint import Hasher
+    fp = Hasher.hash([getattr(raw, "_fingerprint", None), task.to_dict(), dict(columns), split, on_invalid,
+                      row_offset, origin, method, dict(label_values or {})])
+    ds = datasets.Dataset(canon.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features),
+                          fingerprint=fp)
+    return ds, set_aside
+
+
+def _check_columns(table: pa.Table, columns: Mapping[str, str], where: str) -> None:
+    """Refuse a source without one of the mapped columns (with a hint when the delimiter looks wrong)."""
     missing = [f"{canon} (source column {src!r})" for canon, src in columns.items() if src not in table.column_names]
     if missing:
         names = table.column_names
@@ -329,18 +371,14 @@ def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[
             f"{where}: missing column(s) {', '.join(missing)}; the file has {names}. {hint}"
             f"Map columns with --columns premise=COL,hypothesis=COL,label=COL or a task YAML.",
             file=where, column=missing[0])
-    n = table.num_rows
-    (premise, premise_not_text), (hypothesis, hypothesis_not_text) = \
-        _text_column(table, columns["premise"]), _text_column(table, columns["hypothesis"])
-    label_raw = table.column(columns["label"]).combine_chunks()
-    if isinstance(raw.features.get(columns["label"]), datasets.ClassLabel):
-        names = raw.features[columns["label"]].names
-        if label_values is None and list(names) != list(task.labels):
-            # a ClassLabel source: map its names onto the task's labels
-            label_values = {i: nm for i, nm in enumerate(names) if nm in task.labels}
-    lookup = task.label_lookup(label_values)
-    codes = _label_codes(label_raw, lookup)
 
+
+def _invalid_rows(table: pa.Table, task: TaskSpec, columns: Mapping[str, str], premise, hypothesis,
+                  premise_not_text: np.ndarray, hypothesis_not_text: np.ndarray, label_raw,
+                  codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Why each row is invalid ("" where it is valid) and the source column at fault, the first reason
+    winning: text that is not a string, missing text, no gold label, a label not accepted, a repeated id."""
+    n = table.num_rows
     reason = np.full(n, "", dtype=object)
     bad_col = np.full(n, "", dtype=object)
 
@@ -360,67 +398,60 @@ def canonicalize(raw, task: TaskSpec, *, split: str = "train", columns: Mapping[
         mark(unl.fill_null(False).to_numpy(zero_copy_only=False), REASON_NO_GOLD, columns["label"])
     mark(codes < 0, REASON_BAD_LABEL, columns["label"])
     if task.id_column and task.id_column in table.column_names:
-        ids = pc.cast(table.column(task.id_column).combine_chunks(), pa.string())
-        valid_ids = ~pc.is_null(ids).to_numpy(zero_copy_only=False)
-        enc = pc.dictionary_encode(ids.fill_null(""))
-        counts = np.bincount(enc.indices.to_numpy(), minlength=len(enc.dictionary))
-        seen_before = np.zeros(n, bool)
-        idx = enc.indices.to_numpy()
-        dup_rows = np.nonzero(valid_ids & (counts[idx] > 1))[0]
-        if len(dup_rows):
-            _, first = np.unique(idx[dup_rows], return_index=True)
-            seen_before[dup_rows] = True
-            seen_before[dup_rows[first]] = False  # the first occurrence is kept
-        mark(seen_before, REASON_DUPLICATE_ID, task.id_column)
+        mark(_repeated_ids(table.column(task.id_column)), REASON_DUPLICATE_ID, task.id_column)
+    return reason, bad_col
 
-    bad = np.nonzero(reason != "")[0]
-    if len(bad) and on_invalid == "error":
-        i = int(bad[0])
-        col = str(bad_col[i])
-        value = table.column(col)[i].as_py()
-        hint = {
-            REASON_NO_GOLD: f"{task.name} marks pairs without a gold label with {list(task.unlabeled_values)}",
-            REASON_BAD_LABEL: f"accepted labels are {sorted(map(str, lookup))}",
-            REASON_MISSING_TEXT: "every premise and hypothesis needs some text",
-            REASON_NOT_TEXT: "premise and hypothesis must be strings, not numbers, lists or mappings",
-            REASON_DUPLICATE_ID: f"ids in column {col!r} must be unique",
-        }[str(reason[i])]
-        raise InvalidInputError(
-            f"{where}: row {i} (0-based), column {col!r}, value {value!r}: "
-            f"{reason[i]} ({hint}). {len(bad) - 1} more row(s) have problems. Fix the input, or pass "
-            f"--on-invalid set_aside to set such rows aside (they are written out and counted).",
-            file=where, row=i, column=col, value=value, reason=str(reason[i]))
 
-    label_arr = pa.array(np.where(codes >= 0, codes, -1), pa.int64())
-    uid = pa.array([f"{task.name}:{split}:{i}" for i in range(row_offset, row_offset + n)], pa.string())
-    canon = pa.table({
-        "premise": premise, "hypothesis": hypothesis, "label": label_arr, "uid": uid,
-        "origin": pa.array([origin] * n, pa.string()), "method": pa.array([method] * n, pa.string()),
+def _repeated_ids(column) -> np.ndarray:
+    """Rows whose (non-null) id an earlier row already has; the first occurrence is kept."""
+    ids = pc.cast(column.combine_chunks(), pa.string())
+    n = len(ids)
+    valid_ids = ~pc.is_null(ids).to_numpy(zero_copy_only=False)
+    enc = pc.dictionary_encode(ids.fill_null(""))
+    counts = np.bincount(enc.indices.to_numpy(), minlength=len(enc.dictionary))
+    seen_before = np.zeros(n, bool)
+    idx = enc.indices.to_numpy()
+    dup_rows = np.nonzero(valid_ids & (counts[idx] > 1))[0]
+    if len(dup_rows):
+        _, first = np.unique(idx[dup_rows], return_index=True)
+        seen_before[dup_rows] = True
+        seen_before[dup_rows[first]] = False  # the first occurrence is kept
+    return seen_before
+
+
+def _raise_first_invalid(table: pa.Table, task: TaskSpec, lookup: Mapping[Any, int], reason: np.ndarray,
+                         bad_col: np.ndarray, bad: np.ndarray, where: str) -> None:
+    """``on_invalid="error"``: the first invalid row, its column, value and reason, with a hint."""
+    i = int(bad[0])
+    col = str(bad_col[i])
+    value = table.column(col)[i].as_py()
+    hint = {
+        REASON_NO_GOLD: f"{task.name} marks pairs without a gold label with {list(task.unlabeled_values)}",
+        REASON_BAD_LABEL: f"accepted labels are {sorted(map(str, lookup))}",
+        REASON_MISSING_TEXT: "every premise and hypothesis needs some text",
+        REASON_NOT_TEXT: "premise and hypothesis must be strings, not numbers, lists or mappings",
+        REASON_DUPLICATE_ID: f"ids in column {col!r} must be unique",
+    }[str(reason[i])]
+    raise InvalidInputError(
+        f"{where}: row {i} (0-based), column {col!r}, value {value!r}: "
+        f"{reason[i]} ({hint}). {len(bad) - 1} more row(s) have problems. Fix the input, or pass "
+        f"--on-invalid set_aside to set such rows aside (they are written out and counted).",
+        file=where, row=i, column=col, value=value, reason=str(reason[i]))
+
+
+def _set_aside_table(table: pa.Table, bad: np.ndarray, reason: np.ndarray, bad_col: np.ndarray, premise,
+                     hypothesis, uid, where: str) -> pa.Table:
+    """The rows set aside: file, row, column at fault, its value as text, reason, premise, hypothesis, uid."""
+    return pa.table({
+        "file": pa.array([where] * len(bad), pa.string()),
+        "row": pa.array(bad, pa.int64()),
+        "column": pa.array(bad_col[bad].tolist(), pa.string()),
+        "value": pa.array([_as_text(table.column(str(bad_col[i]))[int(i)].as_py()) for i in bad], pa.string()),
+        "reason": pa.array(reason[bad].tolist(), pa.string()),
+        "premise": premise.take(pa.array(bad)),
+        "hypothesis": hypothesis.take(pa.array(bad)),
+        "uid": uid.take(pa.array(bad)),
     })
-    set_aside = None
-    if len(bad):
-        good = np.nonzero(reason == "")[0]
-        aside_table = pa.table({
-            "file": pa.array([where] * len(bad), pa.string()),
-            "row": pa.array(bad, pa.int64()),
-            "column": pa.array(bad_col[bad].tolist(), pa.string()),
-            "value": pa.array([_as_text(table.column(str(bad_col[i]))[int(i)].as_py()) for i in bad], pa.string()),
-            "reason": pa.array(reason[bad].tolist(), pa.string()),
-            "premise": premise.take(pa.array(bad)),
-            "hypothesis": hypothesis.take(pa.array(bad)),
-            "uid": uid.take(pa.array(bad)),
-        })
-        set_aside = datasets.Dataset(aside_table)
-        canon = canon.take(pa.array(good))
-    features = canonical_features(task)
-    # a deterministic fingerprint (source fingerprint + how it was canonicalised), so that the
-    # feature map on top of it is cached across runs
-    from datasets.fingerprint import Hasher
-    fp = Hasher.hash([getattr(raw, "_fingerprint", None), task.to_dict(), dict(columns), split, on_invalid,
-                      row_offset, origin, method, dict(label_values or {})])
-    ds = datasets.Dataset(canon.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features),
-                          fingerprint=fp)
-    return ds, set_aside
 
 
 def _as_text(value: Any) -> str | None:

@@ -50,8 +50,8 @@ def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float
     return kept, rejected
 
 
-def confidence_report(kept, rejected, task: "str | TaskSpec", tau: float) -> dict:
-    task = get_task(task)
+def confidence_report(kept, rejected, task: TaskSpec, tau: float) -> dict:
+    """Counts of a confidence filter's output: rows kept and rejected, per label, and confidence quantiles."""
     n = len(kept) + len(rejected)
     if n == 0:
         raise EmptyResultError("confidence filtering got no rows")

@@ -508,9 +508,7 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     other than ``"joint"``), the function of the training rows that returns the bias model's
     log-probabilities and a description (:func:`debiased_nli.bias.poe.bias_model_for`)."""
     import torch
-    from transformers import EarlyStoppingCallback, TrainingArguments, set_seed
-
-    from .. import __version__
+    from transformers import set_seed
 
     task = get_task(task)
     if cfg.num_threads:
@@ -525,6 +523,45 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     order = model_label_order(model, task, cfg.model)
     run = check_run(cfg, task, train_ds, dev_ds)
 
+    joint = cfg.poe and cfg.bias_model == "joint"
+    bias, bias_info = _poe_bias_model(cfg, train_ds, bias_model)
+    if joint:
+        model = _joint_poe_class()(model, task.num_labels)
+    train_tok = tokenize_pairs(train_ds, tok, cfg.max_length, label_order=order, bias=bias, hypothesis_only=joint,
+                               desc="tokenize train")
+    dev_tok = tokenize_pairs(dev_ds, tok, cfg.max_length, label_order=order, desc="tokenize dev") if dev_ds is not None else None
+
+    has_dev = dev_tok is not None
+    trainer = _make_trainer(cfg, model, tok, train_tok, dev_tok, callbacks)
+    resume = _last_checkpoint(cfg.output_dir) if cfg.resume else None
+    if resume:
+        logger.warning("resuming from %s", resume)
+    start = time.perf_counter()
+    out = trainer.train(resume_from_checkpoint=resume)
+    seconds = time.perf_counter() - start
+    dev_acc = None
+    if has_dev:
+        dev_acc = float(trainer.evaluate()["eval_accuracy"])
+    if trainer.is_world_process_zero():
+        if joint:  # at test time only p is used: save the main classifier alone, loadable by from_pretrained
+            trainer.accelerator.unwrap_model(trainer.model).model.save_pretrained(cfg.output_dir)
+        else:
+            trainer.save_model(cfg.output_dir)
+        tok.save_pretrained(cfg.output_dir)
+    result = TrainResult(
+        output_dir=cfg.output_dir, train_rows=len(train_ds), dev_rows=len(dev_ds) if dev_ds is not None else 0,
+        train_seconds=round(seconds, 2),
+        train_examples_per_second=round(float(out.metrics.get("train_samples_per_second", 0.0)), 3),
+        dev_accuracy=dev_acc, best_checkpoint=trainer.state.best_model_checkpoint, resumed_from=resume,
+        bias_model=bias_info)
+    if trainer.is_world_process_zero():
+        _write_train_record(cfg, task, run, result, trainer.args.world_size)
+    return result
+
+
+def _poe_bias_model(cfg: TrainConfig, train_ds, bias_model) -> tuple[np.ndarray | None, dict | None]:
+    """The bias model of PoE training: (the fixed bias model's log-probabilities of the training rows, or None
+    for the joint head and without PoE; its description with beta, gamma and source, or None without PoE)."""
     bias, bias_info, joint = None, None, cfg.poe and cfg.bias_model == "joint"
     if cfg.poe and joint:
         bias_info = {"method": "joint-hypothesis-only-head", "head": "linear on the pooled hypothesis encoding, "
@@ -540,17 +577,20 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
                            cfg.bias_model, cfg.poe_gamma)
     if bias_info is not None:
         bias_info = {**bias_info, "beta": cfg.poe_beta, "gamma": cfg.poe_gamma, "source": cfg.bias_model}
-    if joint:
-        model = _joint_poe_class()(model, task.num_labels)
-    train_tok = tokenize_pairs(train_ds, tok, cfg.max_length, label_order=order, bias=bias, hypothesis_only=joint,
-                               desc="tokenize train")
-    dev_tok = tokenize_pairs(dev_ds, tok, cfg.max_length, label_order=order, desc="tokenize dev") if dev_ds is not None else None
+    return bias, bias_info
+
+
+def training_arguments(cfg: TrainConfig, has_dev: bool):
+    """The ``TrainingArguments`` of ``cfg``: evaluation and checkpoints every epoch (or ``eval_steps``),
+    the best model by dev accuracy kept when there is a dev set, and the CPU when no accelerator is visible
+    (unless ``cfg.use_cpu`` says otherwise)."""
+    import torch
+    from transformers import TrainingArguments
 
     use_cpu = cfg.use_cpu if cfg.use_cpu is not None else not (torch.cuda.is_available() or
                                                               getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     strategy = "steps" if cfg.eval_steps else "epoch"
-    has_dev = dev_tok is not None
-    args = TrainingArguments(
+    return TrainingArguments(
         output_dir=cfg.output_dir,
         learning_rate=cfg.learning_rate,
         per_device_train_batch_size=cfg.batch_size,
@@ -581,41 +621,34 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
         dataloader_num_workers=0,
         ddp_find_unused_parameters=False,  # every parameter takes part in the forward pass
     )
+
+
+def _make_trainer(cfg: TrainConfig, model, tok, train_tok, dev_tok, callbacks: Sequence | None):
+    """The PoE-aware ``Trainer`` of ``cfg`` (accuracy and early stopping when there is a dev set)."""
+    from transformers import EarlyStoppingCallback
+
+    has_dev = dev_tok is not None
+    args = training_arguments(cfg, has_dev)
     Trainer = _make_trainer_class()
     trainer = Trainer(model=model, args=args, train_dataset=train_tok, eval_dataset=dev_tok,
                       data_collator=PairCollator(tok), processing_class=tok,
                       compute_metrics=_accuracy_metric() if has_dev else None,
                       callbacks=([EarlyStoppingCallback(cfg.early_stopping_patience)] if has_dev else []) + list(callbacks or []))
     trainer.poe_beta, trainer.poe_gamma = cfg.poe_beta, cfg.poe_gamma
-    resume = _last_checkpoint(cfg.output_dir) if cfg.resume else None
-    if resume:
-        logger.warning("resuming from %s", resume)
-    start = time.perf_counter()
-    out = trainer.train(resume_from_checkpoint=resume)
-    seconds = time.perf_counter() - start
-    dev_acc = None
-    if has_dev:
-        dev_acc = float(trainer.evaluate()["eval_accuracy"])
-    if trainer.is_world_process_zero():
-        if joint:  # at test time only p is used: save the main classifier alone, loadable by from_pretrained
-            trainer.accelerator.unwrap_model(trainer.model).model.save_pretrained(cfg.output_dir)
-        else:
-            trainer.save_model(cfg.output_dir)
-        tok.save_pretrained(cfg.output_dir)
-    result = TrainResult(
-        output_dir=cfg.output_dir, train_rows=len(train_ds), dev_rows=len(dev_ds) if dev_ds is not None else 0,
-        train_seconds=round(seconds, 2),
-        train_examples_per_second=round(float(out.metrics.get("train_samples_per_second", 0.0)), 3),
-        dev_accuracy=dev_acc, best_checkpoint=trainer.state.best_model_checkpoint, resumed_from=resume,
-        bias_model=bias_info)
-    if trainer.is_world_process_zero():
-        import datasets as hf_datasets
-        import transformers
+    return trainer
 
-        record = {"config": cfg.to_dict(), "task": task.name, "labels": list(task.labels),
-                  "train_fingerprint": run["train_fingerprint"], "dev_fingerprint": run["dev_fingerprint"],
-                  "result": result.to_dict(), "world_size": trainer.args.world_size,
-                  "versions": {"debiased_nli": __version__, "transformers": transformers.__version__,
-                               "datasets": hf_datasets.__version__, "torch": torch.__version__}}
-        Path(cfg.output_dir, TRAIN_CONFIG_FILE).write_text(json.dumps(record, indent=2))
-    return result
+
+def _write_train_record(cfg: TrainConfig, task: TaskSpec, run: dict, result: TrainResult, world_size: int) -> None:
+    """``debiased_nli_train.json``: the config, task, data fingerprints, result, world size and versions."""
+    import datasets as hf_datasets
+    import torch
+    import transformers
+
+    from .. import __version__
+
+    record = {"config": cfg.to_dict(), "task": task.name, "labels": list(task.labels),
+              "train_fingerprint": run["train_fingerprint"], "dev_fingerprint": run["dev_fingerprint"],
+              "result": result.to_dict(), "world_size": world_size,
+              "versions": {"debiased_nli": __version__, "transformers": transformers.__version__,
+                           "datasets": hf_datasets.__version__, "torch": torch.__version__}}
+    Path(cfg.output_dir, TRAIN_CONFIG_FILE).write_text(json.dumps(record, indent=2))

@@ -35,7 +35,7 @@ from ..bias.compose import worker_processes
 from ..bias.features import build_feature_matrix
 from ..bias.zstats import ZStats, compute_zstats, compute_zstats_parts
 from ..data.loading import labels_of, materialize
-from ..data.tasks import TaskSpec, get_task
+from ..data.tasks import TaskSpec
 from ..utils.errors import ConfigError
 from ..utils.outputs import (
     TOOL,
@@ -140,7 +140,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequence[ConfigData], *, default: str,
+def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[ConfigData], *, default: str,
                   manifest: Mapping[str, Any], meta: Mapping[str, Any], original=None, overwrite: bool = False,
                   top_k_card: int = 10, set_aside=None, original_features: list | None = None,
                   timings: bool = False, num_proc: "int | str | None" = "auto") -> Path:
@@ -152,91 +152,34 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
     ``"auto"``, see :func:`worker_processes`; 1: one after the other, here); the files are the same either way.
     ``timings`` adds a ``write release`` stage with its seconds (Parquet; z-statistics and plots, which
     overlap when they run at once) to the manifest."""
-    task = get_task(task)
     out = Path(out_dir).resolve()
-    names = [c.name for c in configs]
-    if not configs:
-        raise ConfigError("a release needs at least one config")
-    if default not in names:
-        raise ConfigError(f"default config {default!r} is not among the configs {names}")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"config names must be unique: {names}")
-    check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
-    unlock = lock_target(out)  # one writer per target; held until the end (see outputs.py)
-    try:
-        # under the lock: first what interrupted runs left, then the target again (another run may
-        # have written it meanwhile, or an interrupted replacement been put back)
-        clean_stale(out, is_release_folder)
-        check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
-        tmp = temp_folder(out)
-    except BaseException as err:
-        unlock()
-        if isinstance(err, OSError):
-            raise write_error(err, out) from err
-        raise
+    _check_configs(configs, default)
+    tmp, unlock = _open_target(out, overwrite)
     stats = None
     try:
-        written: dict[str, dict[str, list]] = {}
         (tmp / "images").mkdir()
         clock = {"parquet": 0.0, "z-statistics and plots": 0.0}
         writing = time.perf_counter()
-        # the z-statistics (card tables) and plots of the original and of every config with features
-        stats_jobs = [("original", original, original_features)] if original is not None else []
-        for c in configs:
-            train = c.splits.get("train")
-            if c.features is not None:
-                stats_jobs.append((c.name, train, c.features))
-            elif train is not None and any(col.startswith("feat_") for col in train.column_names):
-                stats_jobs.append((c.name, train, None))
-        n_rows = sum(len(ds) for _, ds, _ in stats_jobs)
-        stats = _StatsJob(stats_jobs, task, tmp / "images", top_k_card,
-                          forked=worker_processes(num_proc, 2, n_rows) > 1)
+        jobs = _stats_jobs(configs, original, original_features)
+        n_rows = sum(len(ds) for _, ds, _ in jobs)
+        stats = _StatsJob(jobs, task, tmp / "images", top_k_card, forked=worker_processes(num_proc, 2, n_rows) > 1)
+        written: dict[str, dict[str, list]] = {}
         labels: dict[str, dict[str, dict[str, int]]] = {}
         new_rows: dict[str, Any] = {"rows": 0, "methods": set(), "perturbed": False}
         for c in configs:
             start = time.perf_counter()
-            written[c.name] = {}
-            labels[c.name] = {}
-            extra = data_extra_columns(c)
-            for split, ds in c.splits.items():
-                ds = _config_split(ds, extra, c.splits.get("train"))
-                seen = {"new": 0}  # the split's new rows, counted shard by shard
-
-                def count_new(part, seen=seen):
-                    if "origin" in part.column_names:
-                        n_new, perturbed, methods = _new_rows_of(part.data.table)
-                        seen["new"] += n_new
-                        new_rows["perturbed"] |= perturbed
-                        new_rows["methods"] |= methods
-
-                files = _write_parquet(ds, tmp / "data" / c.name, split, on_part=count_new)
-                new_rows["rows"] = max(new_rows["rows"], seen["new"])
-                for f in files:
-                    f["path"] = Path(f["path"]).relative_to(tmp).as_posix()
-                    f["sha256"] = _sha256(tmp / f["path"])
-                written[c.name][split] = files
-                labels[c.name][split] = label_distribution(ds, task.labels)
-            if c.rejected is not None and len(c.rejected):  # already in its columns (release.steps.Rejects)
-                _write_parquet(c.rejected, tmp / "rejected" / c.name, "train")
+            written[c.name], labels[c.name] = _write_config(tmp, c, task, new_rows)
             clock["parquet"] += time.perf_counter() - start
         summaries, clock["z-statistics and plots"] = stats.result()
         wall = time.perf_counter() - writing  # the parts overlap when the statistics run in their own process
         if set_aside is not None and len(set_aside):
-            (tmp / "rejected").mkdir(exist_ok=True)
-            if "file" in set_aside.column_names:  # file names, not the builder's paths
-                set_aside = set_aside.map(lambda b: {"file": [public_paths(f) for f in b["file"]]}, batched=True)
-            set_aside.to_parquet(str(tmp / "rejected" / "set_aside_on_load.parquet"))
-        manifest = public_paths(dict(manifest))
-        manifest[WRITTEN_BY_KEY] = TOOL  # the mark that lets --overwrite replace it
-        manifest["repo_id"] = meta.get("repo_id")
-        manifest["history"] = [dict(h) for h in meta.get("history") or []]
-        manifest["label_distribution"] = labels
-        if timings:
-            manifest["stages"] = list(manifest.get("stages", [])) + [
-                {"stage": "write release", "detail": "Parquet of every config; z-statistics and plots",
-                 "seconds": round(wall, 3), "seconds_by_part": {k: round(v, 3) for k, v in clock.items()}}]
-        manifest["files"] = {c: {s: [{k: v for k, v in f.items() if k != "arrow_bytes"} for f in fs]
-                                 for s, fs in sp.items()} for c, sp in written.items()}
+            _write_set_aside(tmp, set_aside)
+        manifest = _release_manifest(manifest, meta, labels, written,
+                                     stage={"stage": "write release",
+                                            "detail": "Parquet of every config; z-statistics and plots",
+                                            "seconds": round(wall, 3),
+                                            "seconds_by_part": {k: round(v, 3) for k, v in clock.items()}}
+                                     if timings else None)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
         new_origins = ["generated"] if new_rows["rows"] else []
         yaml_header = dataset_card_yaml(task, configs, written, default, meta, new_origins=new_origins)
@@ -254,6 +197,99 @@ def write_release(out_dir: "str | Path", task: "str | TaskSpec", configs: Sequen
     finally:
         unlock()
     return out
+
+
+def _check_configs(configs: Sequence[ConfigData], default: str) -> None:
+    names = [c.name for c in configs]
+    if not configs:
+        raise ConfigError("a release needs at least one config")
+    if default not in names:
+        raise ConfigError(f"default config {default!r} is not among the configs {names}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"config names must be unique: {names}")
+
+
+def _open_target(out: Path, overwrite: bool):
+    """Lock the target and make the temporary folder beside it: (temporary folder, unlock). The lock is
+    held until ``unlock()``: one writer per target (see outputs.py)."""
+    check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
+    unlock = lock_target(out)
+    try:
+        # under the lock: first what interrupted runs left, then the target again (another run may
+        # have written it meanwhile, or an interrupted replacement been put back)
+        clean_stale(out, is_release_folder)
+        check_target(out, overwrite=overwrite, is_ours=is_release_folder, what="release")
+        return temp_folder(out), unlock
+    except BaseException as err:
+        unlock()
+        if isinstance(err, OSError):
+            raise write_error(err, out) from err
+        raise
+
+
+def _stats_jobs(configs: Sequence[ConfigData], original, original_features) -> list[tuple]:
+    """The z-statistics (card tables) and plots to make: the original's and every config's with features, as
+    ``(name, train rows, feature parts or None)``."""
+    jobs = [("original", original, original_features)] if original is not None else []
+    for c in configs:
+        train = c.splits.get("train")
+        if c.features is not None:
+            jobs.append((c.name, train, c.features))
+        elif train is not None and any(col.startswith("feat_") for col in train.column_names):
+            jobs.append((c.name, train, None))
+    return jobs
+
+
+def _write_config(tmp: Path, c: ConfigData, task: TaskSpec, new_rows: dict) -> tuple[dict, dict]:
+    """The Parquet shards of every split of config ``c`` (and its rejected rows) under ``tmp``; counts the new
+    rows into ``new_rows``. Returns the files of each split (relative paths, sha256) and its label counts."""
+    written, labels = {}, {}
+    extra = data_extra_columns(c)
+    for split, ds in c.splits.items():
+        ds = _config_split(ds, extra, c.splits.get("train"))
+        seen = {"new": 0}  # the split's new rows, counted shard by shard
+
+        def count_new(part, seen=seen):
+            if "origin" in part.column_names:
+                n_new, perturbed, methods = _new_rows_of(part.data.table)
+                seen["new"] += n_new
+                new_rows["perturbed"] |= perturbed
+                new_rows["methods"] |= methods
+
+        files = _write_parquet(ds, tmp / "data" / c.name, split, on_part=count_new)
+        new_rows["rows"] = max(new_rows["rows"], seen["new"])
+        for f in files:
+            f["path"] = Path(f["path"]).relative_to(tmp).as_posix()
+            f["sha256"] = _sha256(tmp / f["path"])
+        written[split] = files
+        labels[split] = label_distribution(ds, task.labels)
+    if c.rejected is not None and len(c.rejected):  # already in its columns (release.steps.Rejects)
+        _write_parquet(c.rejected, tmp / "rejected" / c.name, "train")
+    return written, labels
+
+
+def _write_set_aside(tmp: Path, set_aside) -> None:
+    """The rows set aside on load, in ``rejected/set_aside_on_load.parquet`` (file names, not paths)."""
+    (tmp / "rejected").mkdir(exist_ok=True)
+    if "file" in set_aside.column_names:  # file names, not the builder's paths
+        set_aside = set_aside.map(lambda b: {"file": [public_paths(f) for f in b["file"]]}, batched=True)
+    set_aside.to_parquet(str(tmp / "rejected" / "set_aside_on_load.parquet"))
+
+
+def _release_manifest(manifest: Mapping[str, Any], meta: Mapping[str, Any], labels: dict, written: dict,
+                      stage: dict | None) -> dict:
+    """``manifest.json``: the build's manifest (paths reduced to file names) with the written-by mark, repo id,
+    history, label distribution, the ``write release`` stage (``stage``, with timings) and the files."""
+    manifest = public_paths(dict(manifest))
+    manifest[WRITTEN_BY_KEY] = TOOL  # the mark that lets --overwrite replace it
+    manifest["repo_id"] = meta.get("repo_id")
+    manifest["history"] = [dict(h) for h in meta.get("history") or []]
+    manifest["label_distribution"] = labels
+    if stage is not None:
+        manifest["stages"] = list(manifest.get("stages", [])) + [stage]
+    manifest["files"] = {c: {s: [{k: v for k, v in f.items() if k != "arrow_bytes"} for f in fs]
+                             for s, fs in sp.items()} for c, sp in written.items()}
+    return manifest
 
 
 def _summaries(jobs: Sequence[tuple], task: TaskSpec, images: Path, top_k: int) -> tuple[dict, float]:

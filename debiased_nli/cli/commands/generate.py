@@ -78,11 +78,12 @@ def run(args) -> int:
     from ...methods.generation.steps import sampling_values
     from ...utils.outputs import print_values
 
+    task = get_task(args.task)
     if PartialState(cpu=args.cpu).is_main_process:
         print_values("generate values", *sampling_values(
             {k: getattr(args, k) for k in ("top_p", "temperature", "max_new_tokens", "num_samples", "batch_size",
-                                           "shard_size", "seed")}, get_task(args.task)))
-    report = generate_samples(args.generator, args.out, args.task, args.num_samples, num_shards=args.num_shards,
+                                           "shard_size", "seed")}, task))
+    report = generate_samples(args.generator, args.out, task, args.num_samples, num_shards=args.num_shards,
                               shard_size=args.shard_size, seed=args.seed, batch_size=args.batch_size, top_p=args.top_p,
                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               condition=args.condition, premises=premises, cpu=args.cpu, dtype=args.dtype)

@@ -95,7 +95,6 @@ def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, ma
     dev = torch.device(device) if device is not None else torch.device("cpu")
     Xt = torch.as_tensor(np.asarray(X), dtype=dtype, device=dev).contiguous()
     N, d = Xt.shape
-    D = d + 1
     mask = np.asarray(train_mask, dtype=bool)
     if mask.ndim != 2 or mask.shape[1] != N:
         raise ConfigError(f"train_mask must have shape (m, {N}) (one row per partition, one column per data row), "
@@ -105,11 +104,39 @@ def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, ma
     if m and t.min() == 0:
         raise ConfigError(f"partition {int(np.argmin(t))} has no train rows; every partition needs t >= 1")
     K = int(num_labels)
-    Km = K - 1
+    lam_np = 1.0 / (C * np.maximum(t, 1))
+    lam = torch.as_tensor(lam_np, dtype=dtype, device=dev)
+    P0 = shared_preconditioner(Xt, float(lam_np.mean()), K).to(dtype) if precondition and m else None
+    passes = _SharedPasses(Xt, K, m, chunk_rows)
+
+    out_theta = torch.zeros(m, d + 1, K, dtype=dtype, device=dev)
+    out_gmax = np.zeros(m, dtype=np.float64)
+    n_iter = np.zeros(m, dtype=np.int64)
+    # the live set holds the only reference to the train-row layout, so retiring classifiers frees it
+    live = _LiveClassifiers.at_zero(passes, lam, *train_rows(mask, y, K, dtype=dtype, device=dev), tol=tol)
+    halves = 0.5 ** torch.arange(1, LS_TRIALS, dtype=torch.float64)
+    bar = tqdm(total=m, desc="linear models converged", unit="model", disable=not progress, leave=False)
+    for _ in range(max_iter):
+        if not bool(live.active.all()):
+            live.retire(live.active, out_theta, out_gmax, bar)
+        if len(live.ids) == 0:
+            break
+        _lbfgs_iteration(live, passes, P0, halves, n_iter, history_size=history_size, tol=tol)
+    if len(live.ids):
+        live.retire(torch.zeros(len(live.ids), dtype=torch.bool, device=dev), out_theta, out_gmax, bar)
+    bar.close()
+    passes.buf_b = None
+    return EnsembleFit(out_theta, passes.all_logits(out_theta), n_iter, out_gmax <= tol, out_gmax)
+
+
+def train_rows(mask: np.ndarray, y, num_labels: int, *, dtype, device):
+    """The train rows of each classifier (m, t_max), their weights 1/t_i (m, t_max) and one-hot labels
+    (K, m, t_max); a smaller partition is padded with rows outside it at weight 0, so that no
+    (row, classifier) pair repeats."""
+    import torch
+    m = mask.shape[0]
+    t = mask.sum(1)
     y_np = np.asarray(y).astype(np.int64)
-    chunks = [(a, min(a + chunk_rows, N)) for a in range(0, N, chunk_rows)]
-    # the train rows of each classifier (m, t_max); a smaller partition is padded with rows outside
-    # it at weight 0, so that no (row, classifier) pair repeats
     tmax = int(t.max(initial=1))
     rows_np = np.zeros((m, tmax), dtype=np.int64)
     w_np = np.zeros((m, tmax))
@@ -118,29 +145,52 @@ def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, ma
         rows_np[i, :len(r)] = r
         rows_np[i, len(r):] = np.flatnonzero(~mask[i])[:tmax - len(r)]
         w_np[i, :len(r)] = 1.0 / len(r)
-    rows = torch.as_tensor(rows_np, device=dev)                                            # l, t
-    wg = torch.as_tensor(w_np, dtype=dtype, device=dev)                                   # l, t
-    Yg = torch.nn.functional.one_hot(torch.as_tensor(y_np[rows_np], device=dev), K).to(dtype)
-    Yg = Yg.permute(2, 0, 1).contiguous()                                                  # K, l, t
-    lam_np = 1.0 / (C * np.maximum(t, 1))
-    lam = torch.as_tensor(lam_np, dtype=dtype, device=dev)
-    P0 = shared_preconditioner(Xt, float(lam_np.mean()), K).to(dtype) if precondition and m else None
-    # one (N, K-1, m) buffer for the products in each direction, reused by every iteration
-    buf_f = torch.empty(N * Km * m, dtype=dtype, device=dev)
-    buf_b = torch.empty(N * Km * m, dtype=dtype, device=dev)
+    rows = torch.as_tensor(rows_np, device=device)                                         # l, t
+    wg = torch.as_tensor(w_np, dtype=dtype, device=device)                                # l, t
+    Yg = torch.nn.functional.one_hot(torch.as_tensor(y_np[rows_np], device=device), num_labels).to(dtype)
+    return rows, wg, Yg.permute(2, 0, 1).contiguous()                                    # K, l, t
 
-    def forward(P, out):
+
+def softmax0(Zg):
+    """softmax over the classes, the first dimension (K, l, t)."""
+    import torch
+    e = torch.exp(Zg - Zg.amax(0, keepdim=True))
+    return e.div_(e.sum(0, keepdim=True))
+
+
+class _SharedPasses:
+    """The passes over the N shared rows X (N, d), for l <= m classifiers at once: the logits of their
+    first K-1 classes (one product X·P), those logits at each classifier's train rows, the gradient
+    (one product Rᵀ·X) and the loss change along a direction. One (N, K-1, m) buffer per direction
+    is reused by every iteration."""
+
+    def __init__(self, Xt, num_labels: int, m: int, chunk_rows: int):
+        import torch
+        self.Xt = Xt
+        self.N, self.d = Xt.shape
+        self.K = num_labels
+        self.Km = num_labels - 1
+        self.dtype, self.dev = Xt.dtype, Xt.device
+        self.chunks = [(a, min(a + chunk_rows, self.N)) for a in range(0, self.N, chunk_rows)]
+        self.buf_f = torch.empty(self.N * self.Km * m, dtype=self.dtype, device=self.dev)
+        self.buf_b = torch.empty(self.N * self.Km * m, dtype=self.dtype, device=self.dev)
+
+    def forward(self, P, out):
         """X·P for the first K-1 classes of every classifier in P (l, D, K): (N, K-1, l)."""
+        import torch
+        N, d, Km, Xt = self.N, self.d, self.Km, self.Xt
         l = P.shape[0]
         Wmat = P[:, :d, :Km].permute(1, 2, 0).reshape(d, Km * l)
         bias = P[:, d, :Km].T.reshape(Km * l)
         F = out[:N * Km * l].view(N, Km * l)
-        for a, b in chunks:
+        for a, b in self.chunks:
             torch.addmm(bias, Xt[a:b], Wmat, out=F[a:b])
         return F.view(N, Km, l)
 
-    def at_train_rows(F, rows_l):
+    def at_train_rows(self, F, rows_l):
         """F (N, K-1, l) at each classifier's train rows, all K classes (the last = -Σ): (K, l, t)."""
+        import torch
+        K, Km, dtype, dev = self.K, self.Km, self.dtype, self.dev
         l = rows_l.shape[0]
         g = F[rows_l, :, torch.arange(l, device=dev)[:, None]]                             # l, t, K-1
         out = torch.empty(K, l, g.shape[1], dtype=dtype, device=dev)
@@ -148,20 +198,19 @@ def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, ma
         torch.sum(out[:Km], 0, out=out[Km]).neg_()
         return out
 
-    def softmax0(Zg):
-        e = torch.exp(Zg - Zg.amax(0, keepdim=True))
-        return e.div_(e.sum(0, keepdim=True))
-
-    def gradient(prob, theta, lam, rows_l, wg_l, Yg_l):
+    def gradient(self, prob, theta, lam, rows_l, wg_l, Yg_l):
         """∇f_i = Σ_{j∈T_i} (softmax(z_ij) - y_j) x̃_jᵀ / t_i + λ_i [W_i; 0] from prob (K, l, t): (l, D, K)."""
+        import torch
+        N, d, K, Km, Xt, dtype, dev = self.N, self.d, self.K, self.Km, self.Xt, self.dtype, self.dev
+        D = d + 1
         l = rows_l.shape[0]
         Rg = (prob - Yg_l).mul_(wg_l[None])                                                 # K, l, t
-        B = buf_b[:N * Km * l].view(N, Km, l)
+        B = self.buf_b[:N * Km * l].view(N, Km, l)
         B.zero_()
         B[rows_l, :, torch.arange(l, device=dev)[:, None]] = Rg[:Km].permute(1, 2, 0)
         B2 = B.view(N, Km * l)
         GW = torch.zeros(Km * l, d, dtype=dtype, device=dev)
-        for a, b in chunks:
+        for a, b in self.chunks:
             GW.addmm_(B2[a:b].T, Xt[a:b])
         G = torch.empty(l, D, K, dtype=dtype, device=dev)
         G[:, :d, :Km] = GW.view(Km, l, d).permute(1, 2, 0)
@@ -170,133 +219,177 @@ def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, ma
         G[:, :d] += lam[:, None, None] * theta[:, :d]
         return G
 
-    def loss_change(prob, Zpg, wg_l, Yg_l, steps):
+    def loss_change(self, prob, Zpg, wg_l, Yg_l, steps):
         """Σ_{j∈T_i} [CE(z_ij + α zp_ij) - CE(z_ij)] / t_i for every classifier i and step α: (l, S), float64."""
-        u = Zpg[:, None] * steps.to(dtype)[None, :, None, None]                            # K, S, l, t
+        import torch
+        u = Zpg[:, None] * steps.to(self.dtype)[None, :, None, None]                       # K, S, l, t
         top = u.amax(0).clamp_min_(0)
         # log Σ_k p_k e^{u_k} = top + log1p(Σ_k p_k expm1(u_k - top)): exact for small steps
         change = torch.log1p((prob[:, None] * torch.expm1(u - top)).sum(0)).add_(top)
         change -= (u * Yg_l[:, None]).sum(0)                                                # S, l, t
         return (change * wg_l[None]).sum(2, dtype=torch.float64).T
 
-    out_theta = torch.zeros(m, D, K, dtype=dtype, device=dev)
-    out_iter = np.zeros(m, dtype=np.int64)
-    out_gmax = np.zeros(m, dtype=np.float64)
-    live = torch.arange(m, device=dev)           # the classifiers still being optimised
-    theta = torch.zeros(m, D, K, dtype=dtype, device=dev)
-    Zg = torch.zeros(K, m, tmax, dtype=dtype, device=dev)                                  # logits at train rows
-    prob = softmax0(Zg)
-    n_iter = np.zeros(m, dtype=np.int64)
-    grad = gradient(prob, theta, lam, rows, wg, Yg)
-    gmax = grad.abs().flatten(1).amax(1)
-    active = gmax > tol
-    s_hist, y_hist, rho_hist = [], [], []        # (l, D*K) each: flattened curvature pairs
-    halves = 0.5 ** torch.arange(1, LS_TRIALS, dtype=torch.float64)
-    bar = tqdm(total=m, desc="linear models converged", unit="model", disable=not progress, leave=False)
+    def all_logits(self, theta):
+        """The logits of every row under every classifier, for the held-out predictions: (N, m, K)."""
+        import torch
+        m = theta.shape[0]
+        logits = torch.empty(self.N, self.K, m, dtype=self.dtype, device=self.dev)
+        logits[:, :self.Km] = self.forward(theta, self.buf_f)
+        torch.sum(logits[:, :self.Km], 1, out=logits[:, self.Km]).neg_()
+        return logits.permute(0, 2, 1)
 
-    def retire(keep):
-        """Write out the classifiers that stop and drop them from every live tensor."""
-        nonlocal live, theta, lam, grad, gmax, active, Zg, prob, rows, wg, Yg, s_hist, y_hist, rho_hist
+
+@dataclasses.dataclass
+class _LiveClassifiers:
+    """The classifiers still being optimised (``ids``, into the m): θ, λ, gradient, max|∇|, whether
+    still active, logits and probabilities at their train rows, their train rows, and the L-BFGS
+    curvature pairs ((l, D*K) each, flattened)."""
+
+    ids: Any
+    theta: Any
+    lam: Any
+    grad: Any
+    gmax: Any
+    active: Any
+    Zg: Any
+    prob: Any
+    rows: Any
+    wg: Any
+    Yg: Any
+    s_hist: list = dataclasses.field(default_factory=list)
+    y_hist: list = dataclasses.field(default_factory=list)
+    rho_hist: list = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def at_zero(cls, passes: _SharedPasses, lam, rows, wg, Yg, *, tol: float) -> "_LiveClassifiers":
+        """Every classifier at θ = 0, active while max|∇| > tol."""
+        import torch
+        m, tmax = rows.shape
+        K, dtype, dev = passes.K, passes.dtype, passes.dev
+        theta = torch.zeros(m, passes.d + 1, K, dtype=dtype, device=dev)
+        Zg = torch.zeros(K, m, tmax, dtype=dtype, device=dev)                              # logits at train rows
+        prob = softmax0(Zg)
+        grad = passes.gradient(prob, theta, lam, rows, wg, Yg)
+        gmax = grad.abs().flatten(1).amax(1)
+        return cls(torch.arange(m, device=dev), theta, lam, grad, gmax, gmax > tol, Zg, prob, rows, wg, Yg)
+
+    def retire(self, keep, out_theta, out_gmax: np.ndarray, bar) -> None:
+        """Write out the classifiers that stop (where not ``keep``) and drop them from every live tensor."""
+        import torch
         done = torch.nonzero(~keep).flatten()
-        ids = live[done]
-        out_theta[ids] = theta[done]
-        out_gmax[ids.cpu().numpy()] = gmax[done].double().cpu().numpy()
+        ids = self.ids[done]
+        out_theta[ids] = self.theta[done]
+        out_gmax[ids.cpu().numpy()] = self.gmax[done].double().cpu().numpy()
         bar.update(len(done))
         sel = torch.nonzero(keep).flatten()
-        live, theta, lam, grad, gmax, active, rows, wg = (
-            v.index_select(0, sel) for v in (live, theta, lam, grad, gmax, active, rows, wg))
-        Zg, prob, Yg = (v.index_select(1, sel) for v in (Zg, prob, Yg))
-        s_hist = [v.index_select(0, sel) for v in s_hist]
-        y_hist = [v.index_select(0, sel) for v in y_hist]
-        rho_hist = [v.index_select(0, sel) for v in rho_hist]
+        self.ids, self.theta, self.lam, self.grad, self.gmax, self.active, self.rows, self.wg = (
+            v.index_select(0, sel) for v in (self.ids, self.theta, self.lam, self.grad, self.gmax, self.active,
+                                             self.rows, self.wg))
+        self.Zg, self.prob, self.Yg = (v.index_select(1, sel) for v in (self.Zg, self.prob, self.Yg))
+        self.s_hist = [v.index_select(0, sel) for v in self.s_hist]
+        self.y_hist = [v.index_select(0, sel) for v in self.y_hist]
+        self.rho_hist = [v.index_select(0, sel) for v in self.rho_hist]
 
-    for _ in range(max_iter):
-        if not bool(active.all()):
-            retire(active)
-        if len(live) == 0:
+
+def lbfgs_direction(grad, s_hist, y_hist, rho_hist, P0):
+    """The L-BFGS search direction of every classifier from its gradient (l, D, K) and curvature pairs
+    (two-loop recursion, every inner product per classifier), P0 (or the scalar sᵀy/yᵀy) as the initial
+    inverse Hessian, steepest descent where that is not a descent direction. Returns the direction
+    (l, D, K), the same as (l, D*K), and the slope ∇f_i·p_i (l,)."""
+    import torch
+    l, D, K = grad.shape
+    gf = grad.flatten(1)
+    q = gf.clone()
+    alphas = []
+    for s, yv, rho in zip(reversed(s_hist), reversed(y_hist), reversed(rho_hist)):
+        a = rho * torch.linalg.vecdot(s, q)
+        q.addcmul_(a[:, None], yv, value=-1)
+        alphas.append(a)
+    if P0 is not None:
+        q = torch.matmul(P0, q.view(l, D, K)).flatten(1)
+    elif s_hist:
+        s, yv = s_hist[-1], y_hist[-1]
+        q *= (torch.linalg.vecdot(s, yv) / torch.linalg.vecdot(yv, yv).clamp_min(1e-30))[:, None]
+    else:
+        q /= gf.abs().sum(1).clamp_min(1e-30)[:, None]  # a unit-length steepest-descent first step
+    for s, yv, rho, a in zip(s_hist, y_hist, rho_hist, reversed(alphas)):
+        q.addcmul_((a - rho * torch.linalg.vecdot(yv, q))[:, None], s)
+    direction = q.neg_().view(l, D, K)
+    direction -= direction.mean(2, keepdim=True)   # exactly zero over the classes, like θ and ∇
+    pf = direction.flatten(1)
+    slope = torch.linalg.vecdot(gf, pf)
+    bad = slope >= 0  # not a descent direction (lost curvature): steepest descent instead
+    if bool(bad.any()):
+        pf[bad] = -gf[bad]
+        slope = torch.where(bad, -torch.linalg.vecdot(gf, gf), slope)
+    return direction, pf, slope
+
+
+def armijo_steps(passes: _SharedPasses, live: _LiveClassifiers, direction, slope, Zpg, halves):
+    """Armijo backtracking for every classifier: the first step α of 1, 1/2, 1/4, ... (``LS_TRIALS``,
+    ``LS_BLOCK`` at a time) with f_i(θ + αp) - f_i(θ) <= 1e-4 α ∇f_i·p, the data part from (Z, Zp) at
+    the train rows, the penalty part ½λ(2α θ·p + α²||p||²) in closed form. Returns the step (l,),
+    float64, and whether one was found (l,)."""
+    import torch
+    d, dev = passes.d, passes.dev
+    l = len(live.ids)
+    prob, wg, Yg, lam = live.prob, live.wg, live.Yg, live.lam
+    tW, pW = live.theta[:, :d].flatten(1), direction[:, :d].flatten(1)
+    pen1 = (lam * torch.linalg.vecdot(tW, pW)).double()
+    pen2 = (0.5 * lam * torch.linalg.vecdot(pW, pW)).double()
+    slope64 = slope.double()
+    step = torch.zeros(l, dtype=torch.float64, device=dev)
+    found = torch.zeros(l, dtype=torch.bool, device=dev)
+    for trial in [torch.ones(1, dtype=torch.float64)] + [halves[i:i + LS_BLOCK]
+                                                          for i in range(0, len(halves), LS_BLOCK)]:
+        trial = trial.to(dev)
+        todo = torch.nonzero(~found).flatten()
+        if len(todo) == 0:
             break
-        l = len(live)
-        gf = grad.flatten(1)
-        # two-loop recursion, every inner product per classifier: (l,)
-        q = gf.clone()
-        alphas = []
-        for s, yv, rho in zip(reversed(s_hist), reversed(y_hist), reversed(rho_hist)):
-            a = rho * torch.linalg.vecdot(s, q)
-            q.addcmul_(a[:, None], yv, value=-1)
-            alphas.append(a)
-        if P0 is not None:
-            q = torch.matmul(P0, q.view(l, D, K)).flatten(1)
-        elif s_hist:
-            s, yv = s_hist[-1], y_hist[-1]
-            q *= (torch.linalg.vecdot(s, yv) / torch.linalg.vecdot(yv, yv).clamp_min(1e-30))[:, None]
-        else:
-            q /= gf.abs().sum(1).clamp_min(1e-30)[:, None]  # a unit-length steepest-descent first step
-        for s, yv, rho, a in zip(s_hist, y_hist, rho_hist, reversed(alphas)):
-            q.addcmul_((a - rho * torch.linalg.vecdot(yv, q))[:, None], s)
-        direction = q.neg_().view(l, D, K)
-        direction -= direction.mean(2, keepdim=True)   # exactly zero over the classes, like θ and ∇
-        pf = direction.flatten(1)
-        slope = torch.linalg.vecdot(gf, pf)
-        bad = slope >= 0  # not a descent direction (lost curvature): steepest descent instead
-        if bool(bad.any()):
-            pf[bad] = -gf[bad]
-            slope = torch.where(bad, -torch.linalg.vecdot(gf, gf), slope)
-        Zpg = at_train_rows(forward(direction, buf_f), rows)                               # K, l, t
-        # Armijo backtracking: f_i(θ + αp) - f_i(θ) <= 1e-4 α ∇f_i·p, the data part from (Z, Zp) at the
-        # train rows, the penalty part ½λ(2α θ·p + α²||p||²) in closed form
-        tW, pW = theta[:, :d].flatten(1), direction[:, :d].flatten(1)
-        pen1 = (lam * torch.linalg.vecdot(tW, pW)).double()
-        pen2 = (0.5 * lam * torch.linalg.vecdot(pW, pW)).double()
-        slope64 = slope.double()
-        step = torch.zeros(l, dtype=torch.float64, device=dev)
-        found = torch.zeros(l, dtype=torch.bool, device=dev)
-        for trial in [torch.ones(1, dtype=torch.float64)] + [halves[i:i + LS_BLOCK]
-                                                              for i in range(0, len(halves), LS_BLOCK)]:
-            trial = trial.to(dev)
-            todo = torch.nonzero(~found).flatten()
-            if len(todo) == 0:
-                break
-            sub = (lambda v, dim: v) if len(todo) == l else (lambda v, dim: v.index_select(dim, todo))
-            dz = loss_change(sub(prob, 1), sub(Zpg, 1), sub(wg, 0), sub(Yg, 1), trial)
-            dz += trial[None, :] * pen1[todo, None] + trial[None, :] ** 2 * pen2[todo, None]
-            ok = dz <= 1e-4 * trial[None, :] * slope64[todo, None]
-            first = ok.to(torch.uint8).argmax(1)
-            take = ok.any(1)
-            step[todo[take]] = trial[first[take]]
-            found[todo[take]] = True
-        moved = found
-        stepc = step.to(dtype) * moved
-        s_new = stepc[:, None] * pf
-        theta = theta + s_new.view(l, D, K)
-        Zg.addcmul_(stepc[None, :, None], Zpg)
-        del Zpg
-        prob = softmax0(Zg)
-        new_grad = gradient(prob, theta, lam, rows, wg, Yg)
-        new_grad = torch.where(moved[:, None, None], new_grad, grad)
-        y_new = (new_grad - grad).flatten(1)
-        sy = torch.linalg.vecdot(s_new, y_new)
-        grad = new_grad
-        gmax = grad.abs().flatten(1).amax(1)
-        n_iter[live.cpu().numpy()] += moved.cpu().numpy()
-        # keep a curvature pair only where it is informative; elsewhere a neutral (zero) pair
-        good = moved & (sy > 1e-10 * torch.linalg.vector_norm(s_new, dim=1) * torch.linalg.vector_norm(y_new, dim=1))
-        rho = torch.where(good, 1.0 / sy.clamp_min(1e-30), torch.zeros_like(sy))
-        s_hist.append(s_new * good[:, None])
-        y_hist.append(y_new * good[:, None])
-        rho_hist.append(rho)
-        if len(s_hist) > history_size:
-            s_hist.pop(0), y_hist.pop(0), rho_hist.pop(0)
-        # a classifier whose line search found no decrease has converged to float precision
-        active = moved & (gmax > tol)
-    if len(live):
-        retire(torch.zeros(len(live), dtype=torch.bool, device=dev))
-    bar.close()
-    del buf_b
-    # the logits of every row under every classifier, for the held-out predictions: (N, K, m)
-    logits = torch.empty(N, K, m, dtype=dtype, device=dev)
-    logits[:, :Km] = forward(out_theta, buf_f)
-    torch.sum(logits[:, :Km], 1, out=logits[:, Km]).neg_()
-    return EnsembleFit(out_theta, logits.permute(0, 2, 1), n_iter, out_gmax <= tol, out_gmax)
+        sub = (lambda v, dim: v) if len(todo) == l else (lambda v, dim: v.index_select(dim, todo))
+        dz = passes.loss_change(sub(prob, 1), sub(Zpg, 1), sub(wg, 0), sub(Yg, 1), trial)
+        dz += trial[None, :] * pen1[todo, None] + trial[None, :] ** 2 * pen2[todo, None]
+        ok = dz <= 1e-4 * trial[None, :] * slope64[todo, None]
+        first = ok.to(torch.uint8).argmax(1)
+        take = ok.any(1)
+        step[todo[take]] = trial[first[take]]
+        found[todo[take]] = True
+    return step, found
+
+
+def _lbfgs_iteration(live: _LiveClassifiers, passes: _SharedPasses, P0, halves, n_iter: np.ndarray, *,
+                     history_size: int, tol: float) -> None:
+    """One L-BFGS iteration of every live classifier: direction, one forward product, line search, step,
+    one backward product (the gradient at the accepted point), curvature pair; counts the iterations
+    of the classifiers that moved into ``n_iter``."""
+    import torch
+    l = len(live.ids)
+    direction, pf, slope = lbfgs_direction(live.grad, live.s_hist, live.y_hist, live.rho_hist, P0)
+    Zpg = passes.at_train_rows(passes.forward(direction, passes.buf_f), live.rows)         # K, l, t
+    step, moved = armijo_steps(passes, live, direction, slope, Zpg, halves)
+    stepc = step.to(passes.dtype) * moved
+    s_new = stepc[:, None] * pf
+    live.theta = live.theta + s_new.view(l, passes.d + 1, passes.K)
+    live.Zg.addcmul_(stepc[None, :, None], Zpg)
+    del Zpg
+    live.prob = softmax0(live.Zg)
+    new_grad = passes.gradient(live.prob, live.theta, live.lam, live.rows, live.wg, live.Yg)
+    new_grad = torch.where(moved[:, None, None], new_grad, live.grad)
+    y_new = (new_grad - live.grad).flatten(1)
+    sy = torch.linalg.vecdot(s_new, y_new)
+    live.grad = new_grad
+    live.gmax = live.grad.abs().flatten(1).amax(1)
+    n_iter[live.ids.cpu().numpy()] += moved.cpu().numpy()
+    # keep a curvature pair only where it is informative; elsewhere a neutral (zero) pair
+    good = moved & (sy > 1e-10 * torch.linalg.vector_norm(s_new, dim=1) * torch.linalg.vector_norm(y_new, dim=1))
+    rho = torch.where(good, 1.0 / sy.clamp_min(1e-30), torch.zeros_like(sy))
+    live.s_hist.append(s_new * good[:, None])
+    live.y_hist.append(y_new * good[:, None])
+    live.rho_hist.append(rho)
+    if len(live.s_hist) > history_size:
+        live.s_hist.pop(0), live.y_hist.pop(0), live.rho_hist.pop(0)
+    # a classifier whose line search found no decrease has converged to float precision
+    live.active = moved & (live.gmax > tol)
 
 
 def predict_ensemble(X, theta, dtype=None, device=None) -> np.ndarray:

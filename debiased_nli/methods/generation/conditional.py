@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError
 from .format import (
     EMPTY_HYPOTHESIS,
@@ -148,13 +149,10 @@ def controls_of(ds) -> tuple[str, ...]:
     return tuple(c[len(CONTROL_PREFIX):] for c in ds.column_names if c.startswith(CONTROL_PREFIX))
 
 
-def encode_conditional(ds, task, tokenizer, *, max_length: int = 128, progress: bool = True):
+def encode_conditional(ds, task: TaskSpec, tokenizer, *, max_length: int = 128, progress: bool = True):
     """Tokenised training rows for ``mode="conditional"`` of :func:`.train.train_generator`. The
     controls are the ``control_<name>`` columns of ``ds`` (none: ``p(x | y)``). Gives ``input_ids``,
     ``loss_mask``, ``hypothesis`` and an all-zero ``bias`` mask (the collator pads it with the other modes')."""
-    from ...data.tasks import get_task
-
-    task = get_task(task)
     controls = controls_of(ds)
     fmt = ConditionalFormat.for_tokenizer(tokenizer, task.labels, controls)
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError
 
 
@@ -106,11 +107,11 @@ def count_parameters(model) -> dict[str, int]:
 
 
 def save_generator(model, tokenizer, out_dir: "str | os.PathLike", *, merge: bool = False,
-                   card: "dict[str, Any] | None" = None) -> str:
+                   card: "dict[str, Any] | None" = None, task: "TaskSpec | None" = None) -> str:
     """Save the adapter (LoRA) or the full model, and the tokenizer; with ``merge`` a LoRA model is
     merged into its base and saved as a full model. ``card`` (the training report) replaces the
     README.md that peft writes (its template, every field "More Information Needed") by a card that
-    says what the generator is (:func:`write_generator_card`)."""
+    says what the generator is (:func:`write_generator_card`; ``task``: the task it was trained on)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     adapter = is_adapter_model(model) and not merge
@@ -119,7 +120,9 @@ def save_generator(model, tokenizer, out_dir: "str | os.PathLike", *, merge: boo
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if card is not None:
-        write_generator_card(out, card, adapter=adapter)
+        if task is None:
+            raise ConfigError("save_generator(card=...) needs the task the generator was trained on (task=)")
+        write_generator_card(out, card, task, adapter=adapter)
     return str(out)
 
 
@@ -136,36 +139,15 @@ def _hub_id(name_or_path: str) -> str | None:
     return name_or_path
 
 
-def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
-    """A model card for a generator trained by :func:`debiased_nli.methods.generation.train.train_generator`:
-    the base model, the data, the loss and its weights, the training settings and how to sample."""
+def render_generator_card(report: dict[str, Any], task: TaskSpec, *, adapter: bool) -> str:
+    """A model card for a generator trained by :func:`debiased_nli.methods.generation.train.train_generator`
+    on ``task``: the base model, the data, the loss and its weights, the training settings and how to sample."""
     import yaml
 
-    from ...data.tasks import get_task
-
-    task = get_task(report["task"])
     base = str(report.get("model") or "")
     base_id = _hub_id(base)
     mode = report.get("mode", "generator")
-    lora = report.get("lora")
-    meta: dict[str, Any] = {}
-    if base_id:
-        meta["base_model"] = base_id
-    meta["library_name"] = "peft" if adapter else "transformers"
-    meta["pipeline_tag"] = "text-generation"
-    meta["tags"] = ["debiased-nli", "nli-generator", "unlikelihood"] + (["lora"] if adapter else [])
-    if task.hub:
-        meta["datasets"] = [task.hub.path]
     name = "G* (debiased generator)" if mode == "debias" else "G (label-consistent generator)"
-    if mode == "debias":
-        loss = (f"L = MLE on Z(D0) + alpha · L_UL on Z-(D0), alpha = {report.get('alpha')}: likelihood on the rows "
-                f"z-filtering kept, and unlikelihood only on the tokens that carry a rejected row's biased features "
-                f"(Wu et al. 2022, Section 4.1)")
-    else:
-        loss = (f"L = MLE + lambda · L_LC, lambda = {report.get('lambda')}: maximum likelihood of `premise, label, "
-                f"hypothesis` plus the token-level unlikelihood of the hypothesis under a wrong label "
-                f"(Wu et al. 2022, Section 2.2)")
-    zinfo = report.get("z_filter")
     where = f"`{base_id}`" if base_id else f"a local checkpoint (`{Path(base).name}`; not a Hub id)"
     lines = [
         f"# {task.name} {name}, trained with debiased-nli",
@@ -175,17 +157,56 @@ def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
         + ("This folder holds a LoRA adapter (peft) for the base model; load both." if adapter
            else "This folder holds the full model."),
         "",
-        "## Model",
-        "",
-        f"- Base model: {where}.",
+        *_card_model(report, where, adapter=adapter),
+        *_card_data_and_training(report, task),
+        *_card_how_to_sample(task, adapter=adapter),
+        *_GENERATOR_CARD_END,
     ]
+    meta = _card_metadata(task, base_id, adapter=adapter)
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n" + "\n".join(lines)
+
+
+def _card_metadata(task: TaskSpec, base_id: str | None, *, adapter: bool) -> dict[str, Any]:
+    """The card's YAML: base model, library, pipeline, tags, datasets."""
+    meta: dict[str, Any] = {}
+    if base_id:
+        meta["base_model"] = base_id
+    meta["library_name"] = "peft" if adapter else "transformers"
+    meta["pipeline_tag"] = "text-generation"
+    meta["tags"] = ["debiased-nli", "nli-generator", "unlikelihood"] + (["lora"] if adapter else [])
+    if task.hub:
+        meta["datasets"] = [task.hub.path]
+    return meta
+
+
+def _card_loss(report: dict[str, Any]) -> str:
+    """The objective of the report's mode, with its weight."""
+    if report.get("mode", "generator") == "debias":
+        return (f"L = MLE on Z(D0) + alpha · L_UL on Z-(D0), alpha = {report.get('alpha')}: likelihood on the rows "
+                f"z-filtering kept, and unlikelihood only on the tokens that carry a rejected row's biased features "
+                f"(Wu et al. 2022, Section 4.1)")
+    return (f"L = MLE + lambda · L_LC, lambda = {report.get('lambda')}: maximum likelihood of `premise, label, "
+            f"hypothesis` plus the token-level unlikelihood of the hypothesis under a wrong label "
+            f"(Wu et al. 2022, Section 2.2)")
+
+
+def _card_model(report: dict[str, Any], where: str, *, adapter: bool) -> list[str]:
+    """## Model: the base model, the LoRA settings, the parameter counts."""
+    lines = ["## Model", "", f"- Base model: {where}."]
+    lora = report.get("lora")
     if adapter and lora:
         lines.append(f"- LoRA: r = {lora.get('r')}, alpha = {lora.get('alpha')}, dropout = {lora.get('dropout')}, "
                      f"target modules: {lora.get('target_modules')}.")
     params = report.get("parameters") or {}
     if params:
         lines.append(f"- Parameters: {params.get('total', 0):,} in all, {params.get('trainable', 0):,} trained.")
-    lines += [
+    return lines
+
+
+def _card_data_and_training(report: dict[str, Any], task: TaskSpec) -> list[str]:
+    """## Training data (task, rows, z-filtering counts) and ## Training (loss, steps, settings)."""
+    zinfo = report.get("z_filter")
+    return [
         "",
         "## Training data",
         "",
@@ -196,13 +217,19 @@ def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
         "",
         "## Training",
         "",
-        f"- Loss: {loss}.",
+        f"- Loss: {_card_loss(report)}.",
         f"- Steps: {report.get('steps')} optimizer steps of {report.get('batch_size')} rows per process x "
         f"{report.get('grad_accum')} accumulation x {report.get('processes')} process(es); learning rate "
         f"{report.get('lr')}; sequences cut at {report.get('max_length')} tokens; seed {report.get('seed')}; "
         f"mixed precision {report.get('mixed_precision')}; {report.get('seconds')} s.",
         "- The full training report (loss history included) is `train_report.json` in this folder.",
         "",
+    ]
+
+
+def _card_how_to_sample(task: TaskSpec, *, adapter: bool) -> list[str]:
+    """## How to sample: the generate command and the Python loader."""
+    return [
         "## How to sample",
         "",
         "```bash",
@@ -220,33 +247,38 @@ def render_generator_card(report: dict[str, Any], *, adapter: bool) -> str:
         + ("   # loads the base model and this adapter" if adapter else ""),
         "```",
         "",
-        "## Limitations",
-        "",
-        "Generated rows can be ungrammatical, contradict their label, or repeat the biases of the base model "
-        "and of the training data; the debiasing pipeline filters them (confidence filter, z-filtering) but no "
-        "person checks them.",
-        "",
-        "## Citation",
-        "",
-        "```bibtex",
-        "@inproceedings{wu-etal-2022-generating,",
-        "  title = {Generating Data to Mitigate Spurious Correlations in Natural Language Inference Datasets},",
-        "  author = {Wu, Yuxiang and Gardner, Matt and Stenetorp, Pontus and Dasigi, Pradeep},",
-        "  booktitle = {Proceedings of the 60th Annual Meeting of the Association for Computational Linguistics "
-        "(Volume 1: Long Papers)},",
-        "  pages = {2660--2676},",
-        "  year = {2022},",
-        "  url = {https://aclanthology.org/2022.acl-long.190}",
-        "}",
-        "```",
-        "",
     ]
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n" + "\n".join(lines)
 
 
-def write_generator_card(out_dir: "str | os.PathLike", report: dict[str, Any], *, adapter: bool) -> Path:
+# the card's last sections, the same for every generator
+_GENERATOR_CARD_END = (
+    "## Limitations",
+    "",
+    "Generated rows can be ungrammatical, contradict their label, or repeat the biases of the base model "
+    "and of the training data; the debiasing pipeline filters them (confidence filter, z-filtering) but no "
+    "person checks them.",
+    "",
+    "## Citation",
+    "",
+    "```bibtex",
+    "@inproceedings{wu-etal-2022-generating,",
+    "  title = {Generating Data to Mitigate Spurious Correlations in Natural Language Inference Datasets},",
+    "  author = {Wu, Yuxiang and Gardner, Matt and Stenetorp, Pontus and Dasigi, Pradeep},",
+    "  booktitle = {Proceedings of the 60th Annual Meeting of the Association for Computational Linguistics "
+    "(Volume 1: Long Papers)},",
+    "  pages = {2660--2676},",
+    "  year = {2022},",
+    "  url = {https://aclanthology.org/2022.acl-long.190}",
+    "}",
+    "```",
+    "",
+)
+
+
+def write_generator_card(out_dir: "str | os.PathLike", report: dict[str, Any], task: TaskSpec, *,
+                         adapter: bool) -> Path:
     path = Path(out_dir) / "README.md"
-    path.write_text(render_generator_card(report, adapter=adapter))
+    path.write_text(render_generator_card(report, task, adapter=adapter))
     return path
 
 

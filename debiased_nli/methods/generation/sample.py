@@ -260,9 +260,8 @@ def load_generated(out_dir: str, kind: str = "shard"):
     return datasets.Dataset(pa.concat_tables([pq.read_table(f) for f in files]))
 
 
-def summarize(out_dir: "str | Path", task: "str | TaskSpec") -> dict:
+def summarize(out_dir: "str | Path", task: TaskSpec) -> dict:
     """Counts over the complete shards: parsed, rejected (by reason), label distribution, distinct-2."""
-    task = get_task(task)
     cfg = json.loads((Path(out_dir) / CONFIG_FILE).read_text())
     rows, rej = load_generated(str(out_dir)), load_generated(str(out_dir), "rejects")
     total = len(rows) + len(rej)

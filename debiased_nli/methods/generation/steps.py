@@ -83,7 +83,7 @@ def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
         report["z_filter"] = zinfo
         if int(os.environ.get("RANK", "0")) == 0:  # the card written at save time, now with the z-filter counts
             from .models import write_generator_card
-            write_generator_card(params["out"], report, adapter=report.get("lora") is not None)
+            write_generator_card(params["out"], report, task, adapter=report.get("lora") is not None)
     return ds, None, report
 
 
@@ -111,6 +111,7 @@ def generate_step(ds, task, params: dict, *, show_values: bool = False):
 def confidence_filter_step(ds, task, params: dict):
     from ..confidence import confidence_filter, confidence_report
 
+    task = get_task(task)
     tau = _p(params, "tau", PAPER_DEFAULTS["tau"])  # Table 8: "data filtering threshold τ 0.95"
     kept, rejected = confidence_filter(ds, _p(params, "model", PAPER_DEFAULTS["confidence_model"]), task, tau,
                                        batch_size=_p(params, "batch_size", 64),

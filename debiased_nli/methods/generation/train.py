@@ -21,6 +21,7 @@ defaults are Table 7 of Wu et al. (2022), each quoted in :data:`debiased_nli.met
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -78,7 +79,6 @@ def encode_dataset(ds, task: TaskSpec, tokenizer, *, mode: str = "generator", ma
     perturbed-label sequence ``p_input_ids``/``p_hypothesis``; for G*, ``in_rejected``."""
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, not {mode!r}")
-    task = get_task(task)
     if mode == "conditional":
         from .conditional import encode_conditional
         return encode_conditional(ds, task, tokenizer, max_length=max_length, progress=progress)
@@ -267,23 +267,12 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
     ``stop_after`` ends the process's work after that many optimizer steps without the final save
     (what a kill does; used to test resuming).
     """
-    import torch
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
-    from transformers import get_scheduler
 
     task = get_task(task)
-    if len(ds) == 0:
-        raise EmptyResultError("the generator's training set is empty")
-    if scheduler not in SCHEDULERS:
-        raise ConfigError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
-    if scheduler == "constant" and warmup_steps:
-        raise ConfigError(f"the constant schedule has no warm-up ({warmup_steps} warm-up steps given); use "
-                          f"scheduler='constant_with_warmup'")
-    if grad_accum < 1 or batch_size < 1:
-        raise ConfigError(f"batch_size and grad_accum must be >= 1 (got {batch_size}, {grad_accum})")
+    _check_training_options(ds, scheduler, warmup_steps, batch_size, grad_accum)
     kwargs = {} if mixed_precision is None else {"mixed_precision": mixed_precision}
     accelerator = Accelerator(cpu=cpu, gradient_accumulation_steps=grad_accum, **kwargs)
     _register_weight_hooks(accelerator)
@@ -296,22 +285,88 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
     batches_per_epoch = math.ceil(math.ceil(len(data) / batch_size) / accelerator.num_processes)
     steps_per_epoch = math.ceil(batches_per_epoch / grad_accum)  # accumulate() steps at an epoch's end too
     total = max_steps or steps_per_epoch * epochs
-    optim = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, betas=tuple(betas),
-                              eps=eps, weight_decay=weight_decay)
-    # a prepared scheduler steps once per process per optimizer step (accelerate's convention)
-    sched = get_scheduler(scheduler, optim, num_warmup_steps=warmup_steps * accelerator.num_processes,
-                          num_training_steps=total * accelerator.num_processes)
+    optim, sched = _optimizer_and_schedule(net, accelerator, total, lr=lr, betas=betas, eps=eps,
+                                           weight_decay=weight_decay, scheduler=scheduler, warmup_steps=warmup_steps)
     net, optim, sched = accelerator.prepare(net, optim, sched)
     step = 0
     cps = checkpoints(out)
     if cps:
         step = load_checkpoint(accelerator, cps[-1])
         log.info("resuming from %s (step %d)", cps[-1], step)
-    pad_id = tok.pad_token_id
-    history: list[dict] = []
     bar = tqdm(total=total, initial=step, desc=f"train {mode}", disable=not (progress and accelerator.is_main_process))
     net.train()
-    t0, steps_run = time.perf_counter(), 0
+    t0 = time.perf_counter()
+    run = _optimizer_steps(accelerator, net, optim, sched, data, tok.pad_token_id, bar, out, step=step, total=total,
+                           steps_per_epoch=steps_per_epoch, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
+                           mode=mode, lam=lam, alpha=alpha, log_every=log_every, checkpoint_every=checkpoint_every,
+                           keep_checkpoints=keep_checkpoints, stop_after=stop_after)
+    bar.close()
+    if run.stopped:
+        return {"stopped_at": run.step}
+    seconds = time.perf_counter() - t0
+    accelerator.wait_for_everyone()
+    report = {"mode": mode, "model": model, "task": task.name, "rows": len(ds), "steps": run.step,
+              "steps_this_run": run.steps_run, "seconds": round(seconds, 2),
+              "seconds_per_step": round(seconds / max(run.steps_run, 1), 3), "batch_size": batch_size,
+              "grad_accum": grad_accum, "processes": accelerator.num_processes, "lr": lr, "eps": eps,
+              "betas": list(betas), "scheduler": scheduler, "warmup_steps": warmup_steps,
+              "weight_decay": weight_decay, "epochs": epochs, "lambda": lam,
+              "alpha": alpha, "max_length": max_length, "seed": seed,
+              "mixed_precision": str(accelerator.mixed_precision),
+              "lora": None if lora is None else {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
+                                                   "target_modules": lora.target_modules},
+              "parameters": params, "history": run.history, "resumed_from": cps[-1].name if cps else None}
+    if accelerator.is_main_process:
+        _save_trained(accelerator.unwrap_model(net), tok, out, report, task, merge=merge)
+    accelerator.wait_for_everyone()
+    return report
+
+
+def _check_training_options(ds, scheduler: str, warmup_steps: int, batch_size: int, grad_accum: int) -> None:
+    if len(ds) == 0:
+        raise EmptyResultError("the generator's training set is empty")
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"scheduler must be one of {SCHEDULERS}, not {scheduler!r}")
+    if scheduler == "constant" and warmup_steps:
+        raise ConfigError(f"the constant schedule has no warm-up ({warmup_steps} warm-up steps given); use "
+                          f"scheduler='constant_with_warmup'")
+    if grad_accum < 1 or batch_size < 1:
+        raise ConfigError(f"batch_size and grad_accum must be >= 1 (got {batch_size}, {grad_accum})")
+
+
+def _optimizer_and_schedule(net, accelerator, total: int, *, lr: float, betas: Sequence[float], eps: float,
+                            weight_decay: float, scheduler: str, warmup_steps: int):
+    """Adam(W) over the trainable parameters and the learning-rate schedule of ``total`` optimizer steps."""
+    import torch
+    from transformers import get_scheduler
+
+    optim = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, betas=tuple(betas),
+                              eps=eps, weight_decay=weight_decay)
+    # a prepared scheduler steps once per process per optimizer step (accelerate's convention)
+    sched = get_scheduler(scheduler, optim, num_warmup_steps=warmup_steps * accelerator.num_processes,
+                          num_training_steps=total * accelerator.num_processes)
+    return optim, sched
+
+
+@dataclasses.dataclass
+class _StepsRun:
+    step: int                 # the optimizer step reached
+    steps_run: int            # optimizer steps taken by this call
+    history: list[dict]       # the logged losses
+    stopped: bool             # ended by ``stop_after`` (no final save)
+
+
+def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out: Path, *, step: int, total: int,
+                     steps_per_epoch: int, batch_size: int, grad_accum: int, seed: int, mode: str, lam: float,
+                     alpha: float, log_every: int, checkpoint_every: int, keep_checkpoints: int,
+                     stop_after: int | None) -> _StepsRun:
+    """The training loop from optimizer step ``step`` to ``total``: epoch e reads ``data.shuffle(seed + e)``
+    (skipping the batches of a resumed epoch already seen), logs every ``log_every`` steps and saves a
+    checkpoint every ``checkpoint_every``; ``stop_after`` steps of this call end it as a kill would."""
+    from torch.utils.data import DataLoader
+
+    history: list[dict] = []
+    steps_run = 0
     running: list[float] = []
     epoch, done = divmod(step, steps_per_epoch)
     skip = done * grad_accum
@@ -343,30 +398,17 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
             if checkpoint_every and step % checkpoint_every == 0 and step < total:
                 save_checkpoint(accelerator, out, step, keep_checkpoints)
             if stop_after is not None and steps_run >= stop_after:
-                bar.close()
-                return {"stopped_at": step}
+                return _StepsRun(step, steps_run, history, stopped=True)
             if step >= total:
                 break
         epoch, skip = epoch + 1, 0
-    bar.close()
-    seconds = time.perf_counter() - t0
-    accelerator.wait_for_everyone()
-    report = {"mode": mode, "model": model, "task": task.name, "rows": len(ds), "steps": step,
-              "steps_this_run": steps_run, "seconds": round(seconds, 2),
-              "seconds_per_step": round(seconds / max(steps_run, 1), 3), "batch_size": batch_size,
-              "grad_accum": grad_accum, "processes": accelerator.num_processes, "lr": lr, "eps": eps,
-              "betas": list(betas), "scheduler": scheduler, "warmup_steps": warmup_steps,
-              "weight_decay": weight_decay, "epochs": epochs, "lambda": lam,
-              "alpha": alpha, "max_length": max_length, "seed": seed,
-              "mixed_precision": str(accelerator.mixed_precision),
-              "lora": None if lora is None else {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
-                                                   "target_modules": lora.target_modules},
-              "parameters": params, "history": history, "resumed_from": cps[-1].name if cps else None}
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(net)
-        save_generator(unwrapped, tok, out, card=report)
-        if merge:
-            report["merged"] = save_generator(unwrapped, tok, out / "merged", merge=True, card=report)
-        (out / "train_report.json").write_text(json.dumps(report, indent=2, default=str))
-    accelerator.wait_for_everyone()
-    return report
+    return _StepsRun(step, steps_run, history, stopped=False)
+
+
+def _save_trained(unwrapped, tok, out: Path, report: dict, task: TaskSpec, *, merge: bool) -> None:
+    """The adapter or full model, the tokenizer and the card to ``out`` (``merged/`` too with ``merge``), and
+    ``train_report.json``."""
+    save_generator(unwrapped, tok, out, card=report, task=task)
+    if merge:
+        report["merged"] = save_generator(unwrapped, tok, out / "merged", merge=True, card=report, task=task)
+    (out / "train_report.json").write_text(json.dumps(report, indent=2, default=str))

@@ -272,6 +272,9 @@ def _check_deadline(deadline: float | None) -> None:
 
 def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig, n_samples: int, state,
                deadline, gen_chunk_steps, progress, stop_after) -> None:
+    """Iteration k of IBADR in ``it``: each stage not yet on disk runs (theta_s, the bias indicators of
+    the pool, theta_g, the samples, the confidence filter) and the iteration is marked complete. Returns
+    early after the stage ``stop_after`` names."""
     main = state.is_main_process
     if main:
         it.mkdir(parents=True, exist_ok=True)
@@ -285,29 +288,12 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     uses_indicator = cfg.indicator != "none"
     if uses_indicator:
         if not (it / "shallow.json").exists():
-            _check_deadline(deadline)
-            t0 = time.perf_counter()
-            info = _shallow(k, it, out, pool, task, cfg, progress)
-            if main:
-                _write_json(it / "shallow.json", info)
-                timer.add("shallow", time.perf_counter() - t0)
-            state.wait_for_everyone()
+            _shallow_stage(k, it, out, pool, task, cfg, state, deadline, progress, timer)
             if stop("shallow"):
                 return
         shallow = json.loads((it / "shallow.json").read_text())
         if not (it / "scores.parquet").exists():
-            _check_deadline(deadline)
-            t0 = time.perf_counter()
-            if main:
-                beta = _pool_bias_degree(pool, shallow["model"], task, cfg, it / SCORE_PARTS, deadline, progress)
-                ind = assign_indicators(beta, pool["uid"], cfg.n_bi)
-                import datasets
-                scores = datasets.Dataset.from_dict({"uid": pool["uid"], "label": labels_of(pool).tolist(),
-                                                     "beta": beta.tolist(), "indicator": ind.tolist()})
-                _write_parquet(scores, it / "scores.parquet")
-                timer.add("scores", time.perf_counter() - t0)
-                shutil.rmtree(it / SCORE_PARTS, ignore_errors=True)  # scores.parquet holds them now
-            state.wait_for_everyone()
+            _scores_stage(it, pool, shallow["model"], task, cfg, state, deadline, progress, timer)
             if stop("scores"):
                 return
         scores = _read_parquet(it / "scores.parquet")
@@ -325,37 +311,16 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     gen_report = json.loads((gen_dir / "train_report.json").read_text())
 
     # ---- step 3: sample x-bar ~ p_g(. | b-bar, y-bar) ----------------------------------------------
-    from ..generation.conditional import ConditionalFormat
-    from ..generation.models import load_tokenizer
-    from ..generation.sample import generate_samples, load_generated, summarize
+    from ..generation.sample import REPORT_FILE, load_generated
 
-    tok = load_tokenizer(str(gen_dir))
-    fmt = ConditionalFormat.for_tokenizer(tok, task.labels, (BIAS_CONTROL,) if uses_indicator else ())
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, k, 1]))
-    bbar = (sample_indicators(n_samples, cfg.n_bi, rng, cfg.indicator) if uses_indicator
-            else np.zeros(n_samples, dtype=np.int64))
-    ybar = sample_labels(n_samples, task.num_labels, rng)
-    prompts = [fmt.prompt(int(y), {BIAS_CONTROL: indicator_name(b)} if uses_indicator else None)
-               for b, y in zip(bbar, ybar)]
+    fmt, bbar, ybar, prompts = _draw_prompts(k, gen_dir, task, cfg, n_samples, uses_indicator)
     if main and not (it / "prompts.parquet").exists():
         import datasets
         _write_parquet(datasets.Dataset.from_dict({"sample_index": list(range(n_samples)), "indicator": bbar.tolist(),
                                                    "label": ybar.tolist()}), it / "prompts.parquet")
     samples = it / "samples"
-    from ..generation.sample import REPORT_FILE
     if not (samples / REPORT_FILE).exists():
-        while True:
-            _check_deadline(deadline)
-            t0 = time.perf_counter()
-            res = generate_samples(str(gen_dir), str(samples), task, n_samples, shard_size=cfg.shard_size,
-                                   seed=cfg.seed + k, batch_size=cfg.sample_batch_size, top_p=cfg.top_p,
-                                   temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                   condition="prompts", prompts=prompts, parse=fmt.parse, cpu=cfg.cpu, dtype=cfg.dtype,
-                                   progress=progress, stop_after_shards=1 if deadline is not None else None)
-            if main:
-                timer.add("samples", time.perf_counter() - t0)
-            if "stopped_after_shards" not in res:
-                break
+        _samples_stage(k, gen_dir, samples, task, cfg, n_samples, fmt, prompts, deadline, progress, timer, main)
         if stop("samples"):
             return
     if not main:
@@ -368,31 +333,111 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     rows = load_generated(str(samples))
     kept, rejected, filt = _filter(k, rows, pool, bbar, task, cfg, progress)
     if uses_indicator:  # the bias degree of the new rows under this iteration's theta_s, for the report
-        from .shallow import bias_degree
-
-        def with_beta(ds):
-            beta = bias_degree(ds, shallow["model"], task, batch_size=cfg.confidence_batch_size,
-                               max_length=cfg.shallow_max_length, progress=False) if len(ds) else []
-            return _add(ds, "beta", [float(b) for b in beta])
-        kept, rejected = with_beta(kept), with_beta(rejected)
+        kept = _with_beta(kept, shallow["model"], task, cfg)
+        rejected = _with_beta(rejected, shallow["model"], task, cfg)
         filt["beta_mean_kept"] = round(float(np.mean(kept["beta"])), 4) if len(kept) else None
     _write_parquet(kept, it / "kept.parquet")
     _write_parquet(rejected, it / "rejected.parquet")
     timer.add("filter", time.perf_counter() - t0)
-    report = {"iteration": k, "pool_before": len(pool), "pool_after": len(pool) + len(kept), "kept": len(kept),
-              "shallow": shallow, "scores": _score_summary(scores, cfg.n_bi) if scores is not None else None,
-              "generator": {key: gen_report.get(key) for key in ("model", "rows", "steps", "epochs", "seconds",
-                                                                 "seconds_per_step", "batch_size", "lr", "lora",
-                                                                 "parameters")}
-              | {"loss_first": (gen_report.get("history") or [{}])[0].get("loss"),
-                 "loss_last": (gen_report.get("history") or [{}])[-1].get("loss")},
-              "samples": {key: v for key, v in summarize(samples, task).items() if key != "config"},
-              "indicators_drawn": {indicator_name(b): int(c) for b, c in zip(*np.unique(bbar, return_counts=True))}
-              if uses_indicator else None,
-              "filter": filt, "seconds": timer.data}
+    report = _iteration_report(k, pool, kept, shallow, scores, gen_report, samples, bbar, filt, task, cfg, timer,
+                               uses_indicator)
     _write_json(it / "report.json", report)
     (it / COMPLETE).write_text("")
     state.wait_for_everyone()
+
+
+def _shallow_stage(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig, state, deadline,
+                   progress: bool, timer: _Timer) -> None:
+    """Step 1a: theta_s of iteration k (see :func:`_shallow`), recorded in ``shallow.json``."""
+    _check_deadline(deadline)
+    t0 = time.perf_counter()
+    info = _shallow(k, it, out, pool, task, cfg, progress)
+    if state.is_main_process:
+        _write_json(it / "shallow.json", info)
+        timer.add("shallow", time.perf_counter() - t0)
+    state.wait_for_everyone()
+
+
+def _scores_stage(it: Path, pool, shallow_model: str, task: TaskSpec, cfg: IbadrConfig, state, deadline,
+                  progress: bool, timer: _Timer) -> None:
+    """Step 1b: beta of every pool row under theta_s and its bias indicator, in ``scores.parquet``."""
+    _check_deadline(deadline)
+    t0 = time.perf_counter()
+    if state.is_main_process:
+        beta = _pool_bias_degree(pool, shallow_model, task, cfg, it / SCORE_PARTS, deadline, progress)
+        ind = assign_indicators(beta, pool["uid"], cfg.n_bi)
+        import datasets
+        scores = datasets.Dataset.from_dict({"uid": pool["uid"], "label": labels_of(pool).tolist(),
+                                             "beta": beta.tolist(), "indicator": ind.tolist()})
+        _write_parquet(scores, it / "scores.parquet")
+        timer.add("scores", time.perf_counter() - t0)
+        shutil.rmtree(it / SCORE_PARTS, ignore_errors=True)  # scores.parquet holds them now
+    state.wait_for_everyone()
+
+
+def _draw_prompts(k: int, gen_dir: Path, task: TaskSpec, cfg: IbadrConfig, n_samples: int, uses_indicator: bool):
+    """The conditional format of theta_g and, seeded by iteration, the indicator b-bar and label y-bar of
+    every sample and its prompt: (format, b-bar, y-bar, prompts)."""
+    from ..generation.conditional import ConditionalFormat
+    from ..generation.models import load_tokenizer
+
+    tok = load_tokenizer(str(gen_dir))
+    fmt = ConditionalFormat.for_tokenizer(tok, task.labels, (BIAS_CONTROL,) if uses_indicator else ())
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, k, 1]))
+    bbar = (sample_indicators(n_samples, cfg.n_bi, rng, cfg.indicator) if uses_indicator
+            else np.zeros(n_samples, dtype=np.int64))
+    ybar = sample_labels(n_samples, task.num_labels, rng)
+    prompts = [fmt.prompt(int(y), {BIAS_CONTROL: indicator_name(b)} if uses_indicator else None)
+               for b, y in zip(bbar, ybar)]
+    return fmt, bbar, ybar, prompts
+
+
+def _samples_stage(k: int, gen_dir: Path, samples: Path, task: TaskSpec, cfg: IbadrConfig, n_samples: int, fmt,
+                   prompts: list, deadline, progress: bool, timer: _Timer, main: bool) -> None:
+    """Step 3: the samples of theta_g from ``prompts`` into ``samples`` (one shard per session unit under a
+    deadline)."""
+    from ..generation.sample import generate_samples
+
+    while True:
+        _check_deadline(deadline)
+        t0 = time.perf_counter()
+        res = generate_samples(str(gen_dir), str(samples), task, n_samples, shard_size=cfg.shard_size,
+                               seed=cfg.seed + k, batch_size=cfg.sample_batch_size, top_p=cfg.top_p,
+                               temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                               condition="prompts", prompts=prompts, parse=fmt.parse, cpu=cfg.cpu, dtype=cfg.dtype,
+                               progress=progress, stop_after_shards=1 if deadline is not None else None)
+        if main:
+            timer.add("samples", time.perf_counter() - t0)
+        if "stopped_after_shards" not in res:
+            break
+
+
+def _with_beta(ds, shallow_model: str, task: TaskSpec, cfg: IbadrConfig):
+    """``ds`` with the bias degree of its rows under theta_s (column ``beta``)."""
+    from .shallow import bias_degree
+
+    beta = bias_degree(ds, shallow_model, task, batch_size=cfg.confidence_batch_size,
+                       max_length=cfg.shallow_max_length, progress=False) if len(ds) else []
+    return _add(ds, "beta", [float(b) for b in beta])
+
+
+def _iteration_report(k: int, pool, kept, shallow, scores, gen_report: dict, samples: Path, bbar: np.ndarray,
+                      filt: dict, task: TaskSpec, cfg: IbadrConfig, timer: _Timer, uses_indicator: bool) -> dict:
+    """``report.json`` of iteration k: pool sizes, theta_s, the score summary, theta_g's training, the
+    samples, the indicators drawn, the filter and the seconds per stage."""
+    from ..generation.sample import summarize
+
+    return {"iteration": k, "pool_before": len(pool), "pool_after": len(pool) + len(kept), "kept": len(kept),
+            "shallow": shallow, "scores": _score_summary(scores, cfg.n_bi) if scores is not None else None,
+            "generator": {key: gen_report.get(key) for key in ("model", "rows", "steps", "epochs", "seconds",
+                                                               "seconds_per_step", "batch_size", "lr", "lora",
+                                                               "parameters")}
+            | {"loss_first": (gen_report.get("history") or [{}])[0].get("loss"),
+               "loss_last": (gen_report.get("history") or [{}])[-1].get("loss")},
+            "samples": {key: v for key, v in summarize(samples, task).items() if key != "config"},
+            "indicators_drawn": {indicator_name(b): int(c) for b, c in zip(*np.unique(bbar, return_counts=True))}
+            if uses_indicator else None,
+            "filter": filt, "seconds": timer.data}
 
 
 def _shallow(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig, progress: bool) -> dict:

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from ...data.loading import labels_of
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...models.classifier import LoadedClassifier, load_classifier, predict_probabilities
 
 
-def train_shallow(pool, task: "str | TaskSpec", model: str, out_dir: "str | Path", *, rows: int, epochs: float,
+def train_shallow(pool, task: TaskSpec, model: str, out_dir: "str | Path", *, rows: int, epochs: float,
                   lr: float, seed: int, batch_size: int = 16, max_length: int = 128, save_steps: int = 50,
                   progress: bool = True) -> dict:
     """Fine-tune theta_s on ``rows`` random rows of ``pool`` (seed ``seed``) into ``out_dir``.
@@ -47,11 +47,10 @@ def gold_label_probabilities(probs: np.ndarray, labels: np.ndarray) -> np.ndarra
     return probs[np.arange(len(labels)), labels] if len(labels) else np.zeros(0)
 
 
-def bias_degree(ds, model: "str | LoadedClassifier | Any", task: "str | TaskSpec", *, batch_size: int = 64,
+def bias_degree(ds, model: "str | LoadedClassifier | Any", task: TaskSpec, *, batch_size: int = 64,
                 max_length: int = 128, progress: bool = True, tokenizer=None) -> np.ndarray:
     """beta of every row of ``ds`` under theta_s (a folder, a :class:`LoadedClassifier`, or a loaded model
     with ``tokenizer``), scored in batches of rows in input order."""
-    task = get_task(task)
     clf = load_classifier(model, tokenizer=tokenizer)
     probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
                                   order=range(len(ds)), labels=task.labels, desc="bias degree", progress=progress)

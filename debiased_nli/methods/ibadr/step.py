@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ...data.tasks import get_task
+from ...data.tasks import TaskSpec, get_task
 from ...utils.errors import ConfigError
 from . import PAPER_DEFAULTS
 from . import loop
@@ -22,10 +22,9 @@ from .loop import IbadrConfig
 STEP_ONLY = ("out", "gen_chunk_steps", "progress", "data_files")
 
 
-def config_from_params(task, params: Mapping[str, Any]) -> IbadrConfig:
+def config_from_params(task: TaskSpec, params: Mapping[str, Any]) -> IbadrConfig:
     """An :class:`IbadrConfig` from recipe/CLI parameters; the paper's values where none is given.
     ``lora: true`` means the default LoRA options (r 8, alpha 16, dropout 0.05, all linear layers)."""
-    task = get_task(task)
     fields = {f for f in IbadrConfig.__dataclass_fields__}
     unknown = sorted(set(params) - fields - set(STEP_ONLY))
     if unknown:
@@ -46,7 +45,7 @@ def config_from_params(task, params: Mapping[str, Any]) -> IbadrConfig:
     return IbadrConfig(**kw)
 
 
-def _run(ds, task, params: Mapping[str, Any]):
+def _run(ds, task: TaskSpec, params: Mapping[str, Any]):
     if not params.get("out"):
         raise ConfigError("the IBADR step needs `out`: the folder of its iterations (resumable)")
     cfg = config_from_params(task, params)

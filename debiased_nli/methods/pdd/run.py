@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ...bias.zstats import group_labels
-from ...data.loading import column_numpy, labels_of
+from ...data.loading import labels_of
 from ...data.tasks import TaskSpec, get_task
 from ...utils.errors import ConfigError
 from .algorithm import (
@@ -27,7 +27,6 @@ from .algorithm import (
 from .fill import prompt_words_for
 from .hyponly import HypothesisOnlyFolds
 from .masking import FAMILIES, HYPO_ONLY, PAPER_RATIOS
-from .zvalue import z_star
 
 
 @dataclasses.dataclass
@@ -69,15 +68,7 @@ def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | 
     With ``work_dir`` the perturbations are checkpointed there and a rerun continues (see algorithm.py)."""
     task = get_task(task)
     cfg = config or PDDConfig()
-    if cfg.tau < 0:
-        raise ConfigError(f"tau must be >= 0, got {cfg.tau}")
-    if cfg.max_passes < 1 or cfg.batch_size < 1 or cfg.max_sweeps < 1:
-        raise ConfigError("max_passes, batch_size and max_sweeps must be >= 1")
-    for col in ("premise", "hypothesis", "label", "uid"):
-        if col not in ds.column_names:
-            raise ConfigError(f"PDD needs the column {col!r}; the data has {ds.column_names}")
-    if not len(ds):
-        raise ConfigError("PDD got no rows")
+    _check_input(ds, cfg)
     t_start = time.perf_counter()
     group_of, group_names = group_labels(task.labels, cfg.label_groups)
     K = len(group_names)
@@ -88,17 +79,9 @@ def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | 
     words = prompt_words_for(task.labels, prompt_words)
     ov_extractor = overlap_extractor or default_overlap_extractor(cfg.overlap_feature, task.features)
 
-    cols = ds.select_columns(["premise", "hypothesis", "uid"]).to_dict()
-    labels = labels_of(ds)
-    hyponly, hypo_pred = None, None
     t0 = time.perf_counter()
-    if HYPO_ONLY in families or "hypo_only_pred" in ds.column_names:  # new rows then need its prediction too
-        hyponly = HypothesisOnlyFolds(task.labels, folds=hypo_only_folds, seed=cfg.seed)
-        hypo_pred = hyponly.fit(cols["premise"], cols["hypothesis"], labels)
-    featurizer = PairFeaturizer(task.labels, families, cfg.overlap_feature, ov_extractor, hyponly)
-    feats = featurizer.features(cols["premise"], cols["hypothesis"], hypo_pred=hypo_pred)
-    folds = hyponly.fold_of if hyponly is not None else np.zeros(len(ds), dtype=np.int64)
-    state = PDDState(cols["premise"], cols["hypothesis"], labels, cols["uid"], folds, feats, group_of)
+    state, featurizer, hyponly, hypo_pred = _initial_state(ds, task, cfg, families, ov_extractor, group_of,
+                                                           hypo_only_folds)
     seconds_features = time.perf_counter() - t0
 
     perturber = Perturber(task.labels, featurizer, filler, teacher, words, ratios)
@@ -106,19 +89,7 @@ def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | 
               "overlap_extractor": ov_extractor, "hypo_only_folds": hypo_only_folds, "group_names": list(group_names)}
     cache = ResultCache(None)
     if work_dir is not None:
-        work = Path(work_dir)
-        work.mkdir(parents=True, exist_ok=True)
-        meta = {"params": params, "models": {"filler": _describe(filler), "teacher": _describe(teacher)},
-                "input": dict(fingerprint or {}), "n_input": len(ds)}
-        meta_path = work / META_FILE
-        if meta_path.exists():
-            old = json.loads(meta_path.read_text())
-            if old != json.loads(json.dumps(meta, sort_keys=True, default=str)):
-                raise ConfigError(f"{work} holds a PDD run with other settings or inputs ({meta_path}); use another "
-                                  f"work dir, or delete that one to start over")
-        else:
-            meta_path.write_text(json.dumps(meta, sort_keys=True, indent=2, default=str))
-        cache = ResultCache(work / CACHE_FILE, cfg.checkpoint_every)
+        cache = _open_work_dir(Path(work_dir), params, filler, teacher, fingerprint, len(ds), cfg)
     algo = Algorithm1(state, perturber, cfg, task.labels, K, cache, group_names=group_names)
 
     before = {fam: state.family_z(fam, cfg.overlap_feature, K, p0) for fam in families}
@@ -128,7 +99,70 @@ def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | 
     # section 4.1: "The order is determined by ranking the z-value from highest to lowest"
     order = families if cfg.order == "given" else sorted(families, key=lambda f: (-fam_max[f], f))
     summary_before = _summary(state, families, cfg.overlap_feature, K, p0, cfg.tau)
+    records = _sweeps(state, algo, cache, cfg, order, families, K, p0, progress=progress)
+    seconds = time.perf_counter() - t_start
 
+    after = {fam: state.family_z(fam, cfg.overlap_feature, K, p0) for fam in families}
+    report = _report(task, state, algo, records, params, before, after, order, fam_max, summary_before,
+                     _summary(state, families, cfg.overlap_feature, K, p0, cfg.tau), group_names, cfg, seconds,
+                     seconds_features, perturber, filler, teacher, hyponly, cache)
+    if work_dir is not None:
+        report["work_dir"] = str(Path(work_dir).resolve())
+    return PDDOutput(state, algo.log, report, hypo_pred, hyponly)
+
+
+def _check_input(ds, cfg: PDDConfig) -> None:
+    if cfg.tau < 0:
+        raise ConfigError(f"tau must be >= 0, got {cfg.tau}")
+    if cfg.max_passes < 1 or cfg.batch_size < 1 or cfg.max_sweeps < 1:
+        raise ConfigError("max_passes, batch_size and max_sweeps must be >= 1")
+    for col in ("premise", "hypothesis", "label", "uid"):
+        if col not in ds.column_names:
+            raise ConfigError(f"PDD needs the column {col!r}; the data has {ds.column_names}")
+    if not len(ds):
+        raise ConfigError("PDD got no rows")
+
+
+def _initial_state(ds, task: TaskSpec, cfg: PDDConfig, families: Sequence[str], ov_extractor: str, group_of,
+                   hypo_only_folds: int):
+    """The features of every input row and the state Algorithm 1 starts from: (state, featurizer, the
+    out-of-fold hypothesis-only model or None, its predictions or None)."""
+    cols = ds.select_columns(["premise", "hypothesis", "uid"]).to_dict()
+    labels = labels_of(ds)
+    hyponly, hypo_pred = None, None
+    if HYPO_ONLY in families or "hypo_only_pred" in ds.column_names:  # new rows then need its prediction too
+        hyponly = HypothesisOnlyFolds(task.labels, folds=hypo_only_folds, seed=cfg.seed)
+        hypo_pred = hyponly.fit(cols["premise"], cols["hypothesis"], labels)
+    featurizer = PairFeaturizer(task.labels, families, cfg.overlap_feature, ov_extractor, hyponly)
+    feats = featurizer.features(cols["premise"], cols["hypothesis"], hypo_pred=hypo_pred)
+    folds = hyponly.fold_of if hyponly is not None else np.zeros(len(ds), dtype=np.int64)
+    state = PDDState(cols["premise"], cols["hypothesis"], labels, cols["uid"], folds, feats, group_of)
+    return state, featurizer, hyponly, hypo_pred
+
+
+def _open_work_dir(work: Path, params: dict, filler, teacher, fingerprint: Mapping[str, Any] | None, n_input: int,
+                   cfg: PDDConfig) -> ResultCache:
+    """The checkpoint cache in ``work``, after checking that the run there (``META_FILE``) has the same settings
+    and inputs (or recording them for a new run)."""
+    work.mkdir(parents=True, exist_ok=True)
+    meta = {"params": params, "models": {"filler": _describe(filler), "teacher": _describe(teacher)},
+            "input": dict(fingerprint or {}), "n_input": n_input}
+    meta_path = work / META_FILE
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if old != json.loads(json.dumps(meta, sort_keys=True, default=str)):
+            raise ConfigError(f"{work} holds a PDD run with other settings or inputs ({meta_path}); use another "
+                              f"work dir, or delete that one to start over")
+    else:
+        meta_path.write_text(json.dumps(meta, sort_keys=True, indent=2, default=str))
+    return ResultCache(work / CACHE_FILE, cfg.checkpoint_every)
+
+
+def _sweeps(state: PDDState, algo: Algorithm1, cache: ResultCache, cfg: PDDConfig, order: Sequence[str],
+            families: Sequence[str], K: int, p0: float, *, progress: bool) -> list:
+    """Up to ``cfg.max_sweeps`` sweeps over the families in ``order``, each reducing every feature whose
+    |z| > tau (largest first); stops when a sweep targets nothing or no feature is above tau. Returns the
+    record of every feature reduced."""
     from tqdm.auto import tqdm
     records = []
     bar = tqdm(desc="PDD perturbations", unit="op", disable=not progress)
@@ -151,15 +185,7 @@ def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | 
     finally:
         bar.close()
         cache.flush()
-    seconds = time.perf_counter() - t_start
-
-    after = {fam: state.family_z(fam, cfg.overlap_feature, K, p0) for fam in families}
-    report = _report(task, state, algo, records, params, before, after, order, fam_max, summary_before,
-                     _summary(state, families, cfg.overlap_feature, K, p0, cfg.tau), group_names, cfg, seconds,
-                     seconds_features, perturber, filler, teacher, hyponly, cache)
-    if work_dir is not None:
-        report["work_dir"] = str(Path(work_dir).resolve())
-    return PDDOutput(state, algo.log, report, hypo_pred, hyponly)
+    return records
 
 
 def _describe(obj) -> Any:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...bias.features import FEATURE_PREFIX, HYPO_ONLY_COLUMN, add_feature_columns
-from ...data.tasks import get_task
+from ...data.tasks import TaskSpec, get_task
 from ...utils.errors import ConfigError, did_you_mean
 from .algorithm import HYPO_PREFIX, PDDConfig
 
@@ -182,11 +182,10 @@ def _hypo_pred(task, out, rows) -> np.ndarray:
     return pred
 
 
-def build_outputs(ds, task, out):
+def build_outputs(ds, task: TaskSpec, out):
     """(D, removed) as datasets (see the module docstring)."""
     import datasets
 
-    task = get_task(task)
     state = out.state
     n = state.n_input
     alive = np.asarray(state.alive, dtype=bool)
