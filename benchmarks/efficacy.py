@@ -39,7 +39,7 @@ from debiased_nli.release.compare import units as _units  # noqa: E402
 from debiased_nli.release.compare.locking import LockTurns, claim, heavy_lock, log  # noqa: E402,F401
 from debiased_nli.release.compare.plan import Plan, write_json_atomic  # noqa: E402,F401
 from debiased_nli.release.compare.report import (SHARE_SETS, build_of as _build_of, same_rows as _same_rows,  # noqa: E402,F401
-                                                 summarise, verdict_paragraph)
+                                                 verdict_paragraph)
 from debiased_nli.release.compare.rows import (NotBuilt, Pending, RowData, build_command, per_unit_subset,  # noqa: E402,F401
                                                poe_settings, resolve_row)
 from debiased_nli.release.compare.stats import seeds_only as compare  # noqa: E402,F401
@@ -96,11 +96,15 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None) -> N
                                   share_sets=SHARE_SETS, times_note=TIMES_NOTE)
 
 
+def summarise(plan: Plan, **options) -> dict:
+    return _report_module.summarise(plan, share_sets=SHARE_SETS, replicates_of=load_plan, **options)
+
+
 def report(plan: Plan, out_stem: Path | None = None) -> dict:
     """``efficacy.md`` / ``.json`` / ``.png`` beside the results folder (``compare report`` with this project's
     title and commands)."""
-    return _report_module.report(plan, out_stem, title=TITLE, commands=_commands(plan), share_sets=SHARE_SETS,
-                                 times_note=TIMES_NOTE)
+    return _report_module.report(plan, out_stem, replicates_of=load_plan, title=TITLE, commands=_commands(plan),
+                                 share_sets=SHARE_SETS, times_note=TIMES_NOTE)
 
 
 # ------------------------------------------------------------------------------------------ speed

@@ -204,7 +204,11 @@ def summarise(plan: Plan, *, share_sets: Sequence[str] = SHARE_SETS, statistics:
     table["comparisons"] = comparisons_seeds_only(plan, table)
     if statistics:
         table["statistics"] = stats.compute(plan, units, table["rows"])
-    if replicates_of is not None and plan.raw.get("replicates"):  # relative to the plan's own file
+    if plan.raw.get("replicates"):  # relative to the plan's own file
+        if replicates_of is None:
+            from .plan import load_plan
+
+            replicates_of = lambda path: load_plan(path, base=plan.base)  # noqa: E731
         other = Path(plan.raw["replicates"]).expanduser()
         table["replication"] = replication(plan, table, replicates_of(
             other if other.is_absolute() else (plan.path.resolve().parent / other).resolve()))
@@ -612,15 +616,12 @@ def plot(table: dict, path: Path) -> Path | None:
     return path
 
 
-def report(plan: Plan, out_stem: Path | None = None, **markdown_options) -> dict:
+def report(plan: Plan, out_stem: Path | None = None, *, replicates_of=None, **markdown_options) -> dict:
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>.png`` (default stem: the results folder's path) and
-    return the table."""
-    from .plan import load_plan
-
+    return the table. ``replicates_of``: see :func:`summarise`."""
     stem = out_stem or plan.results_dir.parent / plan.results_dir.name
     share_sets = markdown_options.get("share_sets", SHARE_SETS)
-    table = summarise(plan, share_sets=share_sets,
-                      replicates_of=lambda p: load_plan(p, base=plan.base))
+    table = summarise(plan, share_sets=share_sets, replicates_of=replicates_of)
     fig = plot(table, stem.with_suffix(".png"))
     write_json_atomic(stem.with_suffix(".json"), table)
     write_markdown(table, plan, stem.with_suffix(".md"), fig.name if fig else None, **markdown_options)
