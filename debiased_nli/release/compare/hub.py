@@ -135,13 +135,15 @@ def model_index(plan: Plan, table: dict, trained: dict[str, dict]) -> tuple[list
             excluded, n = cell.get("excluded_rows") or 0, cell["n"]
             if excluded or cell.get("subsampled"):
                 dataset_args = {"rows_scored": n}
+                parts = []
                 if excluded:
                     dataset_args["rows_left_out"] = excluded
                     dataset_args["why_left_out"] = "held out for epoch selection (the plan's select_on)"
-                    ds_name = f"{s} (without the {excluded:,} rows the epoch was selected on; {n:,} rows)"
+                    parts.append(f"without the {excluded:,} rows the epoch was selected on")
                 if cell.get("subsampled"):
                     dataset_args["sample"] = "seeded random sample"
-                    ds_name = f"{s} (random sample of {n:,} rows)"
+                    parts.append("a seeded random sample")
+                ds_name = f"{s} ({', '.join(parts)}; {n:,} rows)"
             seeds = entry["seeds_done"]
             args = {"seeds": seeds, "trained_on": {k: v for k, v in trained[name].items() if k != "text"}}
             common = dict(task_type="text-classification", task_name="Natural Language Inference",

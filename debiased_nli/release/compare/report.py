@@ -355,7 +355,7 @@ def _statistics_md(plan: Plan, table: dict) -> list[str]:
                 L.append(f"| `{c['row']}` − `{c['against']}` | {s} | no stored predictions: {e['unavailable']} | – | – | – | – |")
                 continue
             L.append(f"| `{c['row']}` − `{c['against']}` | {s} | {e['text']} | {e['p_value']:.4f} | "
-                     f"{e['p_adjusted']:.4f} | {len(e['seeds_a'])} / {len(e['seeds_b'])} | {e['rows']:,} |")
+                     f"{e['p_adjusted']:.4f} | {e['seeds_a']} / {e['seeds_b']} | {e['rows']:,} |")
         L.append("")
     else:
         L += ["**No primary comparisons** are named in the plan (`primary:`), so no correction for multiple "

@@ -147,7 +147,7 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
                 d = paired_bootstrap(a["matrix"], b["matrix"], replicates=boot["replicates"], level=boot["level"],
                                      seed=boot["seed"]).to_dict()
             new_cache[key] = d
-            entry["sets"][s] = {"family": fam, "seeds_a": a["seeds"], "seeds_b": b["seeds"], **d}
+            entry["sets"][s] = {"family": fam, "seeds_of_a": a["seeds"], "seeds_of_b": b["seeds"], **d}
             if fam == "primary":
                 family.append(entry["sets"][s])
         comparisons.append(entry)

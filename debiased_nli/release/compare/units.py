@@ -343,7 +343,8 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
                         "excluded_rows": entry.get("excluded_rows", 0)}
         per_set[name] = {"accuracy": run["accuracy"], "n": entry["n"], "n_total": entry["n_total"],
                          "subsampled": entry["subsampled"], "excluded_rows": entry.get("excluded_rows", 0),
-                         "rows_fingerprint": entry["rows_fingerprint"], "breakdowns": run.get("breakdowns") or {},
+                         "rows_fingerprint": entry["rows_fingerprint"], "hub_dataset": entry.get("hub_dataset"),
+                         "breakdowns": run.get("breakdowns") or {},
                          "confusion": run["confusion"], "seconds": run["predict_seconds"],
                          "cpu_seconds": run["predict_cpu_seconds"]}
         commits.update(run["predict_git"])
