@@ -380,6 +380,8 @@ def _statistics_md(plan: Plan, table: dict) -> list[str]:
                 "clearly labelled." + (" Where a row has both kinds of units, its intervals use only the seeds "
                                        "with predictions (columns *seeds A / B*)." if any(cov[r]["with"] for r in lacking)
                                        else "")]
+    while L and L[-1] == "":
+        L.pop()
     return L
 
 
@@ -418,8 +420,9 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
           + (f" and {e['max_tokens']} padded tokens" if e.get("max_tokens") else "")
           + " per batch, padded to the batch's longest row; the batching changes no probability by more than 3e-8)"
           + (f", forward passes in {e['dtype']} autocast" if e.get("dtype", "float32") != "float32" else "")
-          + (", HANS scored 2-way (neutral and contradiction -> non-entailment), MNLI zero-shot from SNLI"
-             if plan.task == "snli" else "") + ".", ""]
+          + (", HANS scored 2-way (neutral and contradiction -> non-entailment)" if "hans" in sets else "")
+          + (", MNLI zero-shot from SNLI" if plan.task == "snli" and any(s.startswith("mnli") for s in sets) else "")
+          + ".", ""]
     speed_file = path.parent / f"{path.stem}_speed.json"
     if speed_file.exists():
         L += _speed_md(json.loads(speed_file.read_text()))
