@@ -6,7 +6,8 @@ epoch is selected, and the comparisons, primary ones named in advance.
     task: snli
     model: sentence-transformers/all-MiniLM-L6-v2     # a folder or a Hub id
     seeds: [0, 1, 2, 3, 4]
-    runs_dir: runs/compare          # models and the releases the plan builds (relative paths: to the plan's folder)
+    runs_dir: runs/compare          # models and the releases the plan builds (relative paths: to the plan's folder,
+                                    # or to `paths_relative_to:`, a folder relative to the plan's)
     results_dir: results/compare    # one result file and one predictions file per (row, seed); the report beside it
     reference: original             # every row is compared with it (secondary comparisons)
     device: any                     # any (a GPU when one is visible), cpu or cuda (refuses to run without one)
@@ -53,7 +54,7 @@ DEVICES = ("any", "cpu", "cuda")
 CORRECTIONS = ("holm", "bh")
 _TOP_KEYS = {"task", "model", "model_name", "seeds", "runs_dir", "results_dir", "reference", "device", "train",
              "select_on", "evaluate", "releases", "rows", "primary", "correction", "bootstrap", "extends",
-             "replicates", "note", "commands", "lock_budget_minutes", "title", "intro"}
+             "replicates", "note", "commands", "lock_budget_minutes", "title", "intro", "paths_relative_to"}
 _ROW_KEYS = {"name", "description", "data", "poe", "compare_with", "hold"}
 
 
@@ -254,9 +255,12 @@ def read_plan(path: Path, base: Path | None = None, _seen: tuple = ()) -> dict:
 def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = None, runs_dir: str | None = None,
               results_dir: str | None = None) -> Plan:
     """Read and check a plan. ``base``: the folder its relative paths are relative to (default: the plan's
-    folder). ``runs_dir`` / ``results_dir`` override the plan's."""
+    ``paths_relative_to``, relative to the plan's folder, else the plan's folder). ``runs_dir`` / ``results_dir``
+    override the plan's."""
     path = Path(path)
-    base_dir = Path(base).resolve() if base is not None else path.resolve().parent
+    raw0 = read_plan(path)
+    base_dir = (Path(base).resolve() if base is not None
+                else _expand(raw0.get("paths_relative_to", "."), path.resolve().parent))
     raw = read_plan(path, base_dir)
     where = str(path)
     unknown = set(raw) - _TOP_KEYS
