@@ -18,7 +18,7 @@ import yaml
 from debiased_nli.models.significance import correct, paired_bootstrap
 from debiased_nli.release.compare import load_plan, run
 from debiased_nli.release.compare import report as report_module
-from debiased_nli.release.compare import stats, units
+from debiased_nli.release.compare import units
 from debiased_nli.utils.errors import ConfigError
 from test_training import make_tiny_bert
 

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .locking import log
 from .plan import Plan, write_json_atomic
 from .units import read_predictions
 
@@ -112,7 +113,7 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
     A set's entry is the :class:`~debiased_nli.models.significance.Difference` (``to_dict()``, plus ``text``:
     ``describe()``, and ``family``: ``primary`` or ``secondary``), or ``{"family", "unavailable": why, "seeds_only":
     {difference, se, call}}`` where a side has no stored predictions."""
-    from ...models.significance import correct, paired_bootstrap
+    from ...models.significance import Difference, correct, paired_bootstrap
 
     boot = plan.bootstrap
     sides = Sides(plan, units)
@@ -144,6 +145,8 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
             key = _cache_key(a, b, s, boot)
             d = cache.get(key)
             if d is None:
+                log(f"bootstrap {comp['row']} - {comp['against']} on {s}: {a['matrix'].shape[1]:,} rows, "
+                    f"{len(a['seeds'])} + {len(b['seeds'])} seeds, {boot['replicates']:,} replicates")
                 d = paired_bootstrap(a["matrix"], b["matrix"], replicates=boot["replicates"], level=boot["level"],
                                      seed=boot["seed"]).to_dict()
             new_cache[key] = d
@@ -151,16 +154,11 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
             if fam == "primary":
                 family.append(entry["sets"][s])
         comparisons.append(entry)
+    fields = list(Difference.__dataclass_fields__)
     if family:
-        from ...models.significance import Difference
-
-        fields = [f for f in Difference.__dataclass_fields__]
         diffs = [Difference(**{k: v for k, v in e.items() if k in fields}) for e in family]
         for e, d in zip(family, correct(diffs, plan.correction)):
             e.update(d.to_dict())
-    from ...models.significance import Difference
-
-    fields = list(Difference.__dataclass_fields__)
     for entry in comparisons:
         for e in entry["sets"].values():
             if "unavailable" not in e:
