@@ -14,7 +14,7 @@ _EPILOG = """examples:
   debiased-nli compare run plan.yaml                    # train and score every unit not done yet; resumable
   debiased-nli compare run plan.yaml --workers 4        # four processes sharing the GPU (or the CPU)
   debiased-nli compare run plan.yaml --rows original z_filtered --seeds 0
-  debiased-nli compare report plan.yaml                 # RESULTS.md / .json / .png beside the results folder
+  debiased-nli compare report plan.yaml                 # <results_dir>.md / .json / .png beside the results folder
   debiased-nli compare report plan.yaml --push-to ORG/debiased-snli   # + the evaluation report on the Hub
 
 A plan (YAML) names the rows (release configs, the original data, random controls of a row's size, product of
