@@ -207,7 +207,7 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
         + (f"; pending: {', '.join(pending)}" if pending else ""))
     shared = (ROOT.parent / "shared").resolve()
     data_root = default_data_root().resolve()
-    files: set[Path] = {efficacy._path(p) for p in plan.train["dev_files"]}
+    files: set[Path] = {efficacy._path(p) for p in plan.train.get("dev_files") or []}
     files |= {data_root / s.local for s in resolve_sets(sets=plan.evaluate["sets"])}
     releases: dict[str, set[str]] = {}
     release_dirs: dict[str, set[str]] = {}
@@ -334,6 +334,10 @@ def _pack(plan, logs: Path, out: Path) -> int:
         for p in sorted(plan.results_dir.glob("*-s*.json")):
             tar.add(p, arcname=f"results/{p.name}")
             n += 1
+            row, seed = p.stem.rsplit("-s", 1)
+            predictions = plan.predictions_file(row, int(seed))
+            if predictions.exists():  # written before the unit file: a packed unit has its predictions
+                tar.add(predictions, arcname=f"results/predictions/{predictions.name}")
         for p in sorted(plan.runs_dir.glob("models/*/efficacy_train*.json")):
             tar.add(p, arcname=f"models/{p.parent.name}/{p.name}")
         for p in sorted(logs.glob("*")):
@@ -433,7 +437,12 @@ def collect(archive: Path, plan_path: Path, logs_to: Path | None) -> list[str]:
                 continue
             name = Path(m.name)
             data = tar.extractfile(m).read()
-            if name.parts[0] == "results" and len(name.parts) == 2:
+            if name.parts[:2] == ("results", "predictions") and len(name.parts) == 3:  # a unit's predictions
+                dst = plan.results_dir / "predictions" / name.name
+                if not dst.exists():
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    dst.write_bytes(data)
+            elif name.parts[0] == "results" and len(name.parts) == 2:
                 dst = plan.results_dir / name.name
                 if dst.exists():
                     kept.append(name.name)

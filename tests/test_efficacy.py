@@ -14,6 +14,8 @@ import yaml
 
 from benchmarks import efficacy
 from debiased_nli.cli import build_parser
+from debiased_nli.release.compare import units
+from debiased_nli.utils.errors import ConfigError
 from test_training import make_tiny_bert
 
 N_TRAIN = 48
@@ -210,7 +212,8 @@ def test_a_row_is_also_compared_with_the_row_it_names(setup, tmp_path):
     zf, rc = table["rows"]["z_filtered"]["sets"], table["rows"]["random_control"]["sets"]
     for s in ("snli_test_hard", "anli"):
         diff, se, call = efficacy.compare(zf[s], rc[s])
-        assert comp["sets"][s] == {"difference": round(diff, 2), "se": round(se, 2), "call": call}
+        # unrounded in the JSON: each figure is rounded once, where it is written
+        assert comp["sets"][s] == {"difference": diff, "se": se, "call": call}
     md = tmp_path / "efficacy.md"
     efficacy.write_markdown(table, plan, md, None)
     text = md.read_text()
@@ -219,7 +222,7 @@ def test_a_row_is_also_compared_with_the_row_it_names(setup, tmp_path):
     bad = yaml.safe_load(plan.path.read_text())
     bad["rows"][1]["compare_with"] = "no_such_row"
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
-    with pytest.raises(SystemExit, match="compare_with 'no_such_row'"):
+    with pytest.raises(ConfigError, match="compare_with 'no_such_row'"):
         efficacy.load_plan(tmp_path / "bad.yaml")
 
 
@@ -390,12 +393,12 @@ def test_a_plan_extends_another_restating_only_what_differs(setup, tmp_path):
     assert p.evaluate == plan.evaluate and p.results_dir == tmp_path / "res" and p.raw["device"] == "cuda"
     loop = tmp_path / "loop.yaml"
     loop.write_text(yaml.safe_dump({"extends": "loop.yaml"}))
-    with pytest.raises(SystemExit, match="loops"):
+    with pytest.raises(ConfigError, match="loops"):
         efficacy.load_plan(loop)
     import torch
 
     if not torch.cuda.is_available():  # a GPU table is never computed on a CPU
-        with pytest.raises(SystemExit, match="no CUDA GPU"):
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
             efficacy.run(p, progress=False)
     # the real GPU plan is the CPU plan with its own results and runs folders
     gpu, cpu = efficacy.load_plan(efficacy.ROOT / "benchmarks" / "efficacy_gpu.yaml"), efficacy.load_plan()
@@ -411,8 +414,8 @@ def test_runs_sharing_a_claims_folder_split_the_units_and_seed_major_takes_every
     child.write_text(yaml.safe_dump({"extends": str(plan.path), "results_dir": str(tmp_path / "res")}))
     p = efficacy.load_plan(child)
     ran = []
-    monkeypatch.setattr(efficacy, "train_unit", lambda plan, row, seed, *a, **k: ran.append((row["name"], seed)) or {})
-    monkeypatch.setattr(efficacy, "evaluate_unit", lambda *a, **k: None)
+    monkeypatch.setattr(units, "train_unit", lambda plan, row, seed, *a, **k: ran.append((row["name"], seed)) or {})
+    monkeypatch.setattr(units, "evaluate_unit", lambda *a, **k: None)
     claims = tmp_path / "claims"
     assert efficacy.claim(claims, "original", 0) and not efficacy.claim(claims, "original", 0)  # another process has it
     efficacy.run(p, rows=["original", "z_filtered"], claims=claims, seed_major=True, progress=False)
@@ -427,8 +430,8 @@ def test_runs_sharing_a_claims_folder_split_the_units_and_seed_major_takes_every
             raise ValueError("broken rows")
         ran.append((row["name"], seed))
 
-    monkeypatch.setattr(efficacy, "train_unit", train)
-    with pytest.raises(SystemExit, match="original: ValueError: broken rows"):
+    monkeypatch.setattr(units, "train_unit", train)
+    with pytest.raises(ConfigError, match="original: ValueError: broken rows"):
         efficacy.run(p, rows=["original", "z_filtered"], claims=tmp_path / "claims2", progress=False)
     assert ran == [("z_filtered", 0), ("z_filtered", 1)]
     assert efficacy.unit_order(p, ["original", "z_filtered"]) == [("original", 0), ("original", 1),

@@ -92,3 +92,99 @@ def test_the_checkout_fallback_and_recipe_names(tmp_path, monkeypatch):
         find_recipe("snil")
     monkeypatch.setenv("DEBIASED_NLI_BUILDERS", str(tmp_path))
     assert set(packaged_recipes()) == {"mine"}
+
+
+DEMO_PLAN = """\
+# a comparison on the demo release: the rows it was built from, its z_filtered config, and random subsets of
+# z_filtered's size drawn anew per seed; the epoch is selected on 100 held-out rows that are then not scored
+task: demo
+model: tiny
+seeds: [0, 1]
+runs_dir: runs
+results_dir: results/compare
+train: {learning_rate: 1.0e-3, batch_size: 32, max_length: 32, epochs: 1, threads: 1}
+select_on: {set: demo_heldout, rows: 100, seed: 0}
+evaluate:
+  sets:
+    - {name: demo_heldout, task: demo, labels: [entailment, neutral, contradiction],
+       label_values: {0: entailment, 1: neutral, 2: contradiction}, local: heldout.parquet}
+  max_length: 32
+  batch_size: 64
+  threads: 1
+rows:
+  - {name: original, data: {files: [train.parquet]}}
+  - name: z_filtered
+    data: {release_dir: out/debiased-demo, config: z_filtered}
+    compare_with: {row: random_control, why: "same size: debiased data or only less data?"}
+  - {name: random_control, data: {random_subset_of: original, size_of: z_filtered, seed: unit}}
+primary:
+  - {row: z_filtered, against: random_control}
+bootstrap: {replicates: 200}
+"""
+
+
+def test_compare_runs_from_the_wheel_on_the_demo_release_and_resumes_after_a_kill(wheel, tmp_path):
+    """plan -> run -> report from the unpacked wheel, outside the checkout; the first run is killed once a unit has
+    finished, the second (two workers sharing the CPU) finishes without redoing the finished units."""
+    import signal
+    import time
+
+    import pandas as pd
+
+    from test_training import make_tiny_bert
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site), DEBIASED_NLI_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"),
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    for key in ("DEBIASED_NLI_TEMPLATES", "DEBIASED_NLI_EVALUATION", "DEBIASED_NLI_BUILDERS"):
+        env.pop(key, None)
+    demo = pd.read_parquet(site / "debiased_nli" / "data" / "demo" / "demo_nli.parquet")
+    demo.head(2400).to_parquet(work / "train.parquet")
+    demo.iloc[2400:].to_parquet(work / "heldout.parquet")
+    make_tiny_bert(work / "tiny", list(demo.premise) + list(demo.hypothesis))
+    (work / "plan.yaml").write_text(DEMO_PLAN)
+    cli = [sys.executable, "-m", "debiased_nli.cli"]
+    t0 = time.monotonic()
+    built = subprocess.run(cli + ["--quiet", "build", "demo", "--data-files", "train=train.parquet", "--out",
+                                  "out/debiased-demo"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    results = work / "results" / "compare"
+    with open(tmp_path / "run1.log", "w") as log:
+        first = subprocess.Popen(cli + ["compare", "run", "plan.yaml", "--quiet"], cwd=work, env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 240
+        while not list(results.glob("*-s*.json")) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.killpg(first.pid, signal.SIGKILL)  # mid-way: one unit done, the next one training or scoring
+        first.wait()
+    killed_at = time.monotonic() - t0
+    finished = {p: p.read_bytes() for p in results.glob("*-s*.json")}
+    assert 1 <= len(finished) < 6, (tmp_path / "run1.log").read_text()[-3000:]
+    status = subprocess.run(cli + ["compare", "status", "plan.yaml"], cwd=work, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert status.returncode == 0 and f"{len(finished)} done" in status.stdout, status.stderr[-2000:]
+    second = subprocess.run(cli + ["compare", "run", "plan.yaml", "--workers", "2", "--quiet"], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    assert "report: 6 of 6 units finished" in second.stdout
+    for p, data in finished.items():  # not redone
+        assert p.read_bytes() == data
+    assert len(list(results.glob("*-s*.json"))) == 6 and len(list((results / "predictions").glob("*.npz"))) == 6
+    logs = "".join(p.read_text() for p in (work / "runs" / "logs").glob("worker-*.log"))
+    for p in finished:
+        row, seed = p.stem.rsplit("-s", 1)
+        assert f"train {row} seed {seed}" not in logs and f"evaluate {row} seed {seed}" not in logs
+    table = json.loads((work / "results" / "compare.json").read_text())
+    assert table["schema"] == "debiased-nli/efficacy-table/v2"
+    assert table["rows"]["original"]["sets"]["demo_heldout"]["n"] == 500  # 600 held-out rows minus the 100 selected
+    comp = next(c for c in table["statistics"]["comparisons"] if c["row"] == "z_filtered" and c["against"] == "random_control")
+    assert comp["primary"] and comp["sets"]["demo_heldout"]["p_adjusted"] is not None
+    md = (work / "results" / "compare.md").read_text()
+    assert "## Differences with 95% intervals" in md and (work / "results" / "compare.png").exists()
+    imported = subprocess.run([sys.executable, "-c", "import debiased_nli.release.compare as c; print(c.__file__)"],
+                              cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert imported.stdout.startswith(str(site)), imported.stdout + imported.stderr
+    print(f"killed after {killed_at:.0f}s with {len(finished)} unit(s) done; all 6 after {time.monotonic() - t0:.0f}s")

@@ -56,6 +56,23 @@ def set_predictions(spec: ChallengeSet, probs_model_order: np.ndarray, id2label:
     return pred, label_map
 
 
+def gold_probabilities(spec: ChallengeSet, probs_model_order: np.ndarray, id2label: Mapping[int, str], gold,
+                       model_name: str = "model") -> np.ndarray:
+    """The probability the model gives each row's gold label, in the set's labels: the probabilities of the
+    model labels the set keeps (:meth:`ChallengeSet.prediction_indices`), renormalised to sum to 1, summed
+    over the model labels mapped onto each set label (HANS: P(non-entailment) = P(neutral) + P(contradiction))."""
+    from .labels import map_model_labels
+
+    order = map_model_labels(dict(id2label), spec.model_labels, model_name)
+    kept, targets = spec.prediction_indices()
+    probs = np.asarray(probs_model_order, dtype=np.float64)[:, [order[i] for i in kept]]
+    probs = probs / np.maximum(probs.sum(axis=1, keepdims=True), 1e-12)
+    per_label = np.zeros((len(probs), len(spec.labels)))
+    for column, target in enumerate(targets):
+        per_label[:, target] += probs[:, column]
+    return per_label[np.arange(len(probs)), np.asarray(gold, dtype=np.int64)]
+
+
 def breakdown_keys(spec: ChallengeSet, ds) -> dict[str, list[str]]:
     """Breakdown name -> the group key of each row (columns joined by '/'; ``label`` as the gold label name)."""
     out = {}
@@ -106,7 +123,8 @@ def confusion(labels: Sequence[str], gold, pred) -> dict[str, dict[str, int]]:
 
 def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cfg: EvalConfig | None = None, *,
                     chunk_rows: int | None = None, cache_dirs: Mapping[str, "str | Path"] | None = None,
-                    before_chunk: Callable[[], None] | None = None) -> dict:
+                    before_chunk: Callable[[], None] | None = None,
+                    exclude_rows: Mapping[str, Sequence[int]] | None = None, keep_predictions: bool = False) -> dict:
     """Score every model on every set; returns the ``results.json`` object (see :data:`SCHEMA`).
 
     Each run (a model on a set) records, beside its scores, its confusion matrix and the seconds, CPU
@@ -114,7 +132,14 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
     of at most that many rows; with ``cache_dirs`` (model path -> folder) every chunk's probabilities are
     saved there with their time and commit, so an interrupted evaluation continues where it stopped (a
     model whose chunks are all saved is not loaded at all). ``before_chunk`` is called before each chunk
-    that is computed (e.g. to take turns at a lock)."""
+    that is computed (e.g. to take turns at a lock).
+
+    ``exclude_rows`` (set name -> values of the set's ``row`` column): rows left out of that set before
+    anything is scored (e.g. the rows a model's epoch was selected on); the set's entry records how many
+    (``excluded_rows``). ``keep_predictions``: each run also holds ``predictions`` (numpy arrays, not JSON:
+    the caller stores them) -- ``predicted`` and ``gold`` (set label ids, int8) and ``gold_probability``
+    (float16: :func:`gold_probabilities`) of every scored row in order -- and each set's entry the content
+    fingerprint of the rows scored (``rows_fingerprint``, :func:`debiased_nli.data.loading.content_fingerprint`)."""
     import time
 
     cfg = cfg or EvalConfig()
@@ -122,8 +147,13 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
     models = []
     per_set: dict[str, dict] = {}
     datasets_cache = {}
+    excluded: dict[str, int] = {}
     for spec in sets:  # load (and check) every set first: a missing file fails before any prediction
         ds = load_challenge_set(spec, cfg.data_root)
+        if exclude_rows and spec.name in exclude_rows:
+            keep = ~np.isin(np.asarray(ds["row"], dtype=np.int64), np.asarray(list(exclude_rows[spec.name]), np.int64))
+            excluded[spec.name] = int(len(ds) - keep.sum())
+            ds = ds.select(np.flatnonzero(keep))
         datasets_cache[spec.name] = (ds, sample_rows(ds, cfg.max_examples, cfg.sample_seed))
     for path in model_paths:
         cache = (cache_dirs or {}).get(str(path))
@@ -149,8 +179,20 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
                 "source": source["path"] if source["kind"] == "local" else f"{source['path']}[{source['split']}]",
                 "source_kind": source["kind"], "hub_dataset": source["hub_dataset"],
                 "spec_version": spec.version, "runs": []})
-            entry["runs"].append({"model": str(path), "seed": seed, **scores,
-                                  "confusion": confusion(spec.labels, ds["label"], pred), **timing})
+            if spec.name in excluded:
+                entry["excluded_rows"] = excluded[spec.name]
+            run = {"model": str(path), "seed": seed, **scores, "confusion": confusion(spec.labels, ds["label"], pred),
+                   **timing}
+            if keep_predictions:
+                if "rows_fingerprint" not in entry:
+                    from ..data.loading import content_fingerprint
+
+                    entry["rows_fingerprint"] = content_fingerprint(ds)
+                gold = np.asarray(ds["label"], dtype=np.int64)
+                run["predictions"] = {"predicted": pred.astype(np.int8), "gold": gold.astype(np.int8),
+                                      "gold_probability": gold_probabilities(spec, probs, model.id2label(), gold,
+                                                                             str(path)).astype(np.float16)}
+            entry["runs"].append(run)
         models.append({"path": str(path), "seed": seed, "id2label": {str(k): v for k, v in model.id2label().items()},
                        "train": (record or {}).get("result"), "train_config": (record or {}).get("config"),
                        "task": (record or {}).get("task"), "eval_seconds": seconds})

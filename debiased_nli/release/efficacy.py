@@ -1,9 +1,12 @@
-"""A release card's link to its rows of the efficacy table (``benchmarks/efficacy.py``, issue 14).
+"""A release card's link to its rows of an efficacy table (``debiased-nli compare report``, or
+``benchmarks/efficacy.py report``).
 
-``debiased-nli build ... --efficacy benchmarks/results/efficacy.json`` puts, for every config of the
-release that has a row in the table, the measured accuracies (mean ± std over seeds) and their
-difference from the table's reference row (the model trained on the original data) into the card, so a
-user sees what training on a config costs or gains before picking it.
+``debiased-nli build ... --efficacy results/compare.json`` puts, for every config of the release that has a
+row in the table, the measured accuracies (mean ± std over seeds) and their difference from the table's
+reference row (the model trained on the original data) into the card, so a user sees what training on a
+config costs or gains before picking it. Two formats are read: v2 (``compare report``), whose comparisons
+carry paired-bootstrap intervals where the units stored their predictions, and v1 (reports written before
+that), whose comparisons are the seeds-only calls (``*``).
 """
 from __future__ import annotations
 
@@ -14,16 +17,22 @@ from typing import Sequence
 from ..utils.errors import ConfigError
 
 TABLE_SCHEMA = "debiased-nli/efficacy-table/v1"
+TABLE_SCHEMA_V2 = "debiased-nli/efficacy-table/v2"  # + statistics (paired-bootstrap intervals), unrounded differences
+TABLE_SCHEMAS = (TABLE_SCHEMA, TABLE_SCHEMA_V2)
 
 
 def load_table(path: "str | Path") -> dict:
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"efficacy table {p} does not exist; give the efficacy.json that "
-                          f"`python benchmarks/efficacy.py report` writes")
-    table = json.loads(p.read_text())
-    if table.get("schema") != TABLE_SCHEMA:
-        raise ConfigError(f"{p} is not an efficacy table (schema {table.get('schema')!r}, expected {TABLE_SCHEMA!r})")
+        raise ConfigError(f"efficacy table {p} does not exist; give the JSON that `debiased-nli compare report` "
+                          f"(or `python benchmarks/efficacy.py report`) writes")
+    try:
+        table = json.loads(p.read_text())
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"{p} is not an efficacy table (not JSON: {err})") from err
+    if not isinstance(table, dict) or table.get("schema") not in TABLE_SCHEMAS:
+        found = table.get("schema") if isinstance(table, dict) else type(table).__name__
+        raise ConfigError(f"{p} is not an efficacy table (schema {found!r}, expected one of {list(TABLE_SCHEMAS)})")
     return table
 
 
@@ -51,18 +60,50 @@ def difference_cells(calls: dict, sets: Sequence[str]) -> str:
     return " | ".join(cells)
 
 
+def _interval_cell(e: dict | None) -> str:
+    """A v2 statistics cell: ``+3.1 [+1.2, +5.0]``, with ``, not distinguishable from 0`` where it is not; each
+    figure rounded once, from the unrounded values."""
+    if not e:
+        return "–"
+    if "unavailable" in e:
+        so = e.get("seeds_only") or {}
+        return (f"{so['difference']:+.1f}" + ("*" if so.get("call") in ("helps", "hurts") else "") + " (seeds only)"
+                if so else "–")
+    return e.get("text") or f"{e['estimate']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}]"
+
+
 def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
     """The table's other comparisons whose first row is one of ``rows`` (above all: a config against a random
-    subset of the original of its own size, which separates debiased data from less data)."""
+    subset of the original of its own size, which separates debiased data from less data): with their 95%
+    paired-bootstrap intervals in a v2 table, else the seeds-only calls."""
     sets = table["sets"]
+    stats = {(c["row"], c["against"]): c for c in (table.get("statistics") or {}).get("comparisons", [])}
     comps = [c for c in table.get("comparisons") or [] if c["row"] in set(rows)]
     if not comps:
         return None
     lines = ["| comparison | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
+    with_intervals = seeds_only = False
     for c in comps:
-        lines.append(f"| `{c['row']}` − `{c['against']}` | {c['why'] or '–'} | " + difference_cells(c["sets"], sets) + " |")
-    return ("Against other rows of the table (first minus second, points; * = more than 2 standard errors and "
-            "1 point):\n\n" + "\n".join(lines))
+        st = stats.get((c["row"], c["against"]))
+        if st and any("unavailable" not in e for e in st["sets"].values()):
+            cells = " | ".join(_interval_cell(st["sets"].get(s)) for s in sets)
+            with_intervals = True
+            seeds_only |= any("unavailable" in e for e in st["sets"].values())
+        else:
+            cells = difference_cells(c["sets"], sets)
+            seeds_only = True
+        lines.append(f"| `{c['row']}` − `{c['against']}` | {c['why'] or '–'} | " + cells + " |")
+    how = []
+    if with_intervals:
+        st = table["statistics"]
+        how.append(f"[low, high] = the {100 * st['level']:.0f}% paired-bootstrap interval over test rows and seeds "
+                   f"({st['replicates']:,} replicates)"
+                   + (f"; primary comparisons corrected with {st['correction']}" if st.get("correction") else
+                      "; no correction for the number of comparisons"))
+    if seeds_only:
+        how.append("* = more than 2 standard errors of the seeds' means and 1 point (seeds only: no per-row "
+                   "predictions were stored for these units)")
+    return (f"Against other rows of the table (first minus second, points; {'; '.join(how)}):\n\n" + "\n".join(lines))
 
 
 def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | None = None,

@@ -1,0 +1,347 @@
+"""The plan of a comparison: a YAML file of rows, a model, a training recipe, seeds, challenge sets, how the
+epoch is selected, and the comparisons, primary ones named in advance.
+
+::
+
+    task: snli
+    model: sentence-transformers/all-MiniLM-L6-v2     # a folder or a Hub id
+    seeds: [0, 1, 2, 3, 4]
+    runs_dir: runs/compare          # models and the releases the plan builds (relative paths: to the plan's folder,
+                                    # or to `paths_relative_to:`, a folder relative to the plan's)
+    results_dir: results/compare    # one result file and one predictions file per (row, seed); the report beside it
+    reference: original             # every row is compared with it (secondary comparisons)
+    device: any                     # any (a GPU when one is visible), cpu or cuda (refuses to run without one)
+    train: {learning_rate: 5.0e-5, batch_size: 32, max_length: 128, epochs: 3, warmup_ratio: 0.1, threads: 2}
+    select_on: {set: snli_dev, rows: 2000, seed: 0}   # the best epoch on 2,000 rows of snli_dev, which is then
+                                                      # scored without them
+    evaluate:
+      sets: [snli_dev, snli_test_hard, hans]          # registered sets, spec files, or inline specs (a mapping)
+      max_length: 128
+      batch_size: 64
+    rows:
+      - {name: original, data: {files: [data/snli/train.parquet]}}
+      - name: z_filtered
+        data: {release_dir: out/snli, config: z_filtered}
+        compare_with: [{row: random_control, why: "same size: debiased data or only less data?"}]
+      - {name: random_control, data: {random_subset_of: original, size_of: z_filtered, seed: unit}}
+      - {name: original_poe, data: {files: [data/snli/train.parquet]}, poe: {preset: snli, bias_model: joint}}
+    primary:                        # named before the run; Holm's correction runs over these (comparison x set)
+      - {row: z_filtered, against: random_control, sets: [snli_test_hard, hans]}
+    correction: holm                # or bh (Benjamini-Hochberg)
+    bootstrap: {replicates: 10000, seed: 0, level: 0.95}
+
+Row data (``data:``): ``files`` (parquet/csv/jsonl of the task), ``split: train`` (the task's own source),
+``release_dir`` + ``config`` (a release folder), ``release`` + ``config`` (a release of ``releases:`` that the
+plan builds with ``debiased-nli build``), or ``random_subset_of`` + ``size_of`` + ``seed`` (an integer: one
+subset; ``unit``: drawn anew for each seed). ``poe``: product of experts (``preset`` of Wu et al.'s Table 10, or
+``beta`` and ``gamma``; ``bias_model``). ``hold: reason`` keeps a row pending. ``extends: other.yaml`` starts
+from another plan (``train``, ``evaluate`` and ``releases`` merged key by key).
+
+Legacy epoch selection (plans written before ``select_on``): ``train.dev_files`` + ``train.max_dev_rows``, a
+seeded sample of the files; the report says when those rows are also scored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ...utils.errors import ConfigError
+
+DEVICES = ("any", "cpu", "cuda")
+CORRECTIONS = ("holm", "bh")
+_TOP_KEYS = {"task", "model", "model_name", "seeds", "runs_dir", "results_dir", "reference", "device", "train",
+             "select_on", "evaluate", "releases", "rows", "primary", "correction", "bootstrap", "extends",
+             "replicates", "note", "commands", "lock_budget_minutes", "title", "intro", "paths_relative_to"}
+_ROW_KEYS = {"name", "description", "data", "poe", "compare_with", "hold"}
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON so that a reader never sees a partial file (a temporary file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def _expand(value: "str | os.PathLike", base: Path) -> Path:
+    p = Path(os.path.expanduser(str(value)))
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def compare_with(row: dict) -> list[dict]:
+    """A row's ``compare_with:`` as a list of ``{row, why}``: the rows it is compared with besides the reference
+    (e.g. z_filtered with the random subset of its size: debiased data, or only less data?)."""
+    raw = row.get("compare_with") or []
+    items = raw if isinstance(raw, list) else [raw]
+    return [{"row": c, "why": ""} if isinstance(c, str) else {"row": c["row"], "why": c.get("why", "")} for c in items]
+
+
+@dataclasses.dataclass
+class Plan:
+    path: Path
+    raw: dict
+    base: Path                # relative paths of the plan are relative to this folder
+    task: str
+    model: str
+    seeds: list[int]
+    runs_dir: Path
+    results_dir: Path
+    reference: str
+    train: dict
+    evaluate: dict
+    releases: dict[str, dict]
+    rows: list[dict]
+
+    # -- paths
+    def path_of(self, value: "str | os.PathLike") -> Path:
+        return _expand(value, self.base)
+
+    def show(self, p: "str | os.PathLike") -> str:
+        """A path as the reports write it: relative to the plan's base folder, ``../shared/...`` for the shared
+        folder beside it, else as it is."""
+        p = Path(p)
+        for folder, prefix in ((self.base, ""), ((self.base.parent / "shared").resolve(), "../shared/")):
+            try:
+                return prefix + str(p.relative_to(folder))
+            except ValueError:
+                continue
+        return str(p)
+
+    def row(self, name: str) -> dict:
+        for r in self.rows:
+            if r["name"] == name:
+                return r
+        raise ConfigError(f"{self.path}: no row named {name!r}; rows: {', '.join(r['name'] for r in self.rows)}")
+
+    def unit_file(self, row: str, seed: int) -> Path:
+        return self.results_dir / f"{row}-s{seed}.json"
+
+    def predictions_file(self, row: str, seed: int) -> Path:
+        return self.results_dir / "predictions" / f"{row}-s{seed}.npz"
+
+    def model_dir(self, row: str, seed: int) -> Path:
+        return self.runs_dir / "models" / f"{row}-s{seed}"
+
+    def release_dir(self, name: str) -> Path:
+        return self.runs_dir / "releases" / name
+
+    # -- settings
+    @property
+    def device(self) -> str:
+        return str(self.raw.get("device", "any"))
+
+    @property
+    def select_on(self) -> dict | None:
+        return self.raw.get("select_on")
+
+    @property
+    def correction(self) -> str:
+        return str(self.raw.get("correction", "holm"))
+
+    @property
+    def bootstrap(self) -> dict:
+        from ...models.significance import DEFAULT_LEVEL, DEFAULT_REPLICATES
+
+        b = dict(self.raw.get("bootstrap") or {})
+        return {"replicates": int(b.get("replicates", DEFAULT_REPLICATES)), "seed": int(b.get("seed", 0)),
+                "level": float(b.get("level", DEFAULT_LEVEL))}
+
+    @property
+    def model_name(self) -> str:
+        return str(self.raw.get("model_name") or Path(self.model).name)
+
+    @property
+    def data_root(self) -> str | None:
+        return str(self.path_of(self.evaluate["data_root"])) if self.evaluate.get("data_root") else None
+
+    def set_specs(self) -> list:
+        """The challenge sets to score, in order (:class:`debiased_nli.models.challenge.ChallengeSet`): a
+        registered name, a spec file, or an inline spec whose ``local`` file is relative to the plan's folder."""
+        from ...models.challenge import ChallengeSet, get_set
+
+        out = []
+        for item in self.evaluate["sets"]:
+            if isinstance(item, dict):
+                raw = dict(item)
+                if raw.get("local"):
+                    raw["local"] = str(self.path_of(raw["local"]))
+                out.append(ChallengeSet.from_dict(raw, source=f"{self.path} (evaluate.sets)"))
+            elif str(item).endswith((".yaml", ".yml")):
+                out.append(get_set(str(self.path_of(item))))
+            else:
+                out.append(get_set(str(item)))
+        return out
+
+    def selection_spec(self):
+        """The challenge set ``select_on: {set: ...}`` holds out rows of (a scored set, or a registered one)."""
+        from ...models.challenge import get_set
+
+        name = (self.select_on or {}).get("set")
+        if name is None:
+            return None
+        return next((s for s in self.set_specs() if s.name == name), None) or get_set(name)
+
+    @property
+    def set_names(self) -> list[str]:
+        return [s.name for s in self.set_specs()]
+
+    def comparisons(self) -> list[dict]:
+        """Every declared comparison, in order: each row against the reference, then the rows' ``compare_with``,
+        then primary ones not declared otherwise. ``{row, against, why, primary, sets}``; ``sets``: the sets of a
+        primary comparison (None: all), whose (comparison, set) pairs form the family the correction runs over."""
+        primary = {(p["row"], p["against"]): p for p in self.raw.get("primary") or []}
+        out, seen = [], set()
+
+        def add(a: str, b: str, why: str, kind: str) -> None:
+            if (a, b) in seen:
+                return
+            seen.add((a, b))
+            p = primary.get((a, b))
+            out.append({"row": a, "against": b, "why": why or (p or {}).get("why", ""), "kind": kind,
+                        "primary": p is not None, "sets": list(p["sets"]) if p and p.get("sets") else None})
+
+        for r in self.rows:
+            if r["name"] != self.reference:
+                add(r["name"], self.reference, "", "reference")
+        for r in self.rows:
+            for c in compare_with(r):
+                add(r["name"], c["row"], c["why"], "compare_with")
+        for (a, b), p in primary.items():
+            add(a, b, p.get("why", ""), "primary")
+        return out
+
+
+def read_plan(path: Path, base: Path | None = None, _seen: tuple = ()) -> dict:
+    """The plan's YAML; ``extends: other.yaml`` (relative to this file) starts from that plan: a key given
+    here replaces the other's, except the mappings ``train``, ``evaluate`` and ``releases``, which are
+    updated key by key (so a GPU plan restates only what differs from the CPU one)."""
+    import yaml
+
+    path = path.resolve()
+    if path in _seen:
+        raise ConfigError(f"{path}: `extends` loops: {' -> '.join(map(str, (*_seen, path)))}")
+    if not path.exists():
+        raise ConfigError(f"plan {path} does not exist")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a plan is a YAML mapping (task, model, seeds, train, evaluate, rows, ...)")
+    parent = raw.pop("extends", None)
+    if not parent:
+        return raw
+    parent_path = _expand(parent, path.parent)
+    if not parent_path.exists():
+        raise ConfigError(f"{path}: extends {parent!r}, which does not exist ({parent_path})")
+    merged = read_plan(parent_path, base, (*_seen, path))
+    for key, value in raw.items():
+        if key in ("train", "evaluate", "releases") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    shown = parent_path
+    for folder in (base, path.parent):
+        if folder is not None:
+            try:
+                shown = parent_path.relative_to(folder.resolve())
+                break
+            except ValueError:
+                continue
+    merged["extends"] = str(shown)
+    return merged
+
+
+def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = None, runs_dir: str | None = None,
+              results_dir: str | None = None) -> Plan:
+    """Read and check a plan. ``base``: the folder its relative paths are relative to (default: the plan's
+    ``paths_relative_to``, relative to the plan's folder, else the plan's folder). ``runs_dir`` / ``results_dir``
+    override the plan's."""
+    path = Path(path)
+    raw0 = read_plan(path)
+    base_dir = (Path(base).resolve() if base is not None
+                else _expand(raw0.get("paths_relative_to", "."), path.resolve().parent))
+    raw = read_plan(path, base_dir)
+    where = str(path)
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        from ...utils.errors import did_you_mean
+
+        first = sorted(unknown)[0]
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}.{did_you_mean(first, sorted(_TOP_KEYS))}")
+    if raw.get("device", "any") not in DEVICES:
+        raise ConfigError(f"{where}: device {raw['device']!r} is not one of {', '.join(DEVICES)}")
+    for key in ("task", "model", "seeds", "train", "evaluate", "rows"):
+        if key not in raw:
+            raise ConfigError(f"{where}: the plan needs {key!r}")
+    if not raw["seeds"] or not all(isinstance(s, int) and s >= 0 for s in raw["seeds"]):
+        raise ConfigError(f"{where}: seeds must be a list of non-negative integers, got {raw['seeds']!r}")
+    if not isinstance(raw["evaluate"], dict) or not raw["evaluate"].get("sets"):
+        raise ConfigError(f"{where}: evaluate needs `sets:` (the challenge sets to score)")
+    if not isinstance(raw["rows"], list) or not raw["rows"]:
+        raise ConfigError(f"{where}: rows must be a non-empty list")
+    names = [r.get("name") for r in raw["rows"]]
+    if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{where}: every row needs a name, each once: {names}")
+    for n in names:
+        if "/" in n or n.startswith("."):
+            raise ConfigError(f"{where}: row name {n!r} names a file: use letters, digits, - and _")
+    for r in raw["rows"]:
+        extra = set(r) - _ROW_KEYS
+        if extra:
+            raise ConfigError(f"{where}: row {r['name']!r} has unknown key(s) {sorted(extra)}; known: {sorted(_ROW_KEYS)}")
+        if not isinstance(r.get("data"), dict):
+            raise ConfigError(f"{where}: row {r['name']!r} needs a `data:` mapping")
+        for c in compare_with(r):
+            if c["row"] not in names or c["row"] == r["name"]:
+                raise ConfigError(f"{where}: row {r['name']!r} has compare_with {c['row']!r}, which is not another row "
+                                  f"of the plan; rows: {', '.join(names)}")
+    reference = raw.get("reference", names[0])
+    if reference not in names:
+        raise ConfigError(f"{where}: reference {reference!r} is not a row; rows: {', '.join(names)}")
+    for p in raw.get("primary") or []:
+        if not isinstance(p, dict) or "row" not in p or "against" not in p:
+            raise ConfigError(f"{where}: each primary comparison is {{row, against[, sets, why]}}, got {p!r}")
+        for key in ("row", "against"):
+            if p[key] not in names:
+                raise ConfigError(f"{where}: primary comparison names {p[key]!r}, which is not a row; rows: "
+                                  f"{', '.join(names)}")
+        if p["row"] == p["against"]:
+            raise ConfigError(f"{where}: primary comparison of {p['row']!r} with itself")
+    if raw.get("correction", "holm") not in CORRECTIONS:
+        raise ConfigError(f"{where}: correction {raw['correction']!r} is not one of {', '.join(CORRECTIONS)}")
+    sel = raw.get("select_on")
+    if sel is not None:
+        if not isinstance(sel, dict) or not isinstance(sel.get("rows"), int) or sel["rows"] < 1 \
+                or ("set" in sel) == ("files" in sel):
+            raise ConfigError(f"{where}: select_on is {{set: NAME, rows: N, seed: S}} (a held-out part of a set, which "
+                              f"is then scored without those rows) or {{files: [...], rows: N, seed: S}} (a separate "
+                              f"file), got {sel!r}")
+        if raw["train"].get("dev_files") or raw["train"].get("max_dev_rows"):
+            raise ConfigError(f"{where}: give select_on or train.dev_files / max_dev_rows, not both")
+    runs = runs_dir or raw.get("runs_dir", "runs/compare")
+    model = str(raw["model"])
+    model_path = _expand(model, base_dir)
+    if model.startswith((".", "/", "~")) or model_path.exists():
+        model = str(model_path)
+    plan = Plan(path=path, raw=raw, base=base_dir, task=raw["task"], model=model, seeds=list(raw["seeds"]),
+                runs_dir=_expand(runs, base_dir),
+                results_dir=_expand(results_dir or raw.get("results_dir", "results/compare"), base_dir),
+                reference=reference, train=dict(raw["train"]), evaluate=dict(raw["evaluate"]),
+                releases=dict(raw.get("releases") or {}), rows=list(raw["rows"]))
+    scored = plan.set_names
+    if len(set(scored)) != len(scored):
+        raise ConfigError(f"{where}: evaluate.sets names a set twice: {scored}")
+    for p in raw.get("primary") or []:
+        for s in p.get("sets") or []:
+            if s not in scored:
+                raise ConfigError(f"{where}: primary comparison {p['row']} vs {p['against']} names set {s!r}, which "
+                                  f"is not scored (evaluate.sets: {', '.join(scored)})")
+    if sel is not None and "set" in sel:
+        spec = plan.selection_spec()  # a scored set, or a registered one (unknown: an error naming the sets)
+        from ...data.tasks import get_task
+
+        if tuple(spec.labels) != tuple(get_task(plan.task).labels):
+            raise ConfigError(f"{where}: select_on set {spec.name!r} has the labels {list(spec.labels)}, not the "
+                              f"task's {list(get_task(plan.task).labels)}: the epoch is selected on the task's labels")
+    return plan

@@ -1,0 +1,292 @@
+"""`debiased-nli compare` (debiased_nli.release.compare): per-row predictions and fingerprints of every unit, the
+epoch selected on held-out rows that are then not scored, the report's statistics against paired_bootstrap and
+Holm directly, the seeds-only fallback for units without predictions, the card, and the Hub push.
+
+A tiny BERT from a config trains on 48 SNLI rows and is scored on 24 rows of two sets, so the bookkeeping is
+tested end to end without the real model (the wheel / kill / resume test is in test_packaging.py).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from debiased_nli.models.significance import correct, paired_bootstrap
+from debiased_nli.release.compare import load_plan, run
+from debiased_nli.release.compare import report as report_module
+from debiased_nli.release.compare import units
+from debiased_nli.utils.errors import ConfigError
+from test_training import make_tiny_bert
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+N_TRAIN = 48
+SETS = ["snli_dev", "anli"]
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory, shared_data):
+    tmp = tmp_path_factory.mktemp("compare")
+    train = pd.read_parquet(shared_data / "snli" / "train_sample.parquet").head(N_TRAIN)
+    train.to_parquet(tmp / "train.parquet")
+    dev = pd.read_parquet(shared_data / "snli" / "dev.parquet")
+    texts = list(train.premise) + list(train.hypothesis) + list(dev.premise.head(500)) + list(dev.hypothesis.head(500))
+    texts += list(pd.read_parquet(shared_data / "anli" / "test.parquet").head(300).premise)
+    model = make_tiny_bert(tmp / "encoder", texts)
+    plan = {
+        "task": "snli", "model": "encoder", "seeds": [0, 1], "runs_dir": "runs", "results_dir": "results/compare",
+        "train": {"learning_rate": 1e-3, "batch_size": 16, "max_length": 48, "epochs": 1, "threads": 1},
+        "select_on": {"set": "snli_dev", "rows": 20, "seed": 0},
+        "evaluate": {"sets": SETS, "max_length": 48, "batch_size": 16, "max_examples": 24, "threads": 1},
+        "releases": {"small": {"recipe": str(ROOT / "builders" / "snli.yaml"), "data_files": ["train=train.parquet"]}},
+        "rows": [
+            {"name": "original", "data": {"files": ["train.parquet"]}},
+            {"name": "z_filtered", "data": {"release": "small", "config": "z_filtered"},
+             "compare_with": {"row": "random_control", "why": "same size"}},
+            {"name": "random_control", "data": {"random_subset_of": "original", "size_of": "z_filtered", "seed": "unit"}},
+        ],
+        "primary": [{"row": "z_filtered", "against": "random_control", "sets": ["anli"]},
+                    {"row": "z_filtered", "against": "original"}],
+        "bootstrap": {"replicates": 400, "seed": 3},
+    }
+    (tmp / "plan.yaml").write_text(yaml.safe_dump(plan))
+    assert model == tmp / "encoder"
+    p = load_plan(tmp / "plan.yaml")
+    run(p, progress=False)
+    return p
+
+
+def _scored_rows(plan, set_name):
+    """The rows a unit scores on a set, recomputed: the set, without the selection rows, then the seeded sample."""
+    from debiased_nli.models.challenge import get_set, load_challenge_set
+    from debiased_nli.models.evaluation import sample_rows
+
+    ds = load_challenge_set(get_set(set_name))
+    _, excluded, _ = units.selection_rows(plan)
+    if set_name in excluded:
+        keep = ~np.isin(np.asarray(ds["row"]), excluded[set_name])
+        ds = ds.select(np.flatnonzero(keep))
+    return sample_rows(ds, plan.evaluate["max_examples"], 0)
+
+
+def test_every_unit_stores_compact_predictions_with_the_fingerprints_of_the_rows(done):
+    from debiased_nli.data.loading import content_fingerprint
+
+    plan = done
+    scored = {s: _scored_rows(plan, s) for s in SETS}
+    for row in ("original", "z_filtered", "random_control"):
+        for seed in plan.seeds:
+            unit = json.loads(plan.unit_file(row, seed).read_text())
+            assert unit["schema"] == units.SCHEMA
+            path = plan.results_dir / unit["predictions"]["file"]
+            assert path == plan.predictions_file(row, seed) and path.suffix == ".npz"
+            assert unit["predictions"]["sha256"] == units._sha256(path)
+            meta, arrays = units.read_predictions(path)
+            assert meta["train_fingerprint"] == unit["data"]["content_fingerprint"] == unit["predictions"]["train_fingerprint"]
+            for s in SETS:
+                a = arrays[s]
+                assert a["predicted"].dtype == np.int8 and a["gold"].dtype == np.int8
+                assert a["gold_probability"].dtype == np.float16
+                assert len(a["predicted"]) == unit["sets"][s]["n"] == 24
+                # the rows scored: their content fingerprint, recorded in the unit and in the file
+                assert meta["sets"][s]["rows_fingerprint"] == unit["sets"][s]["rows_fingerprint"] \
+                    == content_fingerprint(scored[s])
+                assert (a["gold"] == np.asarray(scored[s]["label"])).all()
+                assert np.mean(a["predicted"] == a["gold"]) == pytest.approx(unit["sets"][s]["accuracy"])
+                assert ((a["gold_probability"] >= 0) & (a["gold_probability"] <= 1)).all()
+
+
+def test_the_gold_probability_is_the_models_probability_of_the_gold_label(done):
+    from debiased_nli.models.challenge import get_set
+    from debiased_nli.models.classifier import load_classifier, predict_probabilities
+
+    plan = done
+    clf = load_classifier(str(plan.model_dir("original", 0)), "cpu")
+    ds = _scored_rows(plan, "anli")
+    probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=16, max_length=48, progress=False)
+    _, arrays = units.read_predictions(plan.predictions_file("original", 0))
+    names = [clf.id2label[i] for i in range(probs.shape[1])]
+    spec = get_set("anli")
+    gold = [names.index(spec.labels[g]) for g in ds["label"]]
+    np.testing.assert_allclose(arrays["anli"]["gold_probability"].astype(float), probs[np.arange(len(ds)), gold],
+                               atol=1e-3)  # float16
+
+
+def test_the_epoch_is_selected_on_held_out_rows_that_are_then_not_scored(done):
+    from debiased_nli.models.challenge import get_set, load_challenge_set
+
+    plan = done
+    dev, excluded, info = units.selection_rows(plan)
+    assert len(dev) == 20 and len(excluded["snli_dev"]) == 20 and info["excluded_from_scoring"]
+    full = load_challenge_set(get_set("snli_dev"))
+    assert excluded["snli_dev"] == sorted(np.random.default_rng(0).permutation(len(full))[:20].tolist())
+    unit = json.loads(plan.unit_file("original", 0).read_text())
+    assert unit["sets"]["snli_dev"]["excluded_rows"] == 20 and unit["train"]["dev_rows"] == 20
+    assert unit["selection"]["kind"] == "held_out" and unit["selection"]["fingerprint"]
+    # the selection rows, as a file the recorded `debiased-nli train` command reads
+    sel = pd.read_parquet(plan.model_dir("original", 0) / units.SELECTION_FILE)
+    assert list(sel.hypothesis) == list(dev["hypothesis"])
+    assert "--dev-files validation=runs/models/original-s0/selection.parquet" in unit["train"]["command"]
+    scored = set(_scored_rows(plan, "snli_dev")["hypothesis"])
+    assert not scored & set(sel.hypothesis)
+    table = report_module.report(plan)
+    md = (plan.results_dir.parent / "compare.md").read_text()
+    assert "held out with seed 0" in md and "is scored without them" in md
+    assert "`snli_dev` (20 rows left out)" in md
+    assert table["rows"]["original"]["sets"]["snli_dev"]["excluded_rows"] == 20
+
+
+def _matrix(plan, row, set_name):
+    rows = []
+    for seed in plan.seeds:
+        _, arrays = units.read_predictions(plan.predictions_file(row, seed))
+        rows.append(arrays[set_name]["predicted"] == arrays[set_name]["gold"])
+    return np.vstack(rows)
+
+
+def test_the_reports_statistics_are_paired_bootstrap_and_holm_over_the_primary_comparisons(done):
+    plan = done
+    table = report_module.report(plan)
+    st = table["statistics"]
+    comps = {(c["row"], c["against"]): c for c in st["comparisons"]}
+    boot = dict(replicates=400, seed=3, level=0.95)
+    # the primary family: z_filtered - random_control on anli, z_filtered - original on both sets
+    family = [("z_filtered", "random_control", "anli"), ("z_filtered", "original", "snli_dev"),
+              ("z_filtered", "original", "anli")]
+    direct = [paired_bootstrap(_matrix(plan, a, s), _matrix(plan, b, s), **boot) for a, b, s in family]
+    corrected = correct(direct, "holm")
+    assert st["primary_tests"] == 3 and st["correction"] == "holm"
+    for (a, b, s), d in zip(family, corrected):
+        e = comps[a, b]["sets"][s]
+        assert e["family"] == "primary"
+        assert (e["estimate"], e["low"], e["high"], e["p_value"]) == (d.estimate, d.low, d.high, d.p_value)
+        assert e["p_adjusted"] == d.p_adjusted and e["text"] == d.describe()
+    # a secondary comparison (and a primary one's other sets) are uncorrected
+    e = comps["z_filtered", "random_control"]["sets"]["snli_dev"]
+    d = paired_bootstrap(_matrix(plan, "z_filtered", "snli_dev"), _matrix(plan, "random_control", "snli_dev"), **boot)
+    assert e["family"] == "secondary" and e["p_adjusted"] is None and e["text"] == d.describe()
+    e = comps["random_control", "original"]["sets"]["anli"]
+    assert e["family"] == "secondary" and e["estimate"] == paired_bootstrap(
+        _matrix(plan, "random_control", "anli"), _matrix(plan, "original", "anli"), **boot).estimate
+    md = (plan.results_dir.parent / "compare.md").read_text()
+    assert "Holm (family-wise error rate)" in md and "**Secondary comparisons**" in md and "**uncorrected**" in md
+    assert "* =" not in md.split("## Verdict")[0].split("## Differences")[1]  # no asterisks where intervals exist
+    assert corrected[0].describe() in md
+    # rounded once: the markdown's figure is the unrounded estimate formatted once
+    assert f"{comps['z_filtered', 'original']['sets']['anli']['estimate']:+.1f} [" in md
+    # a second report reads the cached replicates and gives the same figures
+    again = report_module.summarise(plan)["statistics"]
+    assert again["comparisons"] == st["comparisons"]
+
+
+def test_units_without_predictions_fall_back_to_the_seeds_only_view_labelled(done, tmp_path):
+    plan = done
+    res = tmp_path / "res"
+    shutil.copytree(plan.results_dir, res)
+    for seed in plan.seeds:  # as units written before predictions were kept
+        path = res / f"original-s{seed}.json"
+        unit = json.loads(path.read_text())
+        unit["schema"] = "debiased-nli/efficacy-unit/v1"
+        for key in ("predictions", "selection"):
+            unit.pop(key)
+        path.write_text(json.dumps(unit))
+    p = load_plan(plan.path, results_dir=str(res))
+    table = report_module.report(p, tmp_path / "old")
+    st = table["statistics"]
+    assert st["coverage"]["original"] == {"with": [], "without": [0, 1]}
+    comps = {(c["row"], c["against"]): c for c in st["comparisons"]}
+    e = comps["z_filtered", "original"]["sets"]["anli"]
+    assert "no stored per-row predictions" in e["unavailable"] and e["seeds_only"]["call"]
+    assert st["primary_tests"] == 1 and st["primary_tests_unavailable"] == 2  # the family shrinks, and says so
+    assert "text" in comps["z_filtered", "random_control"]["sets"]["anli"]
+    md = (tmp_path / "old.md").read_text()
+    assert "**Without stored predictions**" in md and "`original` (seeds 0, 1)" in md
+    assert "### Seeds-only view: difference from `original`" in md
+    assert "**z_filtered** vs original — seeds only, no stored predictions" in md
+    assert "2 primary test(s) could not be computed" in md
+
+
+def test_a_release_card_reads_the_new_report_and_the_old_one(done, tmp_path):
+    from debiased_nli.release.efficacy import card_markdown
+
+    plan = done
+    table = report_module.report(plan)
+    new = plan.results_dir.parent / "compare.json"
+    text = card_markdown(new, ["z_filtered"])
+    comp = next(c for c in table["statistics"]["comparisons"] if (c["row"], c["against"]) == ("z_filtered", "random_control"))
+    assert comp["sets"]["anli"]["text"] in text and "paired-bootstrap interval" in text and "*" not in text.split("\n\n")[-1]
+    old = ROOT / "benchmarks" / "results" / "efficacy.json"  # a v1 table, committed before this change
+    text = card_markdown(old, ["z_filtered"])
+    assert "| `z_filtered` − `random_control` |" in text and "-2.5*" in text and "seeds only" in text
+
+
+def test_a_plan_is_checked_before_any_work(done, tmp_path):
+    raw = yaml.safe_load(done.path.read_text())
+    bad = dict(raw, primary=[{"row": "z_filtered", "against": "nope"}])
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match="primary comparison names 'nope'"):
+        load_plan(tmp_path / "p.yaml")
+    bad = dict(raw, primary=[{"row": "z_filtered", "against": "original", "sets": ["hans"]}])
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match="names set 'hans', which is not scored"):
+        load_plan(tmp_path / "p.yaml")
+    bad = dict(raw, select_on={"set": "snli_dev"})
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match="select_on is"):
+        load_plan(tmp_path / "p.yaml")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(dict(raw, selct_on={})))
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_plan(tmp_path / "p.yaml")
+
+
+def test_the_cli_status_and_report(done, capsys):
+    from debiased_nli.cli import main
+
+    assert main(["compare", "status", str(done.path)]) == 0
+    out = capsys.readouterr().out
+    assert "z_filtered" in out and "6 done, 0 trained, 0 todo, 0 pending" in out
+    assert main(["compare", "report", str(done.path), "--quiet"]) == 0
+    assert "report: 6 of 6 units finished" in capsys.readouterr().out
+    assert main(["compare", "--help"]) == 0
+    assert "primary comparisons" in capsys.readouterr().out
+
+
+def test_the_evaluation_report_goes_beside_the_release_on_the_hub(done, tmp_path, monkeypatch):
+    import huggingface_hub.constants as c
+    from fake_hub import FakeHub
+
+    from debiased_nli.release.compare.hub import push_report, read_model_index
+    from debiased_nli.release.publish import push_release
+
+    plan = done
+    table = report_module.report(plan)
+    stem = plan.results_dir.parent / "compare"
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with FakeHub() as hub:
+        push_release(plan.release_dir("small"), "org/snli", revision="v1.0", token="hf_x", endpoint=hub.url)
+        info = push_report(plan, table, stem, "org/snli", token="hf_x", endpoint=hub.url)
+        _, files = hub.snapshot("org/snli", "main")
+    assert {"evaluation/README.md", "evaluation/compare.md", "evaluation/compare.json", "evaluation/compare.png"} <= set(files)
+    assert "data/z_filtered/train-00000-of-00001.parquet" in files  # the release is untouched
+    assert info["trained_on"]["z_filtered"]["revision"] == "v1.0" and info["trained_on"]["z_filtered"]["dataset"] == "org/snli"
+    assert "files" in info["trained_on"]["original"] and "revision" not in info["trained_on"]["original"]
+    rc = info["trained_on"]["random_control"]  # a subset of the local file: no Hub revision, and it says what it is
+    assert "revision" not in rc and rc["text"].startswith("a random subset of `original`") and "drawn anew per seed" in rc["text"]
+    index = read_model_index(files["evaluation/README.md"].decode())
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
+    by_model = {}
+    for entry in index:
+        name, results = model_index_to_eval_results([entry])
+        by_model[name] = results
+    zf = by_model["encoder trained on z_filtered"]
+    acc = [r for r in zf if r.metric_type == "accuracy"]
+    assert [r.dataset_type for r in acc] == ["stanfordnlp/snli"]  # anli's local file is not marked as the Hub's rows
+    assert acc[0].metric_value == round(table["rows"]["z_filtered"]["sets"]["snli_dev"]["mean"], 6)
+    assert acc[0].metric_args["trained_on"]["revision"] == "v1.0" and acc[0].metric_args["seeds"] == [0, 1]
+    assert acc[0].dataset_args["rows_left_out"] == 20 and "without the 20 rows" in acc[0].dataset_name
+    assert "anli" in " ".join(info["notes"])
