@@ -263,6 +263,29 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
                 else _expand(raw0.get("paths_relative_to", "."), path.resolve().parent))
     raw = read_plan(path, base_dir)
     where = str(path)
+    _check_keys(raw, where)
+    names = _check_rows(raw, where)
+    reference = raw.get("reference", names[0])
+    if reference not in names:
+        raise ConfigError(f"{where}: reference {reference!r} is not a row; rows: {', '.join(names)}")
+    _check_primary(raw, names, where)
+    sel = _check_select_on(raw, where)
+    runs = runs_dir or raw.get("runs_dir", "runs/compare")
+    model = str(raw["model"])
+    model_path = _expand(model, base_dir)
+    if model.startswith((".", "/", "~")) or model_path.exists():
+        model = str(model_path)
+    plan = Plan(path=path, raw=raw, base=base_dir, task=raw["task"], model=model, seeds=list(raw["seeds"]),
+                runs_dir=_expand(runs, base_dir),
+                results_dir=_expand(results_dir or raw.get("results_dir", "results/compare"), base_dir),
+                reference=reference, train=dict(raw["train"]), evaluate=dict(raw["evaluate"]),
+                releases=dict(raw.get("releases") or {}), rows=list(raw["rows"]))
+    _check_sets(plan, raw, sel, where)
+    return plan
+
+
+def _check_keys(raw: dict, where: str) -> None:
+    """Known top-level keys, a known device, the required keys, the seeds, the sets and the rows list."""
     unknown = set(raw) - _TOP_KEYS
     if unknown:
         from ...utils.errors import did_you_mean
@@ -280,6 +303,11 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
         raise ConfigError(f"{where}: evaluate needs `sets:` (the challenge sets to score)")
     if not isinstance(raw["rows"], list) or not raw["rows"]:
         raise ConfigError(f"{where}: rows must be a non-empty list")
+
+
+def _check_rows(raw: dict, where: str) -> list[str]:
+    """Each row named once (a name that is no path), with known keys, a ``data:`` mapping and comparisons with
+    other rows of the plan. Returns the names."""
     names = [r.get("name") for r in raw["rows"]]
     if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
         raise ConfigError(f"{where}: every row needs a name, each once: {names}")
@@ -296,9 +324,11 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
             if c["row"] not in names or c["row"] == r["name"]:
                 raise ConfigError(f"{where}: row {r['name']!r} has compare_with {c['row']!r}, which is not another row "
                                   f"of the plan; rows: {', '.join(names)}")
-    reference = raw.get("reference", names[0])
-    if reference not in names:
-        raise ConfigError(f"{where}: reference {reference!r} is not a row; rows: {', '.join(names)}")
+    return names
+
+
+def _check_primary(raw: dict, names: list[str], where: str) -> None:
+    """The primary comparisons name two different rows; the correction is a known one."""
     for p in raw.get("primary") or []:
         if not isinstance(p, dict) or "row" not in p or "against" not in p:
             raise ConfigError(f"{where}: each primary comparison is {{row, against[, sets, why]}}, got {p!r}")
@@ -310,6 +340,10 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
             raise ConfigError(f"{where}: primary comparison of {p['row']!r} with itself")
     if raw.get("correction", "holm") not in CORRECTIONS:
         raise ConfigError(f"{where}: correction {raw['correction']!r} is not one of {', '.join(CORRECTIONS)}")
+
+
+def _check_select_on(raw: dict, where: str) -> dict | None:
+    """``select_on``: a held-out part of a set, or a separate file; not with ``train.dev_files``."""
     sel = raw.get("select_on")
     if sel is not None:
         if not isinstance(sel, dict) or not isinstance(sel.get("rows"), int) or sel["rows"] < 1 \
@@ -319,16 +353,11 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
                               f"file), got {sel!r}")
         if raw["train"].get("dev_files") or raw["train"].get("max_dev_rows"):
             raise ConfigError(f"{where}: give select_on or train.dev_files / max_dev_rows, not both")
-    runs = runs_dir or raw.get("runs_dir", "runs/compare")
-    model = str(raw["model"])
-    model_path = _expand(model, base_dir)
-    if model.startswith((".", "/", "~")) or model_path.exists():
-        model = str(model_path)
-    plan = Plan(path=path, raw=raw, base=base_dir, task=raw["task"], model=model, seeds=list(raw["seeds"]),
-                runs_dir=_expand(runs, base_dir),
-                results_dir=_expand(results_dir or raw.get("results_dir", "results/compare"), base_dir),
-                reference=reference, train=dict(raw["train"]), evaluate=dict(raw["evaluate"]),
-                releases=dict(raw.get("releases") or {}), rows=list(raw["rows"]))
+    return sel
+
+
+def _check_sets(plan: "Plan", raw: dict, sel: dict | None, where: str) -> None:
+    """No set scored twice; the primary comparisons' sets are scored; a selection set has the task's labels."""
     scored = plan.set_names
     if len(set(scored)) != len(scored):
         raise ConfigError(f"{where}: evaluate.sets names a set twice: {scored}")
@@ -344,4 +373,3 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
         if tuple(spec.labels) != tuple(get_task(plan.task).labels):
             raise ConfigError(f"{where}: select_on set {spec.name!r} has the labels {list(spec.labels)}, not the "
                               f"task's {list(get_task(plan.task).labels)}: the epoch is selected on the task's labels")
-    return plan

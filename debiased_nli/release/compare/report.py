@@ -388,8 +388,35 @@ def _statistics_md(plan: Plan, table: dict) -> list[str]:
 def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, title: str | None = None,
                    intro: str | None = None, commands: Sequence[str] | None = None,
                    share_sets: Sequence[str] = SHARE_SETS, times_note: str | None = None) -> None:
+    """The report's markdown: what was run, the accuracy table, the statistics, the seeds-only view, the
+    verdict, the breakdowns, predicted-label shares, and each row's data, cost and status."""
+    gpus = [d for d in table.get("devices", []) if not d.startswith("CPU") and d != "not recorded"]
+    L = _header_md(table, plan, title=title, intro=intro, commands=commands, gpus=gpus)
+    speed_file = path.parent / f"{path.stem}_speed.json"
+    if speed_file.exists():
+        L += _speed_md(json.loads(speed_file.read_text()))
+    if figure:
+        L += [f"![efficacy]({figure})", ""]
+    L += _accuracy_md(table)
+    L += _statistics_md(plan, table)
+    L += _seeds_only_md(table)
+    L += ["", "## Verdict (from finished units only)", "", verdict_paragraph(table), ""]
+    L += _breakdowns_md(table)
+    L += _shares_md(table, share_sets)
+    L += _rows_md(table)
+    L += ["", ((f"Times are wall-clock on {', '.join(gpus)}, shared by the units that ran at once (CPU seconds "
+                "beside them)") if gpus else
+               times_note or "Times are wall-clock on a machine that may be shared with other work (CPU seconds "
+               "beside them)")
+          + "; the exact `debiased-nli train` / `evaluate` commands of each unit are in its result file.", ""]
+    path.write_text("\n".join(L))
+
+
+def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[str]) -> list[str]:
+    """Title, what was run and with which commands, the model, the training and the evaluation."""
+    from ...data.tasks import get_task
+
     sets = table["sets"]
-    ref = table["rows"].get(table["reference"], {})
     e = plan.evaluate
     sample = (f"a seeded sample of at most {e['max_examples']:,} rows of each set" if e.get("max_examples")
               else "every challenge set **in full** (no samples)")
@@ -407,10 +434,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
     if plan.raw.get("note"):
         L += [" ".join(str(plan.raw["note"]).split()), ""]
     t = plan.train
-    gpus = [d for d in table.get("devices", []) if not d.startswith("CPU") and d != "not recorded"]
     where = (f"on {', '.join(gpus)}" if gpus else f"{t.get('threads')} CPU threads")
-    from ...data.tasks import get_task
-
     n_labels = len(get_task(plan.task).labels)
     L += [f"- Model: `{Path(plan.model).name}` (a fresh {n_labels}-way head). Training: lr {t['learning_rate']}, batch "
           f"{t['batch_size']}, max length {t['max_length']}, {t['epochs']} epochs, {int(100 * t.get('warmup_ratio', 0.1))}% linear "
@@ -423,13 +447,14 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
           + (", HANS scored 2-way (neutral and contradiction -> non-entailment)" if "hans" in sets else "")
           + (", MNLI zero-shot from SNLI" if plan.task == "snli" and any(s.startswith("mnli") for s in sets) else "")
           + ".", ""]
-    speed_file = path.parent / f"{path.stem}_speed.json"
-    if speed_file.exists():
-        L += _speed_md(json.loads(speed_file.read_text()))
-    if figure:
-        L += [f"![efficacy]({figure})", ""]
-    L += ["## Accuracy by set", "", "| row | train rows | " + " | ".join(sets) + " |",
-          "|---|---:|" + "---:|" * len(sets)]
+    return L
+
+
+def _accuracy_md(table: dict) -> list[str]:
+    """Each row's accuracy on each set, and which sets were scored without the epoch-selection rows."""
+    sets = table["sets"]
+    L = ["## Accuracy by set", "", "| row | train rows | " + " | ".join(sets) + " |",
+         "|---|---:|" + "---:|" * len(sets)]
     for name, entry in table["rows"].items():
         if entry.get("sets"):
             L.append(f"| `{name}` | {train_rows_text(entry)} | " + " | ".join(_cell(entry["sets"].get(s)) for s in sets) + " |")
@@ -441,11 +466,18 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
     if excluded:
         L += ["", "Scored without the rows the epoch was selected on: " + ", ".join(
             f"`{s}` ({n:,} rows left out)" for s, n in excluded.items()) + "."]
-    L += _statistics_md(plan, table)
+    return L
+
+
+def _seeds_only_md(table: dict) -> list[str]:
+    """The comparisons without stored predictions on both sides, by the seeds-only rule, and the replication."""
+    sets = table["sets"]
+    ref = table["rows"].get(table["reference"], {})
     index = _stats_index(table)
     ref_name = table["reference"]
     seeds_only_ref = {n: c for n, c in table["verdict"].items() if not _has_stats(index.get((n, ref_name)))}
     seeds_only_other = [c for c in table.get("comparisons", []) if not _has_stats(index.get((c["row"], c["against"])))]
+    L: list[str] = []
     if ref.get("sets") and seeds_only_ref:
         L += ["", f"### Seeds-only view: difference from `{ref_name}` (points; {SEEDS_ONLY_RULE})", "",
               "| row | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
@@ -465,8 +497,11 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
               "", "| row | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
         for name, calls in rep["rows"].items():
             L.append(f"| `{name}` | " + difference_cells(calls, sets) + " |")
-    L += ["", "## Verdict (from finished units only)", "", verdict_paragraph(table), ""]
-    L += ["## Breakdowns", ""]
+    return L
+
+
+def _breakdowns_md(table: dict) -> list[str]:
+    L = ["## Breakdowns", ""]
     keys = sorted({k for entry in table["rows"].values() for k in (entry.get("breakdowns") or {})})
     for key in keys:
         groups = sorted({g for entry in table["rows"].values() for g in (entry.get("breakdowns") or {}).get(key, {})})
@@ -476,21 +511,32 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
             if b:
                 L.append(f"| `{name}` | " + " | ".join(_cell(b.get(g)) for g in groups) + " |")
         L.append("")
+    return L
+
+
+def _shares_md(table: dict, share_sets: Sequence[str]) -> list[str]:
+    """How often each row's models predict each label on the share sets, beside the gold shares."""
     shares = {n: entry["predicted_shares"] for n, entry in table["rows"].items() if entry.get("predicted_shares")}
-    if shares:
-        cols = [(s, lab) for s in share_sets for lab in next((v[s]["gold"] for v in shares.values() if s in v), {})]
-        L += ["### Predicted labels (% of each set's rows; mean over the seeds that recorded a confusion matrix, "
-              "their number in brackets)", "",
-              "| row | " + " | ".join(f"{s}: {lab}" for s, lab in cols) + " |", "|---|" + "---:|" * len(cols)]
-        gold = {s: v[s]["gold"] for v in shares.values() for s in v}
-        L.append("| *gold* | " + " | ".join(f"{100 * gold[s][lab]:.1f}" if s in gold else "–" for s, lab in cols) + " |")
-        for name, v in shares.items():
-            L.append(f"| `{name}` | " + " | ".join(f"{100 * v[s]['predicted'][lab]:.1f} ({v[s]['n_seeds']})" if s in v
-                                                  else "–" for s, lab in cols) + " |")
-        L.append("")
-    L += ["## Rows: data, size, cost, status", "",
-          "| row | status | train rows | same rows in every seed | train wall / CPU s (mean) | eval wall s (mean) | eval ex/s | dev acc. (selection sample) | commits |",
-          "|---|---|---:|---|---:|---:|---:|---:|---|"]
+    if not shares:
+        return []
+    cols = [(s, lab) for s in share_sets for lab in next((v[s]["gold"] for v in shares.values() if s in v), {})]
+    L = ["### Predicted labels (% of each set's rows; mean over the seeds that recorded a confusion matrix, "
+         "their number in brackets)", "",
+         "| row | " + " | ".join(f"{s}: {lab}" for s, lab in cols) + " |", "|---|" + "---:|" * len(cols)]
+    gold = {s: v[s]["gold"] for v in shares.values() for s in v}
+    L.append("| *gold* | " + " | ".join(f"{100 * gold[s][lab]:.1f}" if s in gold else "–" for s, lab in cols) + " |")
+    for name, v in shares.items():
+        L.append(f"| `{name}` | " + " | ".join(f"{100 * v[s]['predicted'][lab]:.1f} ({v[s]['n_seeds']})" if s in v
+                                              else "–" for s, lab in cols) + " |")
+    L.append("")
+    return L
+
+
+def _rows_md(table: dict) -> list[str]:
+    """Each row's status, size, cost and commits, and how its data was built."""
+    L = ["## Rows: data, size, cost, status", "",
+         "| row | status | train rows | same rows in every seed | train wall / CPU s (mean) | eval wall s (mean) | eval ex/s | dev acc. (selection sample) | commits |",
+         "|---|---|---:|---|---:|---:|---:|---:|---|"]
     for name, entry in table["rows"].items():
         done = len(entry["seeds_done"])
         status = f"{done}/{len(entry['seeds_planned'])} seeds" + ("; pending" if entry["pending_reason"] else "")
@@ -511,12 +557,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
         else:
             how = "not run yet" + (f" ({entry['todo_note']})" if entry.get("todo_note") else "")
         L.append(f"- `{name}` ({entry['description']}): {how}")
-    L += ["", ((f"Times are wall-clock on {', '.join(gpus)}, shared by the units that ran at once (CPU seconds "
-                "beside them)") if gpus else
-               times_note or "Times are wall-clock on a machine that may be shared with other work (CPU seconds "
-               "beside them)")
-          + "; the exact `debiased-nli train` / `evaluate` commands of each unit are in its result file.", ""]
-    path.write_text("\n".join(L))
+    return L
 
 
 def _speed_md(sp: dict) -> list[str]:
