@@ -473,9 +473,8 @@ def _demo_release(out: Path, *extra) -> None:
 def test_overwrite_replaces_only_a_release_of_this_tool(world, capsys):
     w = world
     _demo_release(w.path("rel"))
-    (w.path("rel") / "stale.txt").write_text("from an old build")
-    _demo_release(w.path("rel"), "--overwrite", "--seed", "3")  # a release of ours: replaced whole
-    assert not (w.path("rel") / "stale.txt").exists() and is_release_folder(w.path("rel"))
+    _demo_release(w.path("rel"), "--overwrite", "--seed", "3")  # a release of ours, nothing else in it: replaced
+    assert is_release_folder(w.path("rel"))
     assert json.loads((w.path("rel") / "manifest.json").read_text())["written_by"] == "debiased-nli"
     # a folder with the same files but no mark is someone else's
     manifest = json.loads((w.path("rel") / "manifest.json").read_text())
@@ -485,6 +484,81 @@ def test_overwrite_replaces_only_a_release_of_this_tool(world, capsys):
     assert main(["build", str(DEMO), "--out", str(w.path("rel")), "--overwrite", "--quiet"]) == 2
     assert "not a release written by debiased-nli" in _one_error_line(capsys.readouterr().err)
     assert snapshot(w.root) == before
+
+
+def _refused_naming(capsys, *names) -> str:
+    line = _one_error_line(capsys.readouterr().err)
+    for name in names:
+        assert name in line, (name, line)
+    return line
+
+
+def test_overwrite_never_deletes_a_users_files_inside_the_release(world, capsys):
+    """--overwrite replaces a release, not what the user put beside its files: such a target is refused,
+    the refusal names the foreign files, and nothing changes (also through a symlink to the release)."""
+    w = world
+    rel = w.path("rel")
+    _demo_release(rel)
+    w.path("link").symlink_to(rel)
+    for extra in ("NOTES.md", "data/z_filtered/my-sample.csv", "images/logo.png", "rejected/train-00000-of-00001.parquet"):
+        (rel / extra).write_text("the user's own")
+        before = snapshot(w.root)
+        for out in (rel, w.path("link")):
+            assert main(["build", str(DEMO), "--out", str(out), "--max-rows", "600", "--overwrite", "--quiet"]) == 2
+            line = _refused_naming(capsys, extra)
+            _record(f"build --overwrite over a release holding {extra}", line)
+            assert "not part of" in line and "--overwrite" in line
+            assert snapshot(w.root) == before
+        (rel / extra).unlink()
+    _demo_release(w.path("link"), "--overwrite", "--seed", "3")  # nothing foreign left: replaced through the link
+    assert w.path("link").is_symlink() and is_release_folder(rel)
+
+
+def test_a_second_audit_never_deletes_a_users_files(world, capsys):
+    w = world
+    data = w.parquet("train.parquet", n=90)
+    common = ["audit", "snli", "--data-files", str(data), "--hypothesis-only", "none", "--out"]
+    assert main(common + [str(w.path("audit"))]) == 0
+    w.path("audit-link").symlink_to(w.path("audit"))
+    (w.path("audit") / "NOTES.md").write_text("what I make of it")
+    (w.path("audit") / "plots").mkdir()
+    (w.path("audit") / "plots" / "mine.png").write_bytes(b"png")
+    capsys.readouterr()
+    before = snapshot(w.root)
+    for out in ("audit", "audit-link"):
+        assert main(common + [str(w.path(out))]) == 2
+        _record("a second audit into a folder holding NOTES.md", _refused_naming(capsys, "NOTES.md", "plots/mine.png"))
+        assert snapshot(w.root) == before
+    (w.path("audit") / "NOTES.md").unlink()
+    import shutil
+    shutil.rmtree(w.path("audit") / "plots")
+    assert main(common + [str(w.path("audit-link"))]) == 0
+
+
+def test_a_foreign_file_added_during_the_build_is_never_deleted(world, monkeypatch):
+    """The check before the work is repeated at the swap itself: a file written into the target while
+    the release was being built stops the swap, and the old release stays with it."""
+    import debiased_nli.utils.outputs as outputs
+    from debiased_nli.utils.errors import ConfigError
+
+    w = world
+    rel = w.path("rel")
+    _demo_release(rel)
+    real = outputs.replace_folder
+
+    def late_note(tmp, target):
+        (target / "NOTES.md").write_text("written while the build ran")
+        return real(tmp, target)
+
+    import debiased_nli.release.layout as layout
+    monkeypatch.setattr(layout, "replace_folder", late_note)
+    manifest = (rel / "manifest.json").read_bytes()
+    with pytest.raises(ConfigError, match="NOTES.md"):
+        from debiased_nli.release.recipe import build
+        build(str(DEMO), rel, overwrite=True, max_rows=600, seed=3, progress=False)
+    assert (rel / "NOTES.md").read_text() == "written while the build ran"
+    assert (rel / "manifest.json").read_bytes() == manifest
+    assert sorted(p.name for p in w.root.iterdir() if p.name.startswith(".rel")) == []
 
 
 def test_a_second_build_into_a_locked_target_is_refused(world, capsys):
