@@ -922,7 +922,7 @@ def test_audit_replaces_its_folder_whole(world, capsys):
 
 
 def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch, capsys):
-    from debiased_nli.utils.cache import prune_cache
+    from debiased_nli.utils.cache import prune_cache, record_entry
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
@@ -930,11 +930,14 @@ def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch,
     (cache / "models" / "all-minilm-l6-v2" / "model.safetensors").write_bytes(b"w" * 100)
     (cache / "embeddings" / "warmup-abc").mkdir(parents=True)
     (cache / "embeddings" / "warmup-abc" / "model.safetensors").write_bytes(b"x" * 300)
+    record_entry(cache / "embeddings" / "warmup-abc")
     (cache / "embeddings" / "emb-1.npy").write_bytes(b"e" * 200)
+    record_entry(cache / "embeddings" / "emb-1.npy")
     (cache / "notes.txt").write_text("mine")
     old = time.time() - 10 * 86400
     for i, name in enumerate(["features-a.arrow", "features-b.arrow", "hypo-only-a.npz"]):
         (cache / name).write_bytes(b"f" * 1000)
+        record_entry(cache / name)
         os.utime(cache / name, (old + i, old + i))
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
@@ -946,3 +949,39 @@ def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch,
     left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
     assert left == ["embeddings", "models", "models/all-minilm-l6-v2", "models/all-minilm-l6-v2/model.safetensors",
                     "notes.txt"]
+
+
+def test_cache_clear_and_prune_never_delete_a_users_files_named_like_entries(world, monkeypatch, capsys):
+    """Only entries this tool recorded writing are counted and deleted; files that merely match the
+    cache's names (the user's, or an older version's) are left alone and reported by `cache info`."""
+    from debiased_nli.utils.cache import cache_entries, prune_cache
+
+    w = world
+    cache = w.path("cache")
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
+    mine = {"cache-mine.arrow": b"a" * 500, "hypo-only-mine.npz": b"n" * 500, "features-mine.arrow": b"f" * 500,
+            "embeddings/emb-mine.npy": b"e" * 500, "embeddings/warmup-mine/model.safetensors": b"w" * 500}
+    old = time.time() - 30 * 86400
+    for name, content in mine.items():
+        w.write(f"cache/{name}", content)
+        os.utime(cache / name, (old, old))
+    os.utime(cache / "embeddings" / "warmup-mine", (old, old))
+    data = w.parquet("train.parquet", n=90)
+    for seed, out in enumerate(("a", "b")):  # this tool's entries: feature columns, hypothesis-only predictions
+        assert main(["audit", "snli", "--data-files", str(data), "--out", str(w.path(out)), "--seed", str(seed)]) == 0
+    ours = cache_entries(cache)
+    assert ours and not {str(e["path"].relative_to(cache)) for e in ours} & set(mine)
+    capsys.readouterr()
+    assert main(["cache", "info"]) == 0
+    info = capsys.readouterr().out
+    assert "5 files" in info and "not recorded" in info, info
+    assert prune_cache(max_bytes=0)[0] == len(ours)  # every recorded entry goes, no file of the user's
+    for name, content in mine.items():
+        assert (cache / name).read_bytes() == content, name
+    assert main(["audit", "snli", "--data-files", str(data), "--out", str(w.path("c"))]) == 0
+    assert cache_entries(cache)
+    assert main(["cache", "clear"]) == 0
+    assert cache_entries(cache) == []
+    for name, content in mine.items():
+        assert (cache / name).read_bytes() == content, name
+    assert not [p for p in cache.rglob(".*")], "markers of removed entries are removed with them"

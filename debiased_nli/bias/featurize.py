@@ -32,7 +32,7 @@ import numpy as np
 from .. import __version__
 from ..data.loading import labels_of
 from ..data.tasks import TaskSpec, get_task
-from ..utils.cache import default_cache_dir
+from ..utils.cache import default_cache_dir, record_dataset_files, record_entry
 from ..utils.errors import ConfigError
 from .features import (
     HYPO_ONLY_COLUMN,
@@ -87,6 +87,7 @@ def add_features(ds, task: "str | TaskSpec", *, extractors: Sequence[str] | None
     out = add_feature_columns(ds, lexical, task.labels, num_proc=num_proc,
                               cache_file_name=str(cache / f"features-{key}.arrow"),
                               desc=f"features ({len(lexical)} extractors)")
+    record_dataset_files(out, cache)
     if HYPO_ONLY_EXTRACTOR not in names or hypothesis_only is None:
         return out, None
     labels = labels_of(out)
@@ -104,6 +105,7 @@ def add_features(ds, task: "str | TaskSpec", *, extractors: Sequence[str] | None
                                        progress=progress)
             np.savez(cached, pred=result.predictions, probs=result.probabilities, acc=result.accuracy,
                      params=json.dumps(result.params))
+            record_entry(cached)
     elif isinstance(hypothesis_only, dict):
         result, _ = out_of_fold_transformer(out["hypothesis"], labels, task, hypothesis_only, seed=seed,
                                             work_dir=transformer_dir(cache, ds, hypothesis_only, seed), progress=progress)
@@ -111,6 +113,7 @@ def add_features(ds, task: "str | TaskSpec", *, extractors: Sequence[str] | None
         result = transformer_predictions(hypothesis_only, out["hypothesis"], labels, task.labels, progress=progress)
     out = out.add_column(HYPO_ONLY_COLUMN, result.predictions.astype(np.int64).tolist())
     out = add_feature_columns(out, [HYPO_ONLY_EXTRACTOR], task.labels, desc="hypothesis-only feature")
+    record_dataset_files(out, cache)  # datasets' own cache-*.arrow of that map, beside the feature columns
     return out, result
 
 
@@ -136,6 +139,7 @@ def add_features_pair(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str |
     dg_f = add_feature_columns(dg, lexical, task.labels, num_proc=num_proc,
                                cache_file_name=str(cache / f"features-{key}.arrow"),
                                desc=f"features of the new rows ({len(lexical)} extractors)")
+    record_dataset_files(dg_f, cache)
     if result is None:
         return d0_f, dg_f, None
     if hypothesis_only == "tfidf":
@@ -152,6 +156,7 @@ def add_features_pair(d0, dg, task: "str | TaskSpec", *, hypothesis_only: "str |
                                        progress=progress).predictions
     dg_f = dg_f.add_column(HYPO_ONLY_COLUMN, np.asarray(pred, np.int64).tolist())
     dg_f = add_feature_columns(dg_f, [HYPO_ONLY_EXTRACTOR], task.labels, desc="hypothesis-only feature")
+    record_dataset_files(dg_f, cache)
     return d0_f, dg_f, result
 
 
@@ -352,6 +357,7 @@ def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, fo
             result, model = out if started["need_full"] else (out, None)
             np.savez(oof_path, pred=result.predictions, probs=result.probabilities, acc=result.accuracy,
                      params=json.dumps(result.params))
+            record_entry(oof_path)
         else:
             z = np.load(oof_path, allow_pickle=False)
             result = HypothesisOnlyResult(z["pred"], z["probs"], float(z["acc"]), "tfidf-logreg-oof",
@@ -364,6 +370,7 @@ def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, fo
                 pred_g = np.concatenate([model.predict_proba(cf.matrix([i], columns=lexical_cols)).argmax(axis=1)
                                          for i in parts["dg"]]) if parts["dg"] else np.zeros(0, np.int64)
                 np.savez(new_path, pred=pred_g)
+                record_entry(new_path)
             else:
                 pred_g = np.load(new_path)["pred"]
     elif isinstance(spec, dict):

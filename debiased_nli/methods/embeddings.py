@@ -44,6 +44,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import __version__
+from ..utils.cache import record_entry
 from ..utils.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,7 @@ def compute_embeddings(ds, model: str = DEFAULT_ENCODER, *, batch_size: int = 64
     chunks = [np.load(f, allow_pickle=False) for f in names]
     emb = np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)
     _save_atomic(path, emb)
+    record_entry(path)
     for f in names:
         f.unlink()
     parts.rmdir()
@@ -323,4 +325,5 @@ def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share:
     train_loss = float(np.mean(losses[-max(1, len(losses) // 10):]))
     run = {"steps": n_steps, "seconds": round(time.time() - start, 1), "first_loss": round(losses[0], 4)}
     done.write_text(json.dumps({"train_loss": train_loss, "params": params, "run": run}))
+    record_entry(out_dir)
     return WarmUp(str(out_dir), idx, {**params, **run}, train_loss)
