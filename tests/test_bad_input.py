@@ -980,8 +980,111 @@ def test_cache_clear_and_prune_never_delete_a_users_files_named_like_entries(wor
         assert (cache / name).read_bytes() == content, name
     assert main(["audit", "snli", "--data-files", str(data), "--out", str(w.path("c"))]) == 0
     assert cache_entries(cache)
+    dead = 2**22 + 12345  # above pid_max: no such process
+    w.write(f"cache/.hypo-only-x.npz.tmp-{dead}", b"half an entry of a killed run")
+    w.write(f"cache/.hypo-only-y.npz.tmp-{os.getpid()}", b"being written")
     assert main(["cache", "clear"]) == 0
     assert cache_entries(cache) == []
+    assert not (cache / f".hypo-only-x.npz.tmp-{dead}").exists()
+    (cache / f".hypo-only-y.npz.tmp-{os.getpid()}").unlink()
     for name, content in mine.items():
         assert (cache / name).read_bytes() == content, name
     assert not [p for p in cache.rglob(".*")], "markers of removed entries are removed with them"
+
+
+def _cache_files(cache: Path) -> dict[str, list[Path]]:
+    return {kind: sorted(p for p in cache.glob(pattern) if p.is_file())
+            for kind, pattern in (("npz", "hypo-only-*.npz"), ("arrow", "*.arrow"))}
+
+
+def _replace_bytes(path: Path, data: bytes) -> None:
+    """New content under the same name (a new file: a memory map of the old one, held by an earlier run
+    in this process, stays valid)."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _short_arrow(path: Path) -> bytes:
+    """An Arrow stream file with half the rows of ``path``: well formed, but not the entry."""
+    table = pa.ipc.open_stream(pa.BufferReader(path.read_bytes())).read_all()
+    half = table.slice(0, table.num_rows // 2)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, half.schema) as writer:
+        writer.write_table(half)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "short"])
+def test_an_unreadable_cache_entry_is_a_miss_recomputed_with_a_warning(world, monkeypatch, capsys, caplog, damage):
+    """A cache entry cut short (disk full, a copy interrupted), overwritten or emptied is read as a miss:
+    recomputed, replaced, with a warning; never `unexpected BadZipFile`. Covers the hypothesis-only
+    predictions (npz) of the audit and the build, and the feature columns (Arrow) of the audit."""
+    w = world
+    cache = w.path("cache")
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
+    data = w.parquet("train.parquet", n=120)
+    audit = ["audit", "snli", "--data-files", str(data), "--out"]
+    build = ["build", str(SNLI), "--data-files", str(data), "--out"]  # not --quiet: it hides warnings
+    assert main(audit + [str(w.path("a1"))]) == 0 and main(build + [str(w.path("r1"))]) == 0
+    files = _cache_files(cache)
+    assert len(files["npz"]) == 2 and files["arrow"], files
+    for path in files["npz"] + files["arrow"]:
+        if damage == "truncated":
+            _replace_bytes(path, path.read_bytes()[: path.stat().st_size // 2])
+        elif damage == "garbage":
+            _replace_bytes(path, b"PK\x03\x04" + b"not a cache entry" * 10)
+        elif damage == "empty":
+            _replace_bytes(path, b"")
+        elif path.suffix == ".arrow":
+            _replace_bytes(path, _short_arrow(path))
+    capsys.readouterr()
+    with caplog.at_level("WARNING"):
+        assert main(audit + [str(w.path("a2"))]) == 0, capsys.readouterr().err[-2000:]
+        assert main(build + [str(w.path("r2"))]) == 0, capsys.readouterr().err[-2000:]
+    warned = [r.getMessage() for r in caplog.records if "cache entry" in r.getMessage()]
+    for path in files["arrow"] + (files["npz"] if damage != "short" else []):  # "short": the Arrow files only
+        assert any(path.name in m and "recomput" in m for m in warned), (path.name, warned)
+    a1, a2 = (json.loads((w.path(a) / "audit.json").read_text()) for a in ("a1", "a2"))
+    assert a1 == a2
+    for sub in ("data", "rejected"):
+        for f in sorted((w.path("r1") / sub).rglob("*.parquet")):
+            assert f.read_bytes() == (w.path("r2") / f.relative_to(w.path("r1"))).read_bytes(), f
+    import numpy as np
+    for path in _cache_files(cache)["npz"]:
+        with np.load(path) as z:  # replaced by a whole entry
+            assert z.files
+    assert not [p for p in cache.iterdir() if ".tmp" in p.name]
+
+
+def test_a_cache_write_that_fails_leaves_no_entry_behind(world, monkeypatch, caplog):
+    """A full disk while a cache entry is written: no half-written entry stays (it would be read back by
+    every later run); the build goes on without caching, and the next one computes the entry."""
+    import numpy as np
+
+    w = world
+    cache = w.path("cache")
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
+    data = w.parquet("train.parquet", n=120)
+    real = np.savez
+
+    def full_disk(file, *args, **kwds):
+        import io
+        buf = io.BytesIO()
+        real(buf, *args, **kwds)
+        if hasattr(file, "write"):
+            file.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        else:
+            Path(str(file) if str(file).endswith(".npz") else f"{file}.npz").write_bytes(buf.getvalue()[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    build = ["build", str(SNLI), "--data-files", str(data), "--out"]
+    with caplog.at_level("WARNING"):
+        assert main(build + [str(w.path("r1"))]) == 0
+    assert any("could not write the cache entry" in r.getMessage() and "no space" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not list(cache.glob("hypo-only-*")) and not [p for p in cache.iterdir() if ".tmp" in p.name]
+    monkeypatch.setattr(np, "savez", real)
+    assert main(build + [str(w.path("r2"))]) == 0
+    assert len(list(cache.glob("hypo-only-*.npz"))) == 1
