@@ -10,6 +10,7 @@ Set DEBIASED_NLI_BAD_INPUT_TABLE=path to write the table of cases and what each 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -773,6 +774,96 @@ def test_push_to_a_hub_that_never_answers_ends_in_bounded_time(world, capsys, mo
     line = _one_error_line(capsys.readouterr().err)
     _record("push to a Hub that never answers (timeout 1 s)", line)
     assert rc == 2 and "did not answer within 1 s" in line and took < 30, (line, took)
+
+
+class TricklingServer:
+    """Answers every request one byte per second: the status line and headers (``part="headers"``), or
+    complete headers and then a body that never ends (``part="body"``). Each read of the client gets a
+    byte well within its timeout, so only a deadline on the whole push ends it."""
+
+    def __init__(self, part: str):
+        self.part = part
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stop = threading.Event()
+        self.conns: list[socket.socket] = []
+
+    def _serve(self, conn: socket.socket) -> None:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+        try:
+            conn.recv(65536)
+            if self.part == "body":
+                conn.sendall(head)
+            for byte in (head if self.part == "headers" else b"{" + b" " * 999_999):
+                if self.stop.wait(1.0):
+                    return
+                conn.sendall(bytes([byte]))
+        except OSError:
+            return
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def __enter__(self):
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.sock.close()
+        for c in self.conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_push_to_a_hub_that_trickles_ends_at_its_deadline(world, capsys, monkeypatch, online, part):
+    """A Hub that answers one byte per second never trips a read timeout; the deadline still ends the
+    push: one line, exit 2, within the deadline and a small margin."""
+    w = world
+    _demo_release(w.path("rel"))
+    capsys.readouterr()
+    monkeypatch.setenv("DEBIASED_NLI_HUB_TIMEOUT", "2")
+    monkeypatch.setenv("DEBIASED_NLI_HUB_DEADLINE", "3")
+    with TricklingServer(part) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        import huggingface_hub.constants as c
+        monkeypatch.setattr(c, "ENDPOINT", hub.url)
+        start = time.monotonic()
+        rc = main(["push", str(w.path("rel")), "--repo-id", "org/x", "--revision", "v1.0"])
+        took = time.monotonic() - start
+    line = _one_error_line(capsys.readouterr().err)
+    _record(f"push to a Hub that trickles its {part} (timeout 2 s, deadline 3 s)", line)
+    assert rc == 2 and "deadline of 3 s" in line and took < 3 + 2, (rc, line, took)
+
+
+def test_the_push_command_exits_at_its_deadline_against_a_trickling_hub(world):
+    """The same as a process: the worker left reading the trickle does not keep it alive."""
+    w = world
+    _demo_release(w.path("rel"))
+    with TricklingServer("body") as hub:
+        env = dict(_env(w.root), HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.url, HF_TOKEN="hf_x",
+                   DEBIASED_NLI_HUB_TIMEOUT="2", DEBIASED_NLI_HUB_DEADLINE="3")
+        cmd = [sys.executable, "-c", "import time, sys; from debiased_nli.cli import main; "
+               "import debiased_nli.release.publish, huggingface_hub; t = time.monotonic(); "
+               "rc = main(sys.argv[1:]); print(f'took {time.monotonic() - t:.2f}', file=sys.stderr); sys.exit(rc)",
+               "push", str(w.path("rel")), "--repo-id", "org/x"]
+        start = time.monotonic()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        wall = time.monotonic() - start
+    took = float(proc.stderr.strip().splitlines()[-1].split()[1])
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "deadline of 3 s" in errors[0], proc.stderr[-2000:]
+    assert took < 3 + 2 and wall - took < 30, (took, wall)  # and the process ends with it (no join on exit)
 
 
 def test_push_to_a_closed_port_is_one_line(world, capsys, online):
