@@ -49,6 +49,21 @@ def _rows(n: int, seed: int = 0, one_label: int | None = None) -> dict:
             "label": [one_label if one_label is not None else i % 3 for i in range(n)]}
 
 
+def alias_bomb(levels: int = 9, width: int = 9, strings: bool = False, key: str = "extra_citations") -> str:
+    """The "billion laughs" YAML nested under a valid key: ``width ** levels`` values from a few hundred
+    bytes. ``strings``: every leaf a string, so the expanded value even has the right type."""
+    lines = ["task: snli", f"{key}:"]
+    if strings:  # a flat list of strings reached through nested aliases of one mapping's values
+        lines = ["task: snli", "profiles:", "  p0: &l0 {summary: lol}"]
+        for i in range(1, levels + 1):
+            lines.append(f"  p{i}: &l{i} {{" + ", ".join(f"k{j}: *l{i - 1}" for j in range(width)) + "}")
+        return "\n".join(lines) + "\n"
+    lines.append("  - &l0 [" + ", ".join(["lol"] * width) + "]")
+    for i in range(1, levels + 1):
+        lines.append(f"  - &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
 class World:
     """The case's folder (also the current folder and $HOME's parent): inputs are made on demand."""
 
@@ -210,6 +225,25 @@ CASES = [
       lambda w: _build(w, recipe=w.recipe(history=[{"version": 1.1, "notes": "x"}])), "`history`"),
     C("recipe new_rows step without a name", lambda w: _build(w, recipe=w.recipe(new_rows=[{"data_files": "x"}])),
       "new_rows[0]"),
+    C("recipe: billion laughs under extra_citations", lambda w: _build(w, recipe=w.write("r.yaml", alias_bomb())),
+      "aliases", "expand"),
+    C("recipe: billion laughs of strings in a valid list",
+      lambda w: _build(w, recipe=w.write("r.yaml", alias_bomb(strings=True))), "aliases", "expand"),
+    C("recipe: an alias of itself", lambda w: _build(w, recipe=w.write("r.yaml", "task: snli\nextra_citations: &a [*a]\n")),
+      "refers to itself"),
+    C("recipe: 2 MB", lambda w: _build(w, recipe=w.write("r.yaml", "task: snli\n" + "# padding\n" * 200_000)),
+      "too large", "MB"),
+    C("recipe: a long list where strings belong", lambda w: _build(w, recipe=w.recipe(extra_citations=[list(range(3000))])),
+      "extra_citations", "list"),
+    C("recipe: a 100 kB task name", lambda w: _build(w, recipe=w.recipe(task="x" * 100_000)), "unknown task"),
+    C("recipe: a 1000-character unknown key", lambda w: _build(w, recipe=w.write("r.yaml", "task: snli\n" + "k" * 1000 + ": 1\n")),
+      "unknown recipe key"),
+    C("recipe: a seed of 5000 digits", lambda w: _build(w, recipe=w.write("r.yaml", "task: snli\nseed: " + "9" * 5000 + "\n")),
+      "number at line 2", "5,000 characters"),
+    C("recipe: a wrong step that is a long list", lambda w: _build(w, recipe=w.recipe(filters=[list(range(3000))])),
+      "filters[0]"),
+    C("task YAML: billion laughs", lambda w: ["audit", w.write("t.yaml", "name: t\n" + alias_bomb(key="labels")[len("task: snli\n"):]),
+                                              "--data-files", w.parquet(), "--out", w.path("a")], "aliases"),
     # ---- build: data files
     C("build: data file missing", lambda w: _build(w, data=w.path("missing.parquet")), "does not exist"),
     C("build: empty parquet (0 bytes)", lambda w: _build(w, data=w.write("empty.parquet", b"")), "empty.parquet",
@@ -385,9 +419,46 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
     line = _one_error_line(err)
     _record(case.id, line)
     assert rc == 2, (rc, line)
+    assert len(line) < 1500, line[:300]  # an excerpt of a value, never the whole of it
     for fragment in case.expect:
         assert fragment.lower() in line.lower(), (fragment, line)
     assert snapshot(world.root) == before  # no output, no lock, no temporary folder, inputs unchanged
+
+
+def test_a_recipe_alias_bomb_fails_fast_in_one_short_line(world, capsys):
+    """What a recipe may expand to is bounded while it is read: the bomb is refused in well under a
+    second, without building the value, and no error message carries a whole value."""
+    import tracemalloc
+
+    for text in (alias_bomb(), alias_bomb(strings=True), alias_bomb(levels=12, width=2)):
+        recipe = world.write("bomb.yaml", text)
+        tracemalloc.start()
+        start = time.monotonic()
+        rc = main(["build", str(recipe), "--out", str(world.path("rel"))])
+        took = time.monotonic() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        line = _one_error_line(capsys.readouterr().err)
+        assert rc == 2 and took < 1.0 and peak < 50 * 2**20 and len(line) < 400, (took, peak, line)
+    from debiased_nli.release.recipe import load_recipe
+    from debiased_nli.utils.errors import ConfigError
+
+    shared = ["lol"] * 10
+    for _ in range(8):  # the same bomb built in Python: a recipe mapping is checked without a whole repr
+        shared = [shared] * 10
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        load_recipe({"task": "snli", "extra_citations": shared})
+    assert time.monotonic() - start < 1.0 and len(str(err.value)) < 400 and "extra_citations" in str(err.value)
+
+
+def test_recipe_errors_quote_a_short_excerpt_of_the_value(world, capsys):
+    for over in ({"extra_citations": [list(range(3000))]}, {"task": "x" * 100_000}, {"seed": "9" * 50_000},
+                 {"z_filter": {"top_k": "y" * 50_000}}, {"new_rows": [{"step": "z" * 50_000}]}):
+        assert main(_build(world, recipe=world.recipe(**over))[:1] + [str(world.path("recipe.yaml")), "--out",
+                                                                          str(world.path("rel"))]) == 2
+        line = _one_error_line(capsys.readouterr().err)
+        assert len(line) < 500, (over.keys(), len(line), line[:300])
 
 
 # ------------------------------------------------------------------------------------------ conservation

@@ -28,8 +28,9 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from ..data.tasks import get_task
-from ..utils.errors import ConfigError, EmptyResultError, did_you_mean
+from ..utils.errors import ConfigError, EmptyResultError, did_you_mean, excerpt
 from ..utils.provenance import library_versions
+from ..utils.safe_yaml import read_yaml_file
 
 DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -98,7 +99,7 @@ def _step(kind: str, name: str) -> Callable:
         table[name] = getattr(importlib.import_module(module), attr)
     if name not in table:
         known = sorted(set(table) | {n for n, v in _LAZY_STEPS.items() if v[0] == kind})
-        raise ConfigError(f"unknown {kind} step {name!r}.{did_you_mean(name, known)} Known {kind} steps: {known}")
+        raise ConfigError(f"unknown {kind} step {excerpt(name)}.{did_you_mean(name, known)} Known {kind} steps: {known}")
     return table[name]
 
 
@@ -243,7 +244,7 @@ def check_recipe_types(recipe: Mapping[str, Any], where: str = "<recipe>") -> No
             if isinstance(kind, dict) else [(key, recipe.get(key), kind)]
         for name, value, k in values:
             if not k.check(value):
-                raise ConfigError(f"{where}: `{name}` must be {k.says}, got {value!r} ({type(value).__name__})")
+                raise ConfigError(f"{where}: `{name}` must be {k.says}, got {excerpt(value)} ({type(value).__name__})")
 
 
 def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | None = None) -> dict[str, Any]:
@@ -258,8 +259,8 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         p = Path(path_or_dict)
         if not p.is_file():
             raise ConfigError(f"recipe {p} does not exist" if not p.exists() else f"recipe {p} is not a file")
-        try:
-            raw, where = yaml.safe_load(p.read_text(encoding="utf-8")) or {}, str(p)
+        try:  # bounded: at most 1 MB, and what its aliases expand to (see utils.safe_yaml)
+            raw, where = read_yaml_file(p, "recipe") or {}, str(p)
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -274,7 +275,7 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         if not isinstance(profiles, Mapping) or not all(isinstance(v, Mapping) for v in profiles.values()):
             raise ConfigError(f"{where}: `profiles` must map profile names to mappings of recipe keys")
         if profile not in profiles:
-            raise ConfigError(f"{where}: no profile {profile!r}.{did_you_mean(profile, list(profiles))} "
+            raise ConfigError(f"{where}: no profile {excerpt(profile)}.{did_you_mean(profile, list(profiles))} "
                               f"Profiles: {sorted(profiles) or 'none'}")
         raw = _merge(raw, profiles[profile])
         raw["profile"] = profile
@@ -282,14 +283,15 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     recipe = copy.deepcopy(DEFAULTS)
     for key, value in raw.items():
         if key not in DEFAULTS:
-            raise ConfigError(f"{where}: unknown recipe key {key!r}.{did_you_mean(key, list(DEFAULTS))} "
+            raise ConfigError(f"{where}: unknown recipe key {excerpt(key)}.{did_you_mean(key, list(DEFAULTS))} "
                               f"Known keys: {sorted(DEFAULTS)}")
         if isinstance(DEFAULTS[key], dict) and key != "profiles":
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{where}: `{key}` must be a mapping")
             for sub in value:
                 if sub not in DEFAULTS[key]:
-                    raise ConfigError(f"{where}: unknown key {key}.{sub}.{did_you_mean(sub, list(DEFAULTS[key]))} "
+                    name = sub if isinstance(sub, str) and len(sub) <= 100 else excerpt(sub)
+                    raise ConfigError(f"{where}: unknown key {key}.{name}.{did_you_mean(sub, list(DEFAULTS[key]))} "
                                       f"Known: {sorted(DEFAULTS[key])}")
             recipe[key].update(value)
         else:
@@ -304,13 +306,13 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     for kind, key in (("source", "new_rows"), ("filter", "filters")):
         for i, step in enumerate(recipe[key] or []):
             if not isinstance(step, Mapping) or not isinstance(step.get("step"), str):
-                raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {step!r}")
+                raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {excerpt(step)}")
             _step(kind, step["step"])
     if recipe["configs"] != "auto":
         known = list(Z_CONFIGS) + [s.get("config", s["step"]) for s in recipe["filters"]] + ["original"]
         for c in recipe["configs"]:
             if c not in known:
-                raise ConfigError(f"{where}: unknown config {c!r}.{did_you_mean(c, known)} Known configs: {known}")
+                raise ConfigError(f"{where}: unknown config {excerpt(c)}.{did_you_mean(c, known)} Known configs: {known}")
     return recipe
 
 
