@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "builders" / "demo.yaml"
 SNLI = ROOT / "builders" / "snli.yaml"
 LABELS = ("entailment", "neutral", "contradiction")
+MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 WORDS = "a man woman dog child plays runs sleeps outside inside the park street ball red blue".split()
 
 
@@ -130,6 +131,36 @@ class World:
         self.write(f"{name}/data/z_filtered/train-00000-of-00001.parquet", b"PAR1 broken PAR1")
         return p
 
+    def fifo(self, name="pipe.parquet") -> Path:
+        p = self.path(name)
+        os.mkfifo(p)
+        return p
+
+    def link(self, name: str, target: "str | Path") -> Path:
+        p = self.path(name)
+        p.symlink_to(target)
+        return p
+
+    def loop(self, name="loop.parquet") -> Path:
+        """A symbolic link that leads to itself."""
+        return self.link(name, name)
+
+    def cycle(self, name="a.parquet", other="b.parquet") -> Path:
+        """Two symbolic links that lead to each other."""
+        self.link(other, name)
+        return self.link(name, other)
+
+    def tiny_generator(self, name="gen", n_positions=16) -> Path:
+        """A random GPT-2 (the real GPT-2 tokenizer) whose context is ``n_positions`` tokens."""
+        import torch
+        from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+        tok = AutoTokenizer.from_pretrained(str(MODELS / "gpt2-tokenizer"))
+        torch.manual_seed(0)
+        GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=n_positions,
+                                   vocab_size=len(tok))).save_pretrained(self.path(name))
+        tok.save_pretrained(self.path(name))
+        return self.path(name)
+
     def user_folder(self, name="mine") -> Path:
         p = self.path(name)
         p.mkdir()
@@ -140,8 +171,8 @@ class World:
 def snapshot(root: Path) -> dict:
     """Every file and folder under ``root`` with its size and mtime (libraries' caches under $HOME/.cache
     aside: the Hugging Face libraries keep their own there)."""
-    return {str(p.relative_to(root)): (p.is_dir(), None if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns))
-            for p in root.rglob("*") if not str(p.relative_to(root)).startswith("home/.cache")}
+    return {str(p.relative_to(root)): (p.is_dir(), None if p.is_dir() else (p.lstat().st_size, p.lstat().st_mtime_ns))
+            for p in root.rglob("*") if not str(p.relative_to(root)).startswith("home/.cache")}  # links: not followed
 
 
 # ------------------------------------------------------------------------------------------ the table
@@ -177,8 +208,8 @@ def _build(w, *extra, data=None, recipe=None):
     return ["build", recipe or SNLI, "--data-files", data or w.parquet(), "--out", w.path("release"), "--quiet", *extra]
 
 
-def _generate(w, *extra):
-    return ["generate", "snli", "--generator", w.model_folder("gen"), "--out", w.path("gen-out"),
+def _generate(w, *extra, generator=None):
+    return ["generate", "snli", "--generator", generator or w.model_folder("gen"), "--out", w.path("gen-out"),
             "--num-samples", "4", *extra]
 
 
@@ -275,6 +306,45 @@ CASES = [
       '{"premise": "A.", "hypothesis": "B."}\n')), "missing column", "label"),
     C("build --new-rows corrupt", lambda w: _build(w, "--new-rows", w.write("new.parquet", b"garbage")),
       "new.parquet", "Parquet"),
+    # ---- build: inputs that are not regular files (a loop, a pipe, a device) are refused before any read
+    C("build: data file is a symlink loop", lambda w: _build(w, data=w.loop()), "loop.parquet", "symbolic link"),
+    C("build: data file is a cycle of two symlinks", lambda w: _build(w, data=w.cycle()), "a.parquet", "symbolic link"),
+    C("build: data file is a broken symlink", lambda w: _build(w, data=w.link("gone.parquet", "nowhere.parquet")),
+      "gone.parquet", "nowhere.parquet", "does not exist"),
+    C("build: data file is a FIFO", lambda w: _build(w, data=w.fifo()), "pipe.parquet", "not a regular file"),
+    C("build: data file links to /dev/zero", lambda w: _build(w, data=w.link("zero.parquet", "/dev/zero")),
+      "zero.parquet", "not a regular file"),
+    C("build: data file is a folder", lambda w: _build(w, data=w.user_folder("dir.parquet")), "dir.parquet", "folder"),
+    C("build: an eval split is a FIFO", lambda w: ["build", SNLI, "--data-files", f"train={w.parquet()}",
+                                                   f"validation={w.fifo('dev.jsonl')}", "--out", w.path("r")],
+      "dev.jsonl", "not a regular file"),
+    C("build --new-rows <symlink loop>", lambda w: _build(w, "--new-rows", w.loop("new.parquet")), "new.parquet",
+      "symbolic link"),
+    C("build --new-rows <FIFO>", lambda w: _build(w, "--new-rows", w.fifo("new.parquet")), "not a regular file"),
+    C("recipe is a symlink loop", lambda w: ["build", w.loop("r.yaml"), "--out", w.path("r")], "r.yaml", "symbolic link"),
+    C("recipe is a FIFO", lambda w: ["build", w.fifo("r.yaml"), "--out", w.path("r")], "r.yaml", "not a regular file"),
+    C("build --out <symlink loop>", lambda w: ["build", DEMO, "--out", w.loop("rel")], "rel", "symbolic link"),
+    # ---- seeds beyond what numpy and torch take (0 .. 2**32 - 1)
+    C("build --seed 99999999999999999999", lambda w: _build(w, "--seed", "99999999999999999999"), "--seed", "4294967295"),
+    C("build --seed 4294967296", lambda w: _build(w, "--seed", str(2**32)), "--seed", "4294967295"),
+    C("recipe seed: 99999999999999999999", lambda w: _build(w, recipe=w.recipe(seed=99999999999999999999)), "`seed`"),
+    C("audit --seed 99999999999999999999", lambda w: _audit(w, "--seed", "99999999999999999999"), "--seed"),
+    C("train --seed 2**40", lambda w: _train(w, "--seed", str(2**40)), "--seed"),
+    C("generate --seed 2**40", lambda w: _generate(w, "--seed", str(2**40)), "--seed"),
+    # ---- build --efficacy
+    C("build --efficacy <not JSON>", lambda w: _build(w, "--efficacy", w.write("eff.json", "{not json")), "eff.json",
+      "not valid JSON"),
+    C("build --efficacy <a JSON list>", lambda w: _build(w, "--efficacy", w.write("eff.json", "[1, 2]")), "eff.json",
+      "not an efficacy table"),
+    C("build --efficacy <a JSON number>", lambda w: _build(w, "--efficacy", w.write("eff.json", "3")), "eff.json",
+      "not an efficacy table"),
+    C("build --efficacy <empty>", lambda w: _build(w, "--efficacy", w.write("eff.json", "")), "eff.json", "JSON"),
+    C("build --efficacy <latin-1 bytes>", lambda w: _build(w, "--efficacy", w.write("eff.json", b'{"a": "caf\xe9"}')),
+      "eff.json", "UTF-8"),
+    C("build --efficacy <a folder>", lambda w: _build(w, "--efficacy", w.user_folder("eff")), "eff", "folder"),
+    C("build --efficacy <FIFO>", lambda w: _build(w, "--efficacy", w.fifo("eff.json")), "eff.json", "not a regular file"),
+    C("build --efficacy <symlink loop>", lambda w: _build(w, "--efficacy", w.loop("eff.json")), "eff.json",
+      "symbolic link"),
     # ---- audit
     C("audit --top-k 0", lambda w: _audit(w, "--top-k", "0"), "--top-k", ">= 1"),
     C("audit --alpha 2", lambda w: _audit(w, "--alpha", "2"), "--alpha"),
@@ -289,6 +359,10 @@ CASES = [
       "--hypothesis-only", "no such folder"),
     C("audit: every row one label", lambda w: _audit(w, data=w.parquet("one.parquet", one_label=0)), "two labels"),
     C("audit: corrupt parquet", lambda w: _audit(w, data=w.write("bad.parquet", b"nope")), "bad.parquet"),
+    C("audit: data file is a symlink loop", lambda w: _audit(w, data=w.loop()), "symbolic link"),
+    C("audit: data file is a FIFO", lambda w: _audit(w, data=w.fifo()), "not a regular file"),
+    C("audit: data file links to /dev/zero", lambda w: _audit(w, data=w.link("zero.jsonl", "/dev/zero")),
+      "not a regular file"),
     C("audit: unknown task", lambda w: ["audit", "snlii", "--data-files", w.parquet(), "--out", w.path("a")],
       "snlii"),
     # ---- train
@@ -347,6 +421,17 @@ CASES = [
       "prem.parquet", "Parquet"),
     C("generate --condition premise without --premises-from", lambda w: _generate(w, "--condition", "premise"),
       "--premises-from"),
+    C("generate --premises-from <FIFO>", lambda w: _generate(w, "--condition", "premise", "--premises-from", w.fifo()),
+      "not a regular file"),
+    C("generate: a 16-token generator, --max-new-tokens 64",
+      lambda w: _generate(w, "--max-new-tokens", "64", "--cpu", generator=w.tiny_generator()), "--max-new-tokens", "16"),
+    C("generate: a 16-token generator, --max-new-tokens 16",
+      lambda w: _generate(w, "--max-new-tokens", "16", "--cpu", generator=w.tiny_generator()), "--max-new-tokens", "16"),
+    C("generate: a 16-token generator, a premise prompt longer than 16 - 12 tokens",
+      lambda w: _generate(w, "--max-new-tokens", "12", "--cpu", "--condition", "premise", "--premises-from",
+                          w.parquet("prem.parquet", n=8), generator=w.tiny_generator()), "--max-new-tokens", "prompt"),
+    C("train: data file is a FIFO", lambda w: ["train", "snli", "--data-files", w.fifo(), "--model", w.model_folder(),
+                                               "--out", w.path("run")], "not a regular file"),
     # ---- aflite
     C("aflite --m 0", lambda w: _aflite(w, "--m", "0"), "--m"),
     C("aflite --tau 1.5", lambda w: _aflite(w, "--tau", "1.5"), "--tau"),
@@ -410,8 +495,22 @@ def test_the_table_has_enough_cases_across_the_commands():
     assert {"build", "recipe", "audit", "train", "evaluate", "generate", "aflite", "push"} <= commands
 
 
+@pytest.fixture
+def alarm():
+    """A case that blocks (a FIFO opened for reading, /dev/zero read to the end) ends in an error after
+    two minutes instead of hanging the suite."""
+    def ring(signum, frame):
+        raise TimeoutError("the case blocked for 120 s")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys, alarm):
     argv = [str(a) for a in case.argv(world)]
     before = snapshot(world.root)
     rc = main(argv)
@@ -1052,12 +1151,13 @@ def test_a_failed_generate_does_not_poison_its_folder(world):
     broken = w.model_folder("broken", config='{"model_type": "gpt2"}')  # no weights, no tokenizer
     with pytest.raises(ConfigError, match="cannot load it"):
         generate_samples(str(broken), str(w.path("gen")), "snli", 4, cpu=True, progress=False)
-    assert (w.path("gen") / CONFIG_FILE).exists() and not list(w.path("gen").glob("shard-*"))
-    # another run into the same folder is not told it "holds shards of another run": it has none
+    assert not w.path("gen").exists()  # the generator is loaded before anything is written
+    # a config left by an older version's failed run (no shard beside it) does not block a new run
+    w.write(f"gen/{CONFIG_FILE}", json.dumps({"generator": "old"}))
     other = w.model_folder("other", config='{"model_type": "gpt2"}')
     with pytest.raises(ConfigError, match="cannot load it"):
         generate_samples(str(other), str(w.path("gen")), "snli", 8, seed=3, cpu=True, progress=False)
-    assert json.loads((w.path("gen") / CONFIG_FILE).read_text())["generator"] == str(other)
+    assert json.loads((w.path("gen") / CONFIG_FILE).read_text()) == {"generator": "old"}  # untouched
 
 
 # ------------------------------------------------------------------------------------------ audit, cache

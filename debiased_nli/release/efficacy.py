@@ -17,13 +17,30 @@ TABLE_SCHEMA = "debiased-nli/efficacy-table/v1"
 
 
 def load_table(path: "str | Path") -> dict:
+    """The efficacy table at ``path``; anything else (missing, not a regular file, not UTF-8, not JSON,
+    JSON that is not the table) is a one-line :class:`ConfigError`."""
+    from ..data.loading import check_input_file
+    from ..utils.errors import excerpt
+
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         raise ConfigError(f"efficacy table {p} does not exist; give the efficacy.json that "
                           f"`python benchmarks/efficacy.py report` writes")
-    table = json.loads(p.read_text())
+    check_input_file(p, "efficacy table")
+    try:
+        table = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"efficacy table {p} is not UTF-8 text; give the efficacy.json that "
+                          f"`python benchmarks/efficacy.py report` writes") from None
+    except ValueError as err:
+        raise ConfigError(f"efficacy table {p} is not valid JSON ({' '.join(str(err).split())[:120]}); give the "
+                          f"efficacy.json that `python benchmarks/efficacy.py report` writes") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{p} is not an efficacy table (a JSON {type(table).__name__}: {excerpt(table, 60)}; "
+                          f"expected a mapping with schema {TABLE_SCHEMA!r})")
     if table.get("schema") != TABLE_SCHEMA:
-        raise ConfigError(f"{p} is not an efficacy table (schema {table.get('schema')!r}, expected {TABLE_SCHEMA!r})")
+        raise ConfigError(f"{p} is not an efficacy table (schema {excerpt(table.get('schema'), 60)}, "
+                          f"expected {TABLE_SCHEMA!r})")
     return table
 
 

@@ -193,7 +193,7 @@ _OPT_STR = _Kind("a string or null", lambda v: v is None or isinstance(v, str))
 SCHEMA: dict[str, Any] = {
     "name": _OPT_STR, "task": _STR, "release_version": _STR, "pretty_name": _OPT_STR, "repo_id": _OPT_STR,
     "summary": _Kind("a string", lambda v: isinstance(v, str)),
-    "seed": _Kind("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "seed": _Kind("an integer from 0 to 4294967295 (2**32 - 1)", lambda v: _is_int(v) and 0 <= v <= 2**32 - 1),
     "data": {
         "data_files": _Kind("a path, a list of paths, or a mapping split: path(s)", _is_data_files),
         "split": _STR,
@@ -258,7 +258,8 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     else:
         p = Path(path_or_dict)
         if not p.is_file():
-            raise ConfigError(f"recipe {p} does not exist" if not p.exists() else f"recipe {p} is not a file")
+            raise ConfigError(f"recipe {p} does not exist" if not p.exists() else
+                              f"recipe {p} is not a regular file (a folder, a pipe or a device)")
         try:  # bounded: at most 1 MB, and what its aliases expand to (see utils.safe_yaml)
             raw, where = read_yaml_file(p, "recipe") or {}, str(p)
         except yaml.YAMLError as err:

@@ -42,6 +42,16 @@ WRITTEN_BY_KEY = "written_by"  # manifest.json / audit.json: {"written_by": "deb
 TMP_MARKER = ".debiased-nli-partial"  # in every temporary folder this tool makes
 
 
+def _resolve(path: Path, what: str) -> Path:
+    """``path.resolve()``, with a loop of symbolic links as a one-line error (Python raises RuntimeError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as err:
+        raise ConfigError(f"{what} {path}: a loop of symbolic links (it leads back to itself)"
+                          if isinstance(err, RuntimeError) or getattr(err, "errno", None) == errno.ELOOP
+                          else f"{what} {path}: {os_reason(err)}") from None
+
+
 def _same_or_parent(a: Path, b: Path) -> bool:
     """True when ``a`` is ``b`` or one of its parents."""
     return a == b or a in b.parents
@@ -55,7 +65,7 @@ def check_target(out: "str | Path", *, overwrite: bool, is_ours: Callable[[Path]
     this tool is replaced without asking (audit). An empty folder is always accepted.
     """
     raw = Path(out).expanduser()
-    target = raw.resolve()
+    target = _resolve(raw, "--out")
     a_what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if target == Path(target.anchor):
@@ -66,7 +76,7 @@ def check_target(out: "str | Path", *, overwrite: bool, is_ours: Callable[[Path]
         raise ConfigError(f"--out {raw}: refusing to write {a_what} over the current folder or one of its parents "
                           f"({target}); choose a new folder, e.g. --out out/{what}")
     for path in inputs:
-        p = Path(path).expanduser().resolve()
+        p = _resolve(Path(path).expanduser(), "input")
         if _same_or_parent(target, p):
             raise ConfigError(f"--out {raw}: {target} holds the input {p}; choose another --out")
     if target.exists() and not target.is_dir():

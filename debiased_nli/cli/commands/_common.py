@@ -31,6 +31,15 @@ def number(kind=int, *, low=None, high=None, low_open: bool = False, high_open: 
     return parse
 
 
+MAX_SEED = 2**32 - 1
+
+
+def seed(text: str) -> int:
+    """The argparse ``type`` of every ``--seed``: an integer from 0 to 2**32 - 1, what numpy's and torch's
+    generators accept (a larger one would fail deep inside the run, not here, with one line)."""
+    return number(int, low=0, high=MAX_SEED)(text)
+
+
 POSITIVE_INT = number(int, low=1)
 NON_NEGATIVE_INT = number(int, low=0)
 POSITIVE_FLOAT = number(float, low=0, low_open=True)
