@@ -251,6 +251,8 @@ CASES = [
     C("recipe configs: a string", lambda w: _build(w, recipe=w.recipe(configs="z_filtered")), "`configs`", "list"),
     C("recipe on_invalid: skip", lambda w: _build(w, recipe=w.recipe(data={"on_invalid": "skip"})), "data.on_invalid"),
     C("recipe max_rows: 0", lambda w: _build(w, recipe=w.recipe(data={"max_rows": 0})), "data.max_rows"),
+    C("recipe duplicates: drop", lambda w: _build(w, recipe=w.recipe(data={"duplicates": "drop"})), "data.duplicates",
+      "keep", "set_aside"),
     C("recipe folds: 1", lambda w: _build(w, recipe=w.recipe(features={"folds": 1})), "features.folds"),
     C("recipe history version 1.1 (a float)",
       lambda w: _build(w, recipe=w.recipe(history=[{"version": 1.1, "notes": "x"}])), "`history`"),
@@ -632,6 +634,66 @@ def test_every_set_aside_row_of_every_input_is_written_and_counted(world, capsys
     assert manifest["recipe"]["features"]["hypothesis_only"] is None
     assert sorted(p.name for p in w.root.iterdir()) == sorted(["home", "train.parquet", "dev.parquet", "new.parquet",
                                                                "recipe.yaml", "rel"])
+
+
+def _with_duplicates(w) -> tuple[Path, dict]:
+    """90 rows, then copies of rows 3, 5 and 5 (rows 90-92), and row 7's pair with another label (row 93)."""
+    rows = _rows(90)
+    rows["hypothesis"] = [f"{h} {i}" for i, h in enumerate(rows["hypothesis"])]  # no accidental repeats
+    for i in (3, 5, 5):
+        for k in rows:
+            rows[k].append(rows[k][i])
+    rows["premise"].append(rows["premise"][7])
+    rows["hypothesis"].append(rows["hypothesis"][7])
+    rows["label"].append((rows["label"][7] + 1) % 3)
+    path = w.path("train.parquet")
+    pq.write_table(pa.table(rows), path)
+    return path, rows
+
+
+def test_duplicate_rows_are_counted_and_kept_by_default(world, capsys):
+    w = world
+    data, _ = _with_duplicates(w)
+    assert main(["build", str(SNLI), "--data-files", str(data), "--out", str(w.path("rel")), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    said = [ln for ln in err.splitlines() if "duplicates:" in ln]
+    assert len(said) == 1 and "3 rows" in said[0] and "kept" in said[0] and "data.duplicates" in said[0], err
+    manifest = json.loads((w.path("rel") / "manifest.json").read_text())
+    assert manifest["duplicates"] == {"train": {"rows": 3, "groups": 2, "policy": "keep"}}
+    assert manifest["recipe"]["data"]["duplicates"] == "keep"
+    assert_conserved(w.path("rel"), "snli", 94)  # every row, the copies included, is in the release
+
+
+def test_duplicate_rows_set_aside_go_to_the_rejected_rows_with_the_row_they_repeat(world, capsys):
+    w = world
+    data, rows = _with_duplicates(w)
+    recipe = w.recipe(data={"duplicates": "set_aside"})
+    assert main(["build", str(recipe), "--data-files", str(data), "--out", str(w.path("rel")), "--quiet"]) == 0
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "duplicates:" in ln]
+    assert len(said) == 1 and "3 rows" in said[0] and "set aside" in said[0], said
+    aside = pq.read_table(w.path("rel") / "rejected" / "set_aside_on_load.parquet").to_pydict()
+    assert sorted(zip(aside["uid"], aside["reason"], aside["input"])) == [
+        ("snli:train:90", "duplicate of row 3", "train"), ("snli:train:91", "duplicate of row 5", "train"),
+        ("snli:train:92", "duplicate of row 5", "train")]
+    assert [aside["premise"][aside["uid"].index(f"snli:train:{i}")] for i in (90, 91)] == [rows["premise"][3],
+                                                                                         rows["premise"][5]]
+    manifest = json.loads((w.path("rel") / "manifest.json").read_text())
+    assert manifest["duplicates"] == {"train": {"rows": 3, "groups": 2, "policy": "set_aside"}}
+    assert manifest["set_aside"] == {"train": 3}
+    assert_conserved(w.path("rel"), "snli", 94)  # kept + rejected + set aside: every input row once
+    kept = [u for f in sorted(w.path("rel").glob("data/*/*.parquet")) for u in _uids(f)]
+    assert not {"snli:train:90", "snli:train:91", "snli:train:92"} & set(kept) and "snli:train:93" in \
+        set(kept) | set(_uids(w.path("rel") / "rejected" / "z_filtered"))
+
+
+def test_find_duplicates_is_exact():
+    import datasets
+    from debiased_nli.data.duplicates import find_duplicates
+
+    ds = datasets.Dataset.from_dict({"premise": ["a", "a", "a\x1fb", "a", "a"], "hypothesis": ["b\x1fc", "b\x1fc", "c", "b\x1fc", "b"],
+                                     "label": [0, 0, 0, 1, 0], "uid": [f"t:train:{i}" for i in range(5)]})
+    first = find_duplicates(ds)
+    assert first.tolist() == [-1, 0, -1, -1, -1]  # only row 1 repeats (row 0); joined texts that collide do not
 
 
 # ------------------------------------------------------------------------------------------ data loss

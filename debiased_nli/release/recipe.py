@@ -40,8 +40,10 @@ DEFAULTS: dict[str, Any] = {
     "repo_id": None,
     "summary": "",
     "seed": 0,
+    # duplicates: rows of D0 with the premise, hypothesis and label of an earlier row are counted (manifest,
+    # terminal) and kept ("keep") or set aside with the row they repeat ("set_aside"); see data/duplicates.py
     "data": {"data_files": None, "split": "train", "eval_splits": [], "on_invalid": "error", "max_rows": None,
-             "revision": None},
+             "revision": None, "duplicates": "keep"},
     # hypothesis_only: "tfidf", a fine-tuned classifier (folder or Hub id), {model: PATH, folds, epochs, ...}
     # (a transformer fine-tuned out of fold on D0), or null; chunk_rows: rows featurised at a time;
     # num_proc: processes for the feature extraction, n_jobs: for the TF-IDF model's folds ("auto": the
@@ -201,6 +203,7 @@ SCHEMA: dict[str, Any] = {
         "on_invalid": _Kind("'error' or 'set_aside'", lambda v: v in ("error", "set_aside")),
         "max_rows": _Kind("a positive integer or null", lambda v: v is None or _is_int(v) and v >= 1),
         "revision": _OPT_STR,
+        "duplicates": _Kind("'keep' or 'set_aside'", lambda v: v in ("keep", "set_aside")),
     },
     "features": {
         "hypothesis_only": _Kind("'tfidf', a classifier folder or Hub id, null/'none', or a mapping "
@@ -378,6 +381,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     from ..bias.features import FEATURE_PREFIX, describe_extractors
     from ..bias.featurize import add_features, add_features_pair, featurize_build
     from ..bias.hypothesis_only import transformer_params
+    from ..data.duplicates import handle_duplicates
     from ..data.loading import combine_set_aside, contiguous, labels_of, load_task, parse_data_files, require_two_labels
     from ..utils.processes import return_free_memory
     from .configs import ConfigData
@@ -410,6 +414,10 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     stage("load", clock, detail=f"{task.name} split {d['split']!r}", counts=loaded.counts)
     # each column in one piece of memory (D0 read from many files has many): see data.contiguous
     d0 = loaded.dataset = contiguous(loaded.dataset)
+    d0, duplicates = handle_duplicates(d0, d["duplicates"])  # counted; set aside when the recipe says so
+    if duplicates.set_aside is not None:
+        loaded.dataset = d0
+        ctx["set_aside"].append(("train", duplicates.set_aside))
     if len(d0) == 0:
         raise EmptyResultError(f"no usable rows in {task.name!r} split {d['split']!r} after loading "
                                f"({loaded.counts}); nothing was written")
@@ -568,6 +576,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         "features": {"extractors": dict(describe_extractors(task.features)),
                      "hypothesis_only": hyp.to_dict() if hyp else None},
         "set_aside": set_aside_counts,
+        "duplicates": {"train": duplicates.record()},
     }
     meta = {"pretty_name": recipe["pretty_name"], "repo_id": recipe["repo_id"] or f"<org>/{recipe['name']}",
             "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,

@@ -59,6 +59,10 @@ def run(args) -> int:
     print(f"wrote {result.out_dir}", file=sys.stderr)
     for name, n in result.configs.items():
         print(f"  {name}: {n:,} train rows", file=sys.stderr)
+    for split, record in (result.manifest.get("duplicates") or {}).items():
+        if record["rows"]:
+            from ...data.duplicates import duplicates_line
+            print(f"  {duplicates_line(record, f'the {split} split')}", file=sys.stderr)
     print(f"open it with: datasets.load_dataset({str(result.out_dir)!r}, {next(iter(result.configs))!r})",
           file=sys.stderr)
     return 0
