@@ -10,6 +10,7 @@ Set DEBIASED_NLI_BAD_INPUT_TABLE=path to write the table of cases and what each 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "builders" / "demo.yaml"
 SNLI = ROOT / "builders" / "snli.yaml"
 LABELS = ("entailment", "neutral", "contradiction")
+MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 WORDS = "a man woman dog child plays runs sleeps outside inside the park street ball red blue".split()
 
 
@@ -46,6 +48,21 @@ def _rows(n: int, seed: int = 0, one_label: int | None = None) -> dict:
     return {"premise": [" ".join(rng.choices(WORDS, k=rng.randint(4, 10))) + "." for _ in range(n)],
             "hypothesis": [" ".join(rng.choices(WORDS, k=rng.randint(2, 6))) + "." for _ in range(n)],
             "label": [one_label if one_label is not None else i % 3 for i in range(n)]}
+
+
+def alias_bomb(levels: int = 9, width: int = 9, strings: bool = False, key: str = "extra_citations") -> str:
+    """The "billion laughs" YAML nested under a valid key: ``width ** levels`` values from a few hundred
+    bytes. ``strings``: every leaf a string, so the expanded value even has the right type."""
+    lines = ["task: snli", f"{key}:"]
+    if strings:  # a flat list of strings reached through nested aliases of one mapping's values
+        lines = ["task: snli", "profiles:", "  p0: &l0 {summary: lol}"]
+        for i in range(1, levels + 1):
+            lines.append(f"  p{i}: &l{i} {{" + ", ".join(f"k{j}: *l{i - 1}" for j in range(width)) + "}")
+        return "\n".join(lines) + "\n"
+    lines.append("  - &l0 [" + ", ".join(["lol"] * width) + "]")
+    for i in range(1, levels + 1):
+        lines.append(f"  - &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
 
 
 class World:
@@ -114,6 +131,36 @@ class World:
         self.write(f"{name}/data/z_filtered/train-00000-of-00001.parquet", b"PAR1 broken PAR1")
         return p
 
+    def fifo(self, name="pipe.parquet") -> Path:
+        p = self.path(name)
+        os.mkfifo(p)
+        return p
+
+    def link(self, name: str, target: "str | Path") -> Path:
+        p = self.path(name)
+        p.symlink_to(target)
+        return p
+
+    def loop(self, name="loop.parquet") -> Path:
+        """A symbolic link that leads to itself."""
+        return self.link(name, name)
+
+    def cycle(self, name="a.parquet", other="b.parquet") -> Path:
+        """Two symbolic links that lead to each other."""
+        self.link(other, name)
+        return self.link(name, other)
+
+    def tiny_generator(self, name="gen", n_positions=16) -> Path:
+        """A random GPT-2 (the real GPT-2 tokenizer) whose context is ``n_positions`` tokens."""
+        import torch
+        from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+        tok = AutoTokenizer.from_pretrained(str(MODELS / "gpt2-tokenizer"))
+        torch.manual_seed(0)
+        GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=n_positions,
+                                   vocab_size=len(tok))).save_pretrained(self.path(name))
+        tok.save_pretrained(self.path(name))
+        return self.path(name)
+
     def user_folder(self, name="mine") -> Path:
         p = self.path(name)
         p.mkdir()
@@ -124,8 +171,8 @@ class World:
 def snapshot(root: Path) -> dict:
     """Every file and folder under ``root`` with its size and mtime (libraries' caches under $HOME/.cache
     aside: the Hugging Face libraries keep their own there)."""
-    return {str(p.relative_to(root)): (p.is_dir(), None if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns))
-            for p in root.rglob("*") if not str(p.relative_to(root)).startswith("home/.cache")}
+    return {str(p.relative_to(root)): (p.is_dir(), None if p.is_dir() else (p.lstat().st_size, p.lstat().st_mtime_ns))
+            for p in root.rglob("*") if not str(p.relative_to(root)).startswith("home/.cache")}  # links: not followed
 
 
 # ------------------------------------------------------------------------------------------ the table
@@ -167,8 +214,8 @@ def _build(w, *extra, data=None, recipe=None):
     return ["build", recipe or SNLI, "--data-files", data or w.parquet(), "--out", w.path("release"), "--quiet", *extra]
 
 
-def _generate(w, *extra):
-    return ["generate", "snli", "--generator", w.model_folder("gen"), "--out", w.path("gen-out"),
+def _generate(w, *extra, generator=None):
+    return ["generate", "snli", "--generator", generator or w.model_folder("gen"), "--out", w.path("gen-out"),
             "--num-samples", "4", *extra]
 
 
@@ -210,11 +257,32 @@ CASES = [
     C("recipe configs: a string", lambda w: _build(w, recipe=w.recipe(configs="z_filtered")), "`configs`", "list"),
     C("recipe on_invalid: skip", lambda w: _build(w, recipe=w.recipe(data={"on_invalid": "skip"})), "data.on_invalid"),
     C("recipe max_rows: 0", lambda w: _build(w, recipe=w.recipe(data={"max_rows": 0})), "data.max_rows"),
+    C("recipe duplicates: drop", lambda w: _build(w, recipe=w.recipe(data={"duplicates": "drop"})), "data.duplicates",
+      "keep", "set_aside"),
     C("recipe folds: 1", lambda w: _build(w, recipe=w.recipe(features={"folds": 1})), "features.folds"),
     C("recipe history version 1.1 (a float)",
       lambda w: _build(w, recipe=w.recipe(history=[{"version": 1.1, "notes": "x"}])), "`history`"),
     C("recipe new_rows step without a name", lambda w: _build(w, recipe=w.recipe(new_rows=[{"data_files": "x"}])),
       "new_rows[0]"),
+    C("recipe: billion laughs under extra_citations", lambda w: _build(w, recipe=w.write("r.yaml", alias_bomb())),
+      "aliases", "expand"),
+    C("recipe: billion laughs of strings in a valid list",
+      lambda w: _build(w, recipe=w.write("r.yaml", alias_bomb(strings=True))), "aliases", "expand"),
+    C("recipe: an alias of itself", lambda w: _build(w, recipe=w.write("r.yaml", "task: snli\nextra_citations: &a [*a]\n")),
+      "refers to itself"),
+    C("recipe: 2 MB", lambda w: _build(w, recipe=w.write("r.yaml", "task: snli\n" + "# padding\n" * 200_000)),
+      "too large", "MB"),
+    C("recipe: a long list where strings belong", lambda w: _build(w, recipe=w.recipe(extra_citations=[list(range(3000))])),
+      "extra_citations", "list"),
+    C("recipe: a 100 kB task name", lambda w: _build(w, recipe=w.recipe(task="x" * 100_000)), "unknown task"),
+    C("recipe: a 1000-character unknown key", lambda w: _build(w, recipe=w.write("r.yaml", "task: snli\n" + "k" * 1000 + ": 1\n")),
+      "unknown recipe key"),
+    C("recipe: a seed of 5000 digits", lambda w: _build(w, recipe=w.write("r.yaml", "task: snli\nseed: " + "9" * 5000 + "\n")),
+      "number at line 2", "5,000 characters"),
+    C("recipe: a wrong step that is a long list", lambda w: _build(w, recipe=w.recipe(filters=[list(range(3000))])),
+      "filters[0]"),
+    C("task YAML: billion laughs", lambda w: ["audit", w.write("t.yaml", "name: t\n" + alias_bomb(key="labels")[len("task: snli\n"):]),
+                                              "--data-files", w.parquet(), "--out", w.path("a")], "aliases"),
     # ---- build: data files
     C("build: data file missing", lambda w: _build(w, data=w.path("missing.parquet")), "does not exist"),
     C("build: empty parquet (0 bytes)", lambda w: _build(w, data=w.write("empty.parquet", b"")), "empty.parquet",
@@ -246,6 +314,45 @@ CASES = [
       '{"premise": "A.", "hypothesis": "B."}\n')), "missing column", "label"),
     C("build --new-rows corrupt", lambda w: _build(w, "--new-rows", w.write("new.parquet", b"garbage")),
       "new.parquet", "Parquet"),
+    # ---- build: inputs that are not regular files (a loop, a pipe, a device) are refused before any read
+    C("build: data file is a symlink loop", lambda w: _build(w, data=w.loop()), "loop.parquet", "symbolic link"),
+    C("build: data file is a cycle of two symlinks", lambda w: _build(w, data=w.cycle()), "a.parquet", "symbolic link"),
+    C("build: data file is a broken symlink", lambda w: _build(w, data=w.link("gone.parquet", "nowhere.parquet")),
+      "gone.parquet", "nowhere.parquet", "does not exist"),
+    C("build: data file is a FIFO", lambda w: _build(w, data=w.fifo()), "pipe.parquet", "not a regular file"),
+    C("build: data file links to /dev/zero", lambda w: _build(w, data=w.link("zero.parquet", "/dev/zero")),
+      "zero.parquet", "not a regular file"),
+    C("build: data file is a folder", lambda w: _build(w, data=w.user_folder("dir.parquet")), "dir.parquet", "folder"),
+    C("build: an eval split is a FIFO", lambda w: ["build", SNLI, "--data-files", f"train={w.parquet()}",
+                                                   f"validation={w.fifo('dev.jsonl')}", "--out", w.path("r")],
+      "dev.jsonl", "not a regular file"),
+    C("build --new-rows <symlink loop>", lambda w: _build(w, "--new-rows", w.loop("new.parquet")), "new.parquet",
+      "symbolic link"),
+    C("build --new-rows <FIFO>", lambda w: _build(w, "--new-rows", w.fifo("new.parquet")), "not a regular file"),
+    C("recipe is a symlink loop", lambda w: ["build", w.loop("r.yaml"), "--out", w.path("r")], "r.yaml", "symbolic link"),
+    C("recipe is a FIFO", lambda w: ["build", w.fifo("r.yaml"), "--out", w.path("r")], "r.yaml", "not a regular file"),
+    C("build --out <symlink loop>", lambda w: ["build", DEMO, "--out", w.loop("rel")], "rel", "symbolic link"),
+    # ---- seeds beyond what numpy and torch take (0 .. 2**32 - 1)
+    C("build --seed 99999999999999999999", lambda w: _build(w, "--seed", "99999999999999999999"), "--seed", "4294967295"),
+    C("build --seed 4294967296", lambda w: _build(w, "--seed", str(2**32)), "--seed", "4294967295"),
+    C("recipe seed: 99999999999999999999", lambda w: _build(w, recipe=w.recipe(seed=99999999999999999999)), "`seed`"),
+    C("audit --seed 99999999999999999999", lambda w: _audit(w, "--seed", "99999999999999999999"), "--seed"),
+    C("train --seed 2**40", lambda w: _train(w, "--seed", str(2**40)), "--seed"),
+    C("generate --seed 2**40", lambda w: _generate(w, "--seed", str(2**40)), "--seed"),
+    # ---- build --efficacy
+    C("build --efficacy <not JSON>", lambda w: _build(w, "--efficacy", w.write("eff.json", "{not json")), "eff.json",
+      "not valid JSON"),
+    C("build --efficacy <a JSON list>", lambda w: _build(w, "--efficacy", w.write("eff.json", "[1, 2]")), "eff.json",
+      "not an efficacy table"),
+    C("build --efficacy <a JSON number>", lambda w: _build(w, "--efficacy", w.write("eff.json", "3")), "eff.json",
+      "not an efficacy table"),
+    C("build --efficacy <empty>", lambda w: _build(w, "--efficacy", w.write("eff.json", "")), "eff.json", "JSON"),
+    C("build --efficacy <latin-1 bytes>", lambda w: _build(w, "--efficacy", w.write("eff.json", b'{"a": "caf\xe9"}')),
+      "eff.json", "UTF-8"),
+    C("build --efficacy <a folder>", lambda w: _build(w, "--efficacy", w.user_folder("eff")), "eff", "folder"),
+    C("build --efficacy <FIFO>", lambda w: _build(w, "--efficacy", w.fifo("eff.json")), "eff.json", "not a regular file"),
+    C("build --efficacy <symlink loop>", lambda w: _build(w, "--efficacy", w.loop("eff.json")), "eff.json",
+      "symbolic link"),
     # ---- audit
     C("audit --top-k 0", lambda w: _audit(w, "--top-k", "0"), "--top-k", ">= 1"),
     C("audit --alpha 2", lambda w: _audit(w, "--alpha", "2"), "--alpha"),
@@ -260,6 +367,10 @@ CASES = [
       "--hypothesis-only", "no such folder"),
     C("audit: every row one label", lambda w: _audit(w, data=w.parquet("one.parquet", one_label=0)), "two labels"),
     C("audit: corrupt parquet", lambda w: _audit(w, data=w.write("bad.parquet", b"nope")), "bad.parquet"),
+    C("audit: data file is a symlink loop", lambda w: _audit(w, data=w.loop()), "symbolic link"),
+    C("audit: data file is a FIFO", lambda w: _audit(w, data=w.fifo()), "not a regular file"),
+    C("audit: data file links to /dev/zero", lambda w: _audit(w, data=w.link("zero.jsonl", "/dev/zero")),
+      "not a regular file"),
     C("audit: unknown task", lambda w: ["audit", "snlii", "--data-files", w.parquet(), "--out", w.path("a")],
       "snlii"),
     # ---- train
@@ -318,6 +429,17 @@ CASES = [
       "prem.parquet", "Parquet"),
     C("generate --condition premise without --premises-from", lambda w: _generate(w, "--condition", "premise"),
       "--premises-from"),
+    C("generate --premises-from <FIFO>", lambda w: _generate(w, "--condition", "premise", "--premises-from", w.fifo()),
+      "not a regular file"),
+    C("generate: a 16-token generator, --max-new-tokens 64",
+      lambda w: _generate(w, "--max-new-tokens", "64", "--cpu", generator=w.tiny_generator()), "--max-new-tokens", "16"),
+    C("generate: a 16-token generator, --max-new-tokens 16",
+      lambda w: _generate(w, "--max-new-tokens", "16", "--cpu", generator=w.tiny_generator()), "--max-new-tokens", "16"),
+    C("generate: a 16-token generator, a premise prompt longer than 16 - 12 tokens",
+      lambda w: _generate(w, "--max-new-tokens", "12", "--cpu", "--condition", "premise", "--premises-from",
+                          w.parquet("prem.parquet", n=8), generator=w.tiny_generator()), "--max-new-tokens", "prompt"),
+    C("train: data file is a FIFO", lambda w: ["train", "snli", "--data-files", w.fifo(), "--model", w.model_folder(),
+                                               "--out", w.path("run")], "not a regular file"),
     # ---- aflite
     C("aflite --m 0", lambda w: _aflite(w, "--m", "0"), "--m"),
     C("aflite --tau 1.5", lambda w: _aflite(w, "--tau", "1.5"), "--tau"),
@@ -388,8 +510,22 @@ def test_the_table_has_enough_cases_across_the_commands():
     assert {"build", "recipe", "audit", "train", "evaluate", "generate", "aflite", "push"} <= commands
 
 
+@pytest.fixture
+def alarm():
+    """A case that blocks (a FIFO opened for reading, /dev/zero read to the end) ends in an error after
+    two minutes instead of hanging the suite."""
+    def ring(signum, frame):
+        raise TimeoutError("the case blocked for 120 s")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys, alarm):
     argv = [str(a) for a in case.argv(world)]
     before = snapshot(world.root)
     rc = main(argv)
@@ -397,6 +533,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
     line = _one_error_line(err)
     _record(case.id, line)
     assert rc == 2, (rc, line)
+    assert len(line) < 1500, line[:300]  # an excerpt of a value, never the whole of it
     for fragment in case.expect:
         assert fragment.lower() in line.lower(), (fragment, line)
     assert snapshot(world.root) == before  # no output, no lock, no temporary folder, inputs unchanged
@@ -411,6 +548,42 @@ def test_the_method_commands_share_one_seed_and_one_threads_flag():
         flags = {a.dest: a for a in sub[command]._actions}
         assert flags["seed"].type is SEED and flags["threads"].type is POSITIVE_INT, command
     assert SEED(str(2 ** 32 - 1)) == 2 ** 32 - 1
+
+
+def test_a_recipe_alias_bomb_fails_fast_in_one_short_line(world, capsys):
+    """What a recipe may expand to is bounded while it is read: the bomb is refused in well under a
+    second, without building the value, and no error message carries a whole value."""
+    import tracemalloc
+
+    for text in (alias_bomb(), alias_bomb(strings=True), alias_bomb(levels=12, width=2)):
+        recipe = world.write("bomb.yaml", text)
+        tracemalloc.start()
+        start = time.monotonic()
+        rc = main(["build", str(recipe), "--out", str(world.path("rel"))])
+        took = time.monotonic() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        line = _one_error_line(capsys.readouterr().err)
+        assert rc == 2 and took < 1.0 and peak < 50 * 2**20 and len(line) < 400, (took, peak, line)
+    from debiased_nli.release.recipe import load_recipe
+    from debiased_nli.utils.errors import ConfigError
+
+    shared = ["lol"] * 10
+    for _ in range(8):  # the same bomb built in Python: a recipe mapping is checked without a whole repr
+        shared = [shared] * 10
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        load_recipe({"task": "snli", "extra_citations": shared})
+    assert time.monotonic() - start < 1.0 and len(str(err.value)) < 400 and "extra_citations" in str(err.value)
+
+
+def test_recipe_errors_quote_a_short_excerpt_of_the_value(world, capsys):
+    for over in ({"extra_citations": [list(range(3000))]}, {"task": "x" * 100_000}, {"seed": "9" * 50_000},
+                 {"z_filter": {"top_k": "y" * 50_000}}, {"new_rows": [{"step": "z" * 50_000}]}):
+        assert main(_build(world, recipe=world.recipe(**over))[:1] + [str(world.path("recipe.yaml")), "--out",
+                                                                          str(world.path("rel"))]) == 2
+        line = _one_error_line(capsys.readouterr().err)
+        assert len(line) < 500, (over.keys(), len(line), line[:300])
 
 
 # ------------------------------------------------------------------------------------------ conservation
@@ -487,6 +660,66 @@ def test_every_set_aside_row_of_every_input_is_written_and_counted(world, capsys
                                                                "recipe.yaml", "rel"])
 
 
+def _with_duplicates(w) -> tuple[Path, dict]:
+    """90 rows, then copies of rows 3, 5 and 5 (rows 90-92), and row 7's pair with another label (row 93)."""
+    rows = _rows(90)
+    rows["hypothesis"] = [f"{h} {i}" for i, h in enumerate(rows["hypothesis"])]  # no accidental repeats
+    for i in (3, 5, 5):
+        for k in rows:
+            rows[k].append(rows[k][i])
+    rows["premise"].append(rows["premise"][7])
+    rows["hypothesis"].append(rows["hypothesis"][7])
+    rows["label"].append((rows["label"][7] + 1) % 3)
+    path = w.path("train.parquet")
+    pq.write_table(pa.table(rows), path)
+    return path, rows
+
+
+def test_duplicate_rows_are_counted_and_kept_by_default(world, capsys):
+    w = world
+    data, _ = _with_duplicates(w)
+    assert main(["build", str(SNLI), "--data-files", str(data), "--out", str(w.path("rel")), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    said = [ln for ln in err.splitlines() if "duplicates:" in ln]
+    assert len(said) == 1 and "3 rows" in said[0] and "kept" in said[0] and "data.duplicates" in said[0], err
+    manifest = json.loads((w.path("rel") / "manifest.json").read_text())
+    assert manifest["duplicates"] == {"train": {"rows": 3, "groups": 2, "policy": "keep"}}
+    assert manifest["recipe"]["data"]["duplicates"] == "keep"
+    assert_conserved(w.path("rel"), "snli", 94)  # every row, the copies included, is in the release
+
+
+def test_duplicate_rows_set_aside_go_to_the_rejected_rows_with_the_row_they_repeat(world, capsys):
+    w = world
+    data, rows = _with_duplicates(w)
+    recipe = w.recipe(data={"duplicates": "set_aside"})
+    assert main(["build", str(recipe), "--data-files", str(data), "--out", str(w.path("rel")), "--quiet"]) == 0
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "duplicates:" in ln]
+    assert len(said) == 1 and "3 rows" in said[0] and "set aside" in said[0], said
+    aside = pq.read_table(w.path("rel") / "rejected" / "set_aside_on_load.parquet").to_pydict()
+    assert sorted(zip(aside["uid"], aside["reason"], aside["input"])) == [
+        ("snli:train:90", "duplicate of row 3", "train"), ("snli:train:91", "duplicate of row 5", "train"),
+        ("snli:train:92", "duplicate of row 5", "train")]
+    assert [aside["premise"][aside["uid"].index(f"snli:train:{i}")] for i in (90, 91)] == [rows["premise"][3],
+                                                                                         rows["premise"][5]]
+    manifest = json.loads((w.path("rel") / "manifest.json").read_text())
+    assert manifest["duplicates"] == {"train": {"rows": 3, "groups": 2, "policy": "set_aside"}}
+    assert manifest["set_aside"] == {"train": 3}
+    assert_conserved(w.path("rel"), "snli", 94)  # kept + rejected + set aside: every input row once
+    kept = [u for f in sorted(w.path("rel").glob("data/*/*.parquet")) for u in _uids(f)]
+    assert not {"snli:train:90", "snli:train:91", "snli:train:92"} & set(kept) and "snli:train:93" in \
+        set(kept) | set(_uids(w.path("rel") / "rejected" / "z_filtered"))
+
+
+def test_find_duplicates_is_exact():
+    import datasets
+    from debiased_nli.data.duplicates import find_duplicates
+
+    ds = datasets.Dataset.from_dict({"premise": ["a", "a", "a\x1fb", "a", "a"], "hypothesis": ["b\x1fc", "b\x1fc", "c", "b\x1fc", "b"],
+                                     "label": [0, 0, 0, 1, 0], "uid": [f"t:train:{i}" for i in range(5)]})
+    first = find_duplicates(ds)
+    assert first.tolist() == [-1, 0, -1, -1, -1]  # only row 1 repeats (row 0); joined texts that collide do not
+
+
 # ------------------------------------------------------------------------------------------ data loss
 
 def _demo_release(out: Path, *extra) -> None:
@@ -497,9 +730,8 @@ def _demo_release(out: Path, *extra) -> None:
 def test_overwrite_replaces_only_a_release_of_this_tool(world, capsys):
     w = world
     _demo_release(w.path("rel"))
-    (w.path("rel") / "stale.txt").write_text("from an old build")
-    _demo_release(w.path("rel"), "--overwrite", "--seed", "3")  # a release of ours: replaced whole
-    assert not (w.path("rel") / "stale.txt").exists() and is_release_folder(w.path("rel"))
+    _demo_release(w.path("rel"), "--overwrite", "--seed", "3")  # a release of ours, nothing else in it: replaced
+    assert is_release_folder(w.path("rel"))
     assert json.loads((w.path("rel") / "manifest.json").read_text())["written_by"] == "debiased-nli"
     # a folder with the same files but no mark is someone else's
     manifest = json.loads((w.path("rel") / "manifest.json").read_text())
@@ -509,6 +741,81 @@ def test_overwrite_replaces_only_a_release_of_this_tool(world, capsys):
     assert main(["build", str(DEMO), "--out", str(w.path("rel")), "--overwrite", "--quiet"]) == 2
     assert "not a release written by debiased-nli" in _one_error_line(capsys.readouterr().err)
     assert snapshot(w.root) == before
+
+
+def _refused_naming(capsys, *names) -> str:
+    line = _one_error_line(capsys.readouterr().err)
+    for name in names:
+        assert name in line, (name, line)
+    return line
+
+
+def test_overwrite_never_deletes_a_users_files_inside_the_release(world, capsys):
+    """--overwrite replaces a release, not what the user put beside its files: such a target is refused,
+    the refusal names the foreign files, and nothing changes (also through a symlink to the release)."""
+    w = world
+    rel = w.path("rel")
+    _demo_release(rel)
+    w.path("link").symlink_to(rel)
+    for extra in ("NOTES.md", "data/z_filtered/my-sample.csv", "images/logo.png", "rejected/train-00000-of-00001.parquet"):
+        (rel / extra).write_text("the user's own")
+        before = snapshot(w.root)
+        for out in (rel, w.path("link")):
+            assert main(["build", str(DEMO), "--out", str(out), "--max-rows", "600", "--overwrite", "--quiet"]) == 2
+            line = _refused_naming(capsys, extra)
+            _record(f"build --overwrite over a release holding {extra}", line)
+            assert "not part of" in line and "--overwrite" in line
+            assert snapshot(w.root) == before
+        (rel / extra).unlink()
+    _demo_release(w.path("link"), "--overwrite", "--seed", "3")  # nothing foreign left: replaced through the link
+    assert w.path("link").is_symlink() and is_release_folder(rel)
+
+
+def test_a_second_audit_never_deletes_a_users_files(world, capsys):
+    w = world
+    data = w.parquet("train.parquet", n=90)
+    common = ["audit", "snli", "--data-files", str(data), "--hypothesis-only", "none", "--out"]
+    assert main(common + [str(w.path("audit"))]) == 0
+    w.path("audit-link").symlink_to(w.path("audit"))
+    (w.path("audit") / "NOTES.md").write_text("what I make of it")
+    (w.path("audit") / "plots").mkdir()
+    (w.path("audit") / "plots" / "mine.png").write_bytes(b"png")
+    capsys.readouterr()
+    before = snapshot(w.root)
+    for out in ("audit", "audit-link"):
+        assert main(common + [str(w.path(out))]) == 2
+        _record("a second audit into a folder holding NOTES.md", _refused_naming(capsys, "NOTES.md", "plots/mine.png"))
+        assert snapshot(w.root) == before
+    (w.path("audit") / "NOTES.md").unlink()
+    import shutil
+    shutil.rmtree(w.path("audit") / "plots")
+    assert main(common + [str(w.path("audit-link"))]) == 0
+
+
+def test_a_foreign_file_added_during_the_build_is_never_deleted(world, monkeypatch):
+    """The check before the work is repeated at the swap itself: a file written into the target while
+    the release was being built stops the swap, and the old release stays with it."""
+    import debiased_nli.utils.outputs as outputs
+    from debiased_nli.utils.errors import ConfigError
+
+    w = world
+    rel = w.path("rel")
+    _demo_release(rel)
+    real = outputs.replace_folder
+
+    def late_note(tmp, target):
+        (target / "NOTES.md").write_text("written while the build ran")
+        return real(tmp, target)
+
+    import debiased_nli.release.layout as layout
+    monkeypatch.setattr(layout, "replace_folder", late_note)
+    manifest = (rel / "manifest.json").read_bytes()
+    with pytest.raises(ConfigError, match="NOTES.md"):
+        from debiased_nli.release.recipe import build
+        build(str(DEMO), rel, overwrite=True, max_rows=600, seed=3, progress=False)
+    assert (rel / "NOTES.md").read_text() == "written while the build ran"
+    assert (rel / "manifest.json").read_bytes() == manifest
+    assert sorted(p.name for p in w.root.iterdir() if p.name.startswith(".rel")) == []
 
 
 def test_a_second_build_into_a_locked_target_is_refused(world, capsys):
@@ -725,6 +1032,96 @@ def test_push_to_a_hub_that_never_answers_ends_in_bounded_time(world, capsys, mo
     assert rc == 2 and "did not answer within 1 s" in line and took < 30, (line, took)
 
 
+class TricklingServer:
+    """Answers every request one byte per second: the status line and headers (``part="headers"``), or
+    complete headers and then a body that never ends (``part="body"``). Each read of the client gets a
+    byte well within its timeout, so only a deadline on the whole push ends it."""
+
+    def __init__(self, part: str):
+        self.part = part
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stop = threading.Event()
+        self.conns: list[socket.socket] = []
+
+    def _serve(self, conn: socket.socket) -> None:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+        try:
+            conn.recv(65536)
+            if self.part == "body":
+                conn.sendall(head)
+            for byte in (head if self.part == "headers" else b"{" + b" " * 999_999):
+                if self.stop.wait(1.0):
+                    return
+                conn.sendall(bytes([byte]))
+        except OSError:
+            return
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def __enter__(self):
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.sock.close()
+        for c in self.conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_push_to_a_hub_that_trickles_ends_at_its_deadline(world, capsys, monkeypatch, online, part):
+    """A Hub that answers one byte per second never trips a read timeout; the deadline still ends the
+    push: one line, exit 2, within the deadline and a small margin."""
+    w = world
+    _demo_release(w.path("rel"))
+    capsys.readouterr()
+    monkeypatch.setenv("DEBIASED_NLI_HUB_TIMEOUT", "2")
+    monkeypatch.setenv("DEBIASED_NLI_HUB_DEADLINE", "3")
+    with TricklingServer(part) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        import huggingface_hub.constants as c
+        monkeypatch.setattr(c, "ENDPOINT", hub.url)
+        start = time.monotonic()
+        rc = main(["push", str(w.path("rel")), "--repo-id", "org/x", "--revision", "v1.0"])
+        took = time.monotonic() - start
+    line = _one_error_line(capsys.readouterr().err)
+    _record(f"push to a Hub that trickles its {part} (timeout 2 s, deadline 3 s)", line)
+    assert rc == 2 and "deadline of 3 s" in line and took < 3 + 2, (rc, line, took)
+
+
+def test_the_push_command_exits_at_its_deadline_against_a_trickling_hub(world):
+    """The same as a process: the worker left reading the trickle does not keep it alive."""
+    w = world
+    _demo_release(w.path("rel"))
+    with TricklingServer("body") as hub:
+        env = dict(_env(w.root), HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.url, HF_TOKEN="hf_x",
+                   DEBIASED_NLI_HUB_TIMEOUT="2", DEBIASED_NLI_HUB_DEADLINE="3")
+        cmd = [sys.executable, "-c", "import time, sys; from debiased_nli.cli import main; "
+               "import debiased_nli.release.publish, huggingface_hub; t = time.monotonic(); "
+               "rc = main(sys.argv[1:]); print(f'took {time.monotonic() - t:.2f}', file=sys.stderr); sys.exit(rc)",
+               "push", str(w.path("rel")), "--repo-id", "org/x"]
+        start = time.monotonic()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        wall = time.monotonic() - start
+    took = float(proc.stderr.strip().splitlines()[-1].split()[1])
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "deadline of 3 s" in errors[0], proc.stderr[-2000:]
+    assert took < 3 + 2 and wall - took < 30, (took, wall)  # and the process ends with it (no join on exit)
+
+
 def test_push_to_a_closed_port_is_one_line(world, capsys, online):
     w = world
     _demo_release(w.path("rel"))
@@ -840,12 +1237,13 @@ def test_a_failed_generate_does_not_poison_its_folder(world):
     broken = w.model_folder("broken", config='{"model_type": "gpt2"}')  # no weights, no tokenizer
     with pytest.raises(ConfigError, match="cannot load it"):
         generate_samples(str(broken), str(w.path("gen")), "snli", 4, cpu=True, progress=False)
-    assert (w.path("gen") / CONFIG_FILE).exists() and not list(w.path("gen").glob("shard-*"))
-    # another run into the same folder is not told it "holds shards of another run": it has none
+    assert not w.path("gen").exists()  # the generator is loaded before anything is written
+    # a config left by an older version's failed run (no shard beside it) does not block a new run
+    w.write(f"gen/{CONFIG_FILE}", json.dumps({"generator": "old"}))
     other = w.model_folder("other", config='{"model_type": "gpt2"}')
     with pytest.raises(ConfigError, match="cannot load it"):
         generate_samples(str(other), str(w.path("gen")), "snli", 8, seed=3, cpu=True, progress=False)
-    assert json.loads((w.path("gen") / CONFIG_FILE).read_text())["generator"] == str(other)
+    assert json.loads((w.path("gen") / CONFIG_FILE).read_text()) == {"generator": "old"}  # untouched
 
 
 # ------------------------------------------------------------------------------------------ audit, cache
@@ -872,7 +1270,7 @@ def test_audit_replaces_its_folder_whole(world, capsys):
 
 
 def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch, capsys):
-    from debiased_nli.utils.cache import prune_cache
+    from debiased_nli.utils.cache import prune_cache, record_entry
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
@@ -880,11 +1278,14 @@ def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch,
     (cache / "models" / "all-minilm-l6-v2" / "model.safetensors").write_bytes(b"w" * 100)
     (cache / "embeddings" / "warmup-abc").mkdir(parents=True)
     (cache / "embeddings" / "warmup-abc" / "model.safetensors").write_bytes(b"x" * 300)
+    record_entry(cache / "embeddings" / "warmup-abc")
     (cache / "embeddings" / "emb-1.npy").write_bytes(b"e" * 200)
+    record_entry(cache / "embeddings" / "emb-1.npy")
     (cache / "notes.txt").write_text("mine")
     old = time.time() - 10 * 86400
     for i, name in enumerate(["features-a.arrow", "features-b.arrow", "hypo-only-a.npz"]):
         (cache / name).write_bytes(b"f" * 1000)
+        record_entry(cache / name)
         os.utime(cache / name, (old + i, old + i))
     assert main(["cache", "info"]) == 0
     out = capsys.readouterr().out
@@ -896,3 +1297,142 @@ def test_cache_info_and_clear_touch_only_this_tools_files(tmp_path, monkeypatch,
     left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
     assert left == ["embeddings", "models", "models/all-minilm-l6-v2", "models/all-minilm-l6-v2/model.safetensors",
                     "notes.txt"]
+
+
+def test_cache_clear_and_prune_never_delete_a_users_files_named_like_entries(world, monkeypatch, capsys):
+    """Only entries this tool recorded writing are counted and deleted; files that merely match the
+    cache's names (the user's, or an older version's) are left alone and reported by `cache info`."""
+    from debiased_nli.utils.cache import cache_entries, prune_cache
+
+    w = world
+    cache = w.path("cache")
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
+    mine = {"cache-mine.arrow": b"a" * 500, "hypo-only-mine.npz": b"n" * 500, "features-mine.arrow": b"f" * 500,
+            "embeddings/emb-mine.npy": b"e" * 500, "embeddings/warmup-mine/model.safetensors": b"w" * 500}
+    old = time.time() - 30 * 86400
+    for name, content in mine.items():
+        w.write(f"cache/{name}", content)
+        os.utime(cache / name, (old, old))
+    os.utime(cache / "embeddings" / "warmup-mine", (old, old))
+    data = w.parquet("train.parquet", n=90)
+    for seed, out in enumerate(("a", "b")):  # this tool's entries: feature columns, hypothesis-only predictions
+        assert main(["audit", "snli", "--data-files", str(data), "--out", str(w.path(out)), "--seed", str(seed)]) == 0
+    ours = cache_entries(cache)
+    assert ours and not {str(e["path"].relative_to(cache)) for e in ours} & set(mine)
+    capsys.readouterr()
+    assert main(["cache", "info"]) == 0
+    info = capsys.readouterr().out
+    assert "5 files" in info and "not recorded" in info, info
+    assert prune_cache(max_bytes=0)[0] == len(ours)  # every recorded entry goes, no file of the user's
+    for name, content in mine.items():
+        assert (cache / name).read_bytes() == content, name
+    assert main(["audit", "snli", "--data-files", str(data), "--out", str(w.path("c"))]) == 0
+    assert cache_entries(cache)
+    dead = 2**22 + 12345  # above pid_max: no such process
+    w.write(f"cache/.hypo-only-x.npz.tmp-{dead}", b"half an entry of a killed run")
+    w.write(f"cache/.hypo-only-y.npz.tmp-{os.getpid()}", b"being written")
+    assert main(["cache", "clear"]) == 0
+    assert cache_entries(cache) == []
+    assert not (cache / f".hypo-only-x.npz.tmp-{dead}").exists()
+    (cache / f".hypo-only-y.npz.tmp-{os.getpid()}").unlink()
+    for name, content in mine.items():
+        assert (cache / name).read_bytes() == content, name
+    assert not [p for p in cache.rglob(".*")], "markers of removed entries are removed with them"
+
+
+def _cache_files(cache: Path) -> dict[str, list[Path]]:
+    return {kind: sorted(p for p in cache.glob(pattern) if p.is_file())
+            for kind, pattern in (("npz", "hypo-only-*.npz"), ("arrow", "*.arrow"))}
+
+
+def _replace_bytes(path: Path, data: bytes) -> None:
+    """New content under the same name (a new file: a memory map of the old one, held by an earlier run
+    in this process, stays valid)."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _short_arrow(path: Path) -> bytes:
+    """An Arrow stream file with half the rows of ``path``: well formed, but not the entry."""
+    table = pa.ipc.open_stream(pa.BufferReader(path.read_bytes())).read_all()
+    half = table.slice(0, table.num_rows // 2)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, half.schema) as writer:
+        writer.write_table(half)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "short"])
+def test_an_unreadable_cache_entry_is_a_miss_recomputed_with_a_warning(world, monkeypatch, capsys, caplog, damage):
+    """A cache entry cut short (disk full, a copy interrupted), overwritten or emptied is read as a miss:
+    recomputed, replaced, with a warning; never `unexpected BadZipFile`. Covers the hypothesis-only
+    predictions (npz) of the audit and the build, and the feature columns (Arrow) of the audit."""
+    w = world
+    cache = w.path("cache")
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
+    data = w.parquet("train.parquet", n=120)
+    audit = ["audit", "snli", "--data-files", str(data), "--out"]
+    build = ["build", str(SNLI), "--data-files", str(data), "--out"]  # not --quiet: it hides warnings
+    assert main(audit + [str(w.path("a1"))]) == 0 and main(build + [str(w.path("r1"))]) == 0
+    files = _cache_files(cache)
+    assert len(files["npz"]) == 2 and files["arrow"], files
+    for path in files["npz"] + files["arrow"]:
+        if damage == "truncated":
+            _replace_bytes(path, path.read_bytes()[: path.stat().st_size // 2])
+        elif damage == "garbage":
+            _replace_bytes(path, b"PK\x03\x04" + b"not a cache entry" * 10)
+        elif damage == "empty":
+            _replace_bytes(path, b"")
+        elif path.suffix == ".arrow":
+            _replace_bytes(path, _short_arrow(path))
+    capsys.readouterr()
+    with caplog.at_level("WARNING"):
+        assert main(audit + [str(w.path("a2"))]) == 0, capsys.readouterr().err[-2000:]
+        assert main(build + [str(w.path("r2"))]) == 0, capsys.readouterr().err[-2000:]
+    warned = [r.getMessage() for r in caplog.records if "cache entry" in r.getMessage()]
+    for path in files["arrow"] + (files["npz"] if damage != "short" else []):  # "short": the Arrow files only
+        assert any(path.name in m and "recomput" in m for m in warned), (path.name, warned)
+    a1, a2 = (json.loads((w.path(a) / "audit.json").read_text()) for a in ("a1", "a2"))
+    assert a1 == a2
+    for sub in ("data", "rejected"):
+        for f in sorted((w.path("r1") / sub).rglob("*.parquet")):
+            assert f.read_bytes() == (w.path("r2") / f.relative_to(w.path("r1"))).read_bytes(), f
+    import numpy as np
+    for path in _cache_files(cache)["npz"]:
+        with np.load(path) as z:  # replaced by a whole entry
+            assert z.files
+    assert not [p for p in cache.iterdir() if ".tmp" in p.name]
+
+
+def test_a_cache_write_that_fails_leaves_no_entry_behind(world, monkeypatch, caplog):
+    """A full disk while a cache entry is written: no half-written entry stays (it would be read back by
+    every later run); the build goes on without caching, and the next one computes the entry."""
+    import numpy as np
+
+    w = world
+    cache = w.path("cache")
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(cache))
+    data = w.parquet("train.parquet", n=120)
+    real = np.savez
+
+    def full_disk(file, *args, **kwds):
+        import io
+        buf = io.BytesIO()
+        real(buf, *args, **kwds)
+        if hasattr(file, "write"):
+            file.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        else:
+            Path(str(file) if str(file).endswith(".npz") else f"{file}.npz").write_bytes(buf.getvalue()[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    build = ["build", str(SNLI), "--data-files", str(data), "--out"]
+    with caplog.at_level("WARNING"):
+        assert main(build + [str(w.path("r1"))]) == 0
+    assert any("could not write the cache entry" in r.getMessage() and "no space" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not list(cache.glob("hypo-only-*")) and not [p for p in cache.iterdir() if ".tmp" in p.name]
+    monkeypatch.setattr(np, "savez", real)
+    assert main(build + [str(w.path("r2"))]) == 0
+    assert len(list(cache.glob("hypo-only-*.npz"))) == 1

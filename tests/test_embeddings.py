@@ -211,3 +211,47 @@ def test_an_interrupted_embedding_run_resumes_at_the_first_missing_shard(tiny_en
     again = E.compute_embeddings(ds, tiny_encoder, cache_dir=tmp_path / "c", progress=False, shard_rows=4)
     np.testing.assert_allclose(again, full, atol=1e-5)
     assert not list((tmp_path / "c").glob("emb-*.parts-*"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_an_unreadable_embedding_cache_entry_is_recomputed(tiny_encoder, tmp_path, caplog, damage):
+    """The cached embeddings, a shard of an interrupted run and a warm-up encoder's record, cut short:
+    each is a miss (recomputed and replaced, with a warning), never an error."""
+    def spoil(path):
+        path.write_bytes(b"" if damage == "empty" else path.read_bytes()[: path.stat().st_size // 2])
+
+    ds = _rows(n=10)
+    full = E.compute_embeddings(ds, tiny_encoder, cache_dir=tmp_path, progress=False)
+    (entry,) = tmp_path.glob("emb-*.npy")
+    spoil(entry)
+    with caplog.at_level("WARNING"):
+        again = E.compute_embeddings(ds, tiny_encoder, cache_dir=tmp_path, progress=False)
+    np.testing.assert_allclose(again, full, atol=1e-5)
+    assert any(entry.name in r.getMessage() and "recomput" in r.getMessage() for r in caplog.records)
+    assert np.load(entry).shape == full.shape
+    # a shard left by an interrupted run
+    parts = tmp_path / "p"
+    E.compute_embeddings(ds, tiny_encoder, cache_dir=parts, progress=False, shard_rows=4)
+    (done,) = parts.glob("emb-*.npy")
+    shards = done.with_name(done.name[:-4] + ".parts-4")
+    shards.mkdir()
+    for i, (a, b) in enumerate([(0, 4), (4, 8)]):
+        np.save(shards / f"{i:05d}.npy", full[a:b])
+    spoil(shards / "00001.npy")
+    done.unlink()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        resumed = E.compute_embeddings(ds, tiny_encoder, cache_dir=parts, progress=False, shard_rows=4)
+    np.testing.assert_allclose(resumed, full, atol=1e-5)
+    assert any("00001.npy" in r.getMessage() for r in caplog.records)
+    # the warm-up encoder's record
+    wu = E.warm_up_encoder(_rows(n=30), tiny_encoder, num_labels=3, share=0.3, epochs=1.0, batch_size=8, lr=1e-3,
+                           cache_dir=tmp_path / "w", progress=False)
+    spoil(Path(wu.model_dir) / "warmup.json")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        again = E.warm_up_encoder(_rows(n=30), tiny_encoder, num_labels=3, share=0.3, epochs=1.0, batch_size=8,
+                                  lr=1e-3, cache_dir=tmp_path / "w", progress=False)
+    assert again.model_dir == wu.model_dir and again.train_loss == pytest.approx(wu.train_loss)
+    assert any("warmup" in r.getMessage() and "recomput" in r.getMessage() for r in caplog.records)
+    assert not [p for p in (tmp_path / "w").iterdir() if ".tmp" in p.name]

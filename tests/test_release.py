@@ -151,8 +151,11 @@ def test_refuses_to_overwrite_and_replaces_atomically(tmp_path):
     with pytest.raises(ConfigError, match="already exists"):
         build(ROOT / "builders/demo.yaml", out, progress=False, max_rows=600)
     (out / "marker").write_text("old")
+    with pytest.raises(ConfigError, match="not part of the release.*marker"):  # the user's file is never deleted
+        build(ROOT / "builders/demo.yaml", out, progress=False, max_rows=600, overwrite=True)
+    (out / "marker").unlink()
     build(ROOT / "builders/demo.yaml", out, progress=False, max_rows=600, overwrite=True)
-    assert not (out / "marker").exists() and (out / "README.md").exists()
+    assert (out / "README.md").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["r"]
 
 

@@ -477,6 +477,9 @@ def add_feature_columns(ds, extractors: Sequence[str], labels: Sequence[str], *,
         for col in ex.requires:
             if col not in ds.column_names:
                 raise ConfigError(f"extractor {name!r} needs the column {col!r}, which the dataset lacks")
+    if cache_file_name is not None:  # a cached file cut short or of another length is a miss, not an error
+        from ..utils.cache import check_arrow_entry
+        check_arrow_entry(cache_file_name, len(ds))
     fmt = ds.format
     out = ds.with_format("arrow").map(
         _map_batch, batched=True, batch_size=batch_size, num_proc=num_proc, desc=desc,

@@ -32,7 +32,7 @@ import numpy as np
 from .. import __version__
 from ..data.loading import labels_of
 from ..data.tasks import TaskSpec, get_task
-from ..utils.cache import default_cache_dir
+from ..utils.cache import default_cache_dir, load_npz, record_dataset_files, save_npz
 from ..utils.errors import ConfigError
 from .features import (
     HYPO_ONLY_COLUMN,
@@ -87,6 +87,7 @@ def add_features(ds, task: "str | TaskSpec", *, extractors: Sequence[str] | None
     out = add_feature_columns(ds, lexical, task.labels, num_proc=num_proc,
                               cache_file_name=str(cache / f"features-{key}.arrow"),
                               desc=f"features ({len(lexical)} extractors)")
+    record_dataset_files(out, cache)
     if HYPO_ONLY_EXTRACTOR not in names or hypothesis_only is None:
         return out, None
     labels = labels_of(out)
@@ -94,24 +95,46 @@ def add_features(ds, task: "str | TaskSpec", *, extractors: Sequence[str] | None
         params = {"folds": hypo_only_folds, "seed": seed, "solver": LOGREG_SOLVER}
         pkey = _hash([ds._fingerprint, lexical, params, __version__])
         cached = cache / f"hypo-only-{pkey}.npz"
-        if cached.exists():
-            z = np.load(cached, allow_pickle=False)
-            result = HypothesisOnlyResult(z["pred"], z["probs"], float(z["acc"]), "tfidf-logreg-oof",
-                                          json.loads(str(z["params"])))
-        else:
+        result = _read_tfidf_result(cached, len(out))
+        if result is None:
             fm = build_feature_matrix(out)
             result = out_of_fold_tfidf(fm, labels, task.num_labels, folds=hypo_only_folds, seed=seed,
                                        progress=progress)
-            np.savez(cached, pred=result.predictions, probs=result.probabilities, acc=result.accuracy,
-                     params=json.dumps(result.params))
+            _save_tfidf_result(cached, result)
     elif isinstance(hypothesis_only, dict):
         result, _ = out_of_fold_transformer(out["hypothesis"], labels, task, hypothesis_only, seed=seed,
                                             work_dir=transformer_dir(cache, ds, hypothesis_only, seed), progress=progress)
     else:
         result = transformer_predictions(hypothesis_only, out["hypothesis"], labels, task.labels, progress=progress)
     out = out.add_column(HYPO_ONLY_COLUMN, result.predictions.astype(np.int64).tolist())
-    out = add_feature_columns(out, [HYPO_ONLY_EXTRACTOR], task.labels, desc="hypothesis-only feature")
+    out = add_feature_columns(out, [HYPO_ONLY_EXTRACTOR], task.labels, desc="hypothesis-only feature",
+                              cache_file_name=_hypo_only_map_file(cache, out, task))
+    record_dataset_files(out, cache)
     return out, result
+
+
+def _hypo_only_map_file(cache: Path, ds, task: TaskSpec) -> str:
+    """Where the map that adds the hypothesis-only feature keeps its Arrow file (named here, so that it
+    is checked before it is read: see :func:`~debiased_nli.bias.features.add_feature_columns`)."""
+    return str(cache / f"features-{_hash([ds._fingerprint, HYPO_ONLY_EXTRACTOR, list(task.labels), __version__])}.arrow")
+
+
+def _read_tfidf_result(path: Path, n_rows: int) -> HypothesisOnlyResult | None:
+    """The cached out-of-fold TF-IDF result, or None (absent, unreadable or of another length: a miss)."""
+    from ..utils.cache import discard_entry
+
+    z = load_npz(path, ("pred", "probs", "acc", "params"))
+    if z is None:
+        return None
+    if len(z["pred"]) != n_rows or len(z["probs"]) != n_rows:
+        discard_entry(path, f"{len(z['pred'])} rows, expected {n_rows}")
+        return None
+    return HypothesisOnlyResult(z["pred"], z["probs"], float(z["acc"]), "tfidf-logreg-oof", json.loads(str(z["params"])))
+
+
+def _save_tfidf_result(path: Path, result: HypothesisOnlyResult) -> None:
+    save_npz(path, pred=result.predictions, probs=result.probabilities, acc=result.accuracy,
+             params=json.dumps(result.params))
 
 
 def add_features_pair(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | None" = "tfidf",
@@ -135,6 +158,7 @@ def add_features_pair(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | 
     dg_f = add_feature_columns(dg, lexical, task.labels, num_proc=num_proc,
                                cache_file_name=str(cache / f"features-{key}.arrow"),
                                desc=f"features of the new rows ({len(lexical)} extractors)")
+    record_dataset_files(dg_f, cache)
     if result is None:
         return d0_f, dg_f, None
     if hypothesis_only == "tfidf":
@@ -150,7 +174,9 @@ def add_features_pair(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | 
         pred = transformer_predictions(hypothesis_only, dg["hypothesis"], labels_of(dg), task.labels,
                                        progress=progress).predictions
     dg_f = dg_f.add_column(HYPO_ONLY_COLUMN, np.asarray(pred, np.int64).tolist())
-    dg_f = add_feature_columns(dg_f, [HYPO_ONLY_EXTRACTOR], task.labels, desc="hypothesis-only feature")
+    dg_f = add_feature_columns(dg_f, [HYPO_ONLY_EXTRACTOR], task.labels, desc="hypothesis-only feature",
+                               cache_file_name=_hypo_only_map_file(cache, dg_f, task))
+    record_dataset_files(dg_f, cache)
     return d0_f, dg_f, result
 
 
@@ -308,8 +334,11 @@ def _start_tfidf(cf: ChunkedFeatures, d0_chunks, d0, dg, task, folds, seed, lexi
     """Start the TF-IDF model's fits on D0 (before the vocabulary is final; see
     :meth:`ChunkedFeatures.local_matrix`): what is not cached already is fitted."""
     oof_path, new_path = _tfidf_cache(d0, dg, lexical, folds, seed, cache)
-    state = {"need_oof": not oof_path.exists(), "need_full": new_path is not None and not new_path.exists(),
-             "finish": None, "local_vocab": None}
+    # read (and checked) now: an unreadable entry is a miss, recomputed like an absent one
+    cached_oof = _read_tfidf_result(oof_path, len(d0))
+    cached_new = load_npy_pred(new_path, len(dg)) if new_path is not None else None
+    state = {"need_oof": cached_oof is None, "need_full": new_path is not None and cached_new is None,
+             "finish": None, "local_vocab": None, "oof": cached_oof, "new": cached_new}
     if state["need_oof"] or state["need_full"]:
         labels0 = labels_of(d0)
         fm0 = cf.local_matrix(d0_chunks, columns=[e.column for e in lexical])
@@ -321,6 +350,17 @@ def _start_tfidf(cf: ChunkedFeatures, d0_chunks, d0, dg, task, folds, seed, lexi
             state["finish"] = lambda: model
         state["local_vocab"] = fm0.vocab_array()
     return state
+
+
+def load_npy_pred(path: Path, n_rows: int) -> np.ndarray | None:
+    """The cached predictions of the new rows (``pred`` of an ``.npz``), or None: a miss."""
+    from ..utils.cache import discard_entry
+
+    z = load_npz(path, ("pred",))
+    if z is not None and len(z["pred"]) != n_rows:
+        discard_entry(path, f"{len(z['pred'])} rows, expected {n_rows}")
+        return None
+    return None if z is None else z["pred"]
 
 
 def _in_final_vocab(model: TfidfHypothesisOnly, local_vocab, vocab: np.ndarray) -> TfidfHypothesisOnly:
@@ -348,12 +388,9 @@ def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, fo
         if started["need_oof"]:
             out = started["finish"]()
             result, model = out if started["need_full"] else (out, None)
-            np.savez(oof_path, pred=result.predictions, probs=result.probabilities, acc=result.accuracy,
-                     params=json.dumps(result.params))
+            _save_tfidf_result(oof_path, result)
         else:
-            z = np.load(oof_path, allow_pickle=False)
-            result = HypothesisOnlyResult(z["pred"], z["probs"], float(z["acc"]), "tfidf-logreg-oof",
-                                          json.loads(str(z["params"])))
+            result = started["oof"]
             if started["need_full"]:
                 model = started["finish"]()
         if dg is not None:
@@ -361,9 +398,9 @@ def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, fo
                 model = _in_final_vocab(model, started["local_vocab"], cf.vocab)
                 pred_g = np.concatenate([model.predict(cf.matrix([i], columns=lexical_cols))  # exact tie rule
                                          for i in parts["dg"]]) if parts["dg"] else np.zeros(0, np.int64)
-                np.savez(new_path, pred=pred_g)
+                save_npz(new_path, pred=pred_g)
             else:
-                pred_g = np.load(new_path)["pred"]
+                pred_g = started["new"]
     elif isinstance(spec, dict):
         hyps0 = d0["hypothesis"]
         result, probs_g = out_of_fold_transformer(hyps0, labels0, task, spec, seed=seed,

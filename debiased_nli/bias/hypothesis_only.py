@@ -39,9 +39,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow.compute as pc
 
+from ..utils.cache import load_npz, save_npz
 from ..utils.errors import ConfigError
 from .features import FeatureMatrix
-
 
 # The TF-IDF model's logistic regressions: debiased_nli.logreg's Newton-CG, run until the largest gradient
 # entry is below 1e-10 (4-6 Newton steps on the 20k SNLI sample's folds), with every sum in a fixed order,
@@ -354,16 +354,16 @@ def out_of_fold_transformer(hypotheses: Sequence[str], labels: np.ndarray, task,
     for i in todo:
         path = work / f"fold-{i}.npz"
         train, held = splits[i]
-        if not path.exists():
+        saved = load_npz(path, ("held", "probs"))  # an unreadable fold is a miss: trained again
+        if saved is None:
             model_dir = work / f"fold-{i}-model"
             p = _train_and_predict(params, task, hyps[train].tolist(), labels[train], hyps[held].tolist(),
                                    model_dir, seed, progress)
-            np.savez(path.with_suffix(".tmp.npz"), held=held, probs=p)
-            path.with_suffix(".tmp.npz").rename(path)
+            save_npz(path, held=held, probs=p, record=False)
             if not keep_models:
                 import shutil
                 shutil.rmtree(model_dir, ignore_errors=True)
-        saved = np.load(path)
+            saved = {"held": held, "probs": p}
         if not np.array_equal(saved["held"], held):
             raise ConfigError(f"{path} holds another split's predictions; remove {work} and rerun")
         probs[held] = saved["probs"]
@@ -376,13 +376,13 @@ def out_of_fold_transformer(hypotheses: Sequence[str], labels: np.ndarray, task,
     new_probs = None
     if new_hypotheses is not None and len(new_hypotheses):
         path = work / f"new-{_fingerprint_texts(new_hypotheses)}.npz"
-        if path.exists():
-            new_probs = np.load(path)["probs"]
+        saved = load_npz(path, ("probs",))
+        if saved is not None:
+            new_probs = saved["probs"]
         else:
             new_probs = _train_and_predict(params, task, hyps.tolist(), labels, list(new_hypotheses),
                                            work / "full-model", seed, progress)
-            np.savez(path.with_suffix(".tmp.npz"), probs=new_probs)
-            path.with_suffix(".tmp.npz").rename(path)
+            save_npz(path, probs=new_probs, record=False)
     return result, new_probs
 
 

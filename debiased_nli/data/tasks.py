@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from ..utils.errors import ConfigError, did_you_mean
+from ..utils.errors import ConfigError, did_you_mean, excerpt
 
 CANONICAL_COLUMNS = ("premise", "hypothesis", "label")
 _KNOWN_KEYS = {
@@ -168,8 +168,12 @@ def get_task(name_or_path: "str | TaskSpec") -> TaskSpec:
     if path.suffix in (".yaml", ".yml"):
         if not path.exists():
             raise ConfigError(f"task file {path} does not exist")
-        return TaskSpec.from_dict(yaml.safe_load(path.read_text()), source=str(path))
+        if not path.is_file():  # a FIFO or a device would block the read
+            raise ConfigError(f"task file {path} is not a regular file")
+        from ..utils.safe_yaml import read_yaml_file
+
+        return TaskSpec.from_dict(read_yaml_file(path, "task file"), source=str(path))
     raise ConfigError(
-        f"unknown task {name_or_path!r}.{did_you_mean(name_or_path, list(specs))} "
+        f"unknown task {excerpt(name_or_path)}.{did_you_mean(name_or_path, list(specs))} "
         f"Registered tasks: {', '.join(sorted(specs))}; or pass a task YAML file "
         f"(see debiased_nli/data/task_specs/snli.yaml) or --columns/--labels for any sentence-pair set.")

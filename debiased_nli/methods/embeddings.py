@@ -33,17 +33,20 @@ recomputing.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from .. import __version__
+from ..utils.cache import discard_entry, load_npy, record_entry, save_npy, temp_name
 from ..utils.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -171,12 +174,6 @@ SHARD_ROWS = 4096
 """Rows per saved shard of a long embedding run: an interrupted run resumes at the first missing shard."""
 
 
-def _save_atomic(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, path)  # a crashed run never leaves a half-written file
-
-
 def compute_embeddings(ds, model: str = DEFAULT_ENCODER, *, batch_size: int = 64, max_length: int = 128,
                        pooling: str = "cls", cache_dir: "str | Path | None" = None, progress: bool = True,
                        revision: str | None = None, device: str | None = None,
@@ -194,32 +191,34 @@ def compute_embeddings(ds, model: str = DEFAULT_ENCODER, *, batch_size: int = 64
     key = _hash({"rows": rows_key(ds), "model": model_identity(model, revision),
                  "max_length": max_length, "pooling": pooling, "version": __version__})
     path = cache / f"emb-{key}.npy"
-    if path.exists():
-        emb = np.load(path, allow_pickle=False)
-        if emb.shape[0] == len(ds):
-            log.info("embeddings read from cache %s", path)
-            return emb
+    cache.mkdir(parents=True, exist_ok=True)
+    emb = load_npy(path, rows=len(ds))  # an unreadable or short entry is a miss (removed, with a warning)
+    if emb is not None:
+        log.info("embeddings read from cache %s", path)
+        return emb
     parts = cache / f"emb-{key}.parts-{shard_rows}"  # shard files are only valid for their shard size
     parts.mkdir(parents=True, exist_ok=True)
     bounds = [(a, min(a + shard_rows, len(ds))) for a in range(0, len(ds), shard_rows)]
     names = [parts / f"{i:05d}.npy" for i in range(len(bounds))]
-    done = sum(b - a for (a, b), f in zip(bounds, names) if f.exists())
+    chunks = [load_npy(f, rows=b - a) for (a, b), f in zip(bounds, names)]  # what an interrupted run saved
+    done = sum(b - a for (a, b), c in zip(bounds, chunks) if c is not None)
     tok = enc = None
     with tqdm(total=len(ds), initial=done, desc="embeddings", unit="row", disable=not progress) as bar:
-        for (a, b), f in zip(bounds, names):
-            if f.exists():
+        for i, ((a, b), f) in enumerate(zip(bounds, names)):
+            if chunks[i] is not None:
                 continue
             if enc is None:
                 tok, enc = _load_encoder(model, revision)
             rows = ds.select(range(a, b))
-            _save_atomic(f, encode_pairs(rows["premise"], rows["hypothesis"], tok, enc, batch_size=batch_size,
-                                         max_length=max_length, pooling=pooling, device=device, bar=bar))
-    chunks = [np.load(f, allow_pickle=False) for f in names]
+            chunks[i] = encode_pairs(rows["premise"], rows["hypothesis"], tok, enc, batch_size=batch_size,
+                                     max_length=max_length, pooling=pooling, device=device, bar=bar)
+            save_npy(f, chunks[i], record=False)  # a shard is saved whole or not at all
     emb = np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)
-    _save_atomic(path, emb)
+    save_npy(path, emb)
     for f in names:
-        f.unlink()
-    parts.rmdir()
+        f.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        parts.rmdir()
     return emb
 
 
@@ -279,9 +278,8 @@ def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share:
     cache = Path(cache_dir) if cache_dir is not None else default_embedding_cache()
     key = _hash({"rows": rows_key(ds), "model": model_identity(model), **params, "version": __version__})
     out_dir = cache / f"warmup-{key}"
-    done = out_dir / "warmup.json"
-    if done.exists():
-        meta = json.loads(done.read_text())
+    meta = _read_warm_up(out_dir)
+    if meta is not None:
         return WarmUp(str(out_dir), idx, {**params, **meta.get("run", {})}, float(meta["train_loss"]))
 
     start = time.time()
@@ -316,11 +314,46 @@ def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share:
         sched.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # the encoder is what AFLite embeds with; the classification head is saved along for inspection
-    clf.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
     train_loss = float(np.mean(losses[-max(1, len(losses) // 10):]))
     run = {"steps": n_steps, "seconds": round(time.time() - start, 1), "first_loss": round(losses[0], 4)}
-    done.write_text(json.dumps({"train_loss": train_loss, "params": params, "run": run}))
+    # written under a temporary name and renamed once complete; warmup.json lists the files and sizes
+    # it was saved with, so a folder cut short later is a miss (see _read_warm_up)
+    tmp = temp_name(out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        # the encoder is what AFLite embeds with; the classification head is saved along for inspection
+        clf.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / "warmup.json").write_text(json.dumps({"train_loss": train_loss, "params": params, "run": run,
+                                                     "files": files}))
+        if out_dir.exists():  # an unreadable or unfinished one (a readable one was returned above)
+            shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if _read_warm_up(out_dir, quiet=True) is None:  # not another run's, finished meanwhile
+            raise
+        log.info("warm-up encoder %s was written meanwhile by another run (%s)", out_dir, err)
+    else:
+        record_entry(out_dir)
     return WarmUp(str(out_dir), idx, {**params, **run}, train_loss)
+
+
+def _read_warm_up(out_dir: Path, quiet: bool = False) -> dict | None:
+    """The record of a cached warm-up encoder, or None: absent, or unreadable or missing a file it was
+    saved with (then removed, with a warning, and trained again)."""
+    if not out_dir.exists():
+        return None
+    try:
+        meta = json.loads((out_dir / "warmup.json").read_text())
+        float(meta["train_loss"])
+        for name, size in (meta.get("files") or {}).items():  # older records have no list
+            if (out_dir / name).stat().st_size != size:
+                raise ValueError(f"{name} has {(out_dir / name).stat().st_size} bytes, saved with {size}")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        if not quiet:
+            discard_entry(out_dir, err)
+        return None
+    return meta

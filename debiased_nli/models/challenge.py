@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from ..data.tasks import get_task
-from ..utils.errors import ConfigError, did_you_mean
+from ..utils.errors import ConfigError, did_you_mean, excerpt
 
 _SET_KEYS = {"name", "version", "description", "task", "labels", "label_values", "prediction_map", "columns",
              "local", "hub", "filter", "breakdowns", "expected_rows", "citation", "license", "how_to_get",
@@ -203,8 +203,12 @@ def get_set(name: "str | ChallengeSet") -> ChallengeSet:
     if name in _SETS:
         return _SETS[name]
     if str(name).endswith((".yaml", ".yml")) and Path(name).exists():
-        return ChallengeSet.from_dict(yaml.safe_load(Path(name).read_text()), source=str(name))
-    raise ConfigError(f"unknown challenge set {name!r}.{did_you_mean(str(name), list(_SETS))} "
+        from ..utils.safe_yaml import read_yaml_file
+
+        if not Path(name).is_file():  # a FIFO or a device would block the read
+            raise ConfigError(f"challenge set {name}: not a regular file")
+        return ChallengeSet.from_dict(read_yaml_file(name, "challenge-set file"), source=str(name))
+    raise ConfigError(f"unknown challenge set {excerpt(name)}.{did_you_mean(str(name), list(_SETS))} "
                       f"Registered sets: {', '.join(sorted(_SETS))}")
 
 

@@ -22,17 +22,30 @@ TABLE_SCHEMAS = (TABLE_SCHEMA, TABLE_SCHEMA_V2)
 
 
 def load_table(path: "str | Path") -> dict:
+    """The efficacy table at ``path``; anything else (missing, not a regular file, not UTF-8, not JSON,
+    JSON that is not the table) is a one-line :class:`ConfigError`."""
+    from ..data.loading import check_input_file
+    from ..utils.errors import excerpt
+
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         raise ConfigError(f"efficacy table {p} does not exist; give the JSON that `debiased-nli compare report` "
                           f"(or `python benchmarks/efficacy.py report`) writes")
+    check_input_file(p, "efficacy table")
     try:
-        table = json.loads(p.read_text())
-    except (UnicodeDecodeError, ValueError) as err:
-        raise ConfigError(f"{p} is not an efficacy table (not JSON: {err})") from err
-    if not isinstance(table, dict) or table.get("schema") not in TABLE_SCHEMAS:
-        found = table.get("schema") if isinstance(table, dict) else type(table).__name__
-        raise ConfigError(f"{p} is not an efficacy table (schema {found!r}, expected one of {list(TABLE_SCHEMAS)})")
+        table = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"efficacy table {p} is not UTF-8 text; give the JSON that `debiased-nli compare report` "
+                          f"writes") from None
+    except ValueError as err:
+        raise ConfigError(f"efficacy table {p} is not valid JSON ({' '.join(str(err).split())[:120]}); give the "
+                          f"JSON that `debiased-nli compare report` writes") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{p} is not an efficacy table (a JSON {type(table).__name__}: {excerpt(table, 60)}; "
+                          f"expected a mapping with schema one of {list(TABLE_SCHEMAS)})")
+    if table.get("schema") not in TABLE_SCHEMAS:
+        raise ConfigError(f"{p} is not an efficacy table (schema {excerpt(table.get('schema'), 60)}, "
+                          f"expected one of {list(TABLE_SCHEMAS)})")
     return table
 
 

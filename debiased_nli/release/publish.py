@@ -18,8 +18,10 @@ snippet of the card is rewritten to the repo being pushed to. The token comes fr
 A Hub that accepts the connection and never answers must not hang the push: every request has a
 timeout (``DEBIASED_NLI_HUB_TIMEOUT`` seconds, default 60; ``huggingface_hub`` retries timed-out
 requests with back-off), and the push as a whole has a deadline (``DEBIASED_NLI_HUB_DEADLINE``,
-default 3600 s) after which no new request is started. Timeouts, unreachable hosts, offline mode and
-refusals by the Hub end the push with a one-line :class:`ConfigError`.
+default 3600 s): no request starts after it, and the push itself runs in a worker thread that is
+given up at the deadline, whatever the server does (a server that trickles a byte a second never
+trips a read timeout). Timeouts, the deadline, unreachable hosts, offline mode and refusals by the
+Hub end the push with a one-line :class:`ConfigError`.
 """
 from __future__ import annotations
 
@@ -188,6 +190,33 @@ def hub_timeouts(timeout: float, deadline: float) -> Iterator[None]:
         set_factory(previous)
 
 
+def within_deadline(work, deadline: float, endpoint: str):
+    """``work()``, run in a worker thread that is given up after ``deadline`` seconds: its result, or its
+    exception, or a :class:`HubDeadlineExceeded`. The worker is a daemon thread: it cannot keep the
+    process alive, and it starts no new request once the deadline has passed (:func:`hub_timeouts`)."""
+    import threading
+
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["result"] = work()
+        except BaseException as err:  # handed to the caller's thread
+            done["error"] = err
+
+    worker = threading.Thread(target=run, name="debiased-nli-push", daemon=True)
+    worker.start()
+    worker.join(deadline)
+    if worker.is_alive():
+        host = re.sub(r"^[a-z]+://", "", endpoint).split("/")[0]
+        raise HubDeadlineExceeded(f"the push to {host} ran past its deadline of {deadline:g} s and was given up "
+                                  f"(set {DEADLINE_ENV} for a longer one); a request it had started may still "
+                                  f"reach the Hub: check the repo before pushing again")
+    if "error" in done:
+        raise done["error"]
+    return done["result"]
+
+
 def _hub_error(err: Exception, endpoint: str, timeout: float) -> ConfigError | None:
     """A one-line error for a failed Hub call (None: not a network/Hub error)."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
@@ -235,8 +264,8 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
     timeout, deadline = _seconds(TIMEOUT_ENV, 60), _seconds(DEADLINE_ENV, 3600)
     try:
         with hub_timeouts(timeout, deadline):
-            return _push(api, folder, card, manifest, repo_id, revision, private, commit_message, note,
-                         commit_description)
+            return within_deadline(lambda: _push(api, folder, card, manifest, repo_id, revision, private,
+                                                 commit_message, note, commit_description), deadline, api.endpoint)
     except ConfigError:
         raise
     except Exception as err:

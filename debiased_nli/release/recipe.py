@@ -31,8 +31,9 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from ..data.tasks import get_task
-from ..utils.errors import ConfigError, EmptyResultError, did_you_mean
+from ..utils.errors import ConfigError, EmptyResultError, did_you_mean, excerpt
 from ..utils.provenance import library_versions
+from ..utils.safe_yaml import read_yaml_file
 from .steps import Rejects, get_step, known_steps, register_filter_step, register_source_step
 
 __all__ = ["DEFAULTS", "SCHEMA", "Z_CONFIGS", "BuildResult", "build", "check_recipe_types", "known_steps",
@@ -46,8 +47,10 @@ DEFAULTS: dict[str, Any] = {
     "repo_id": None,
     "summary": "",
     "seed": 0,
+    # duplicates: rows of D0 with the premise, hypothesis and label of an earlier row are counted (manifest,
+    # terminal) and kept ("keep") or set aside with the row they repeat ("set_aside"); see data/duplicates.py
     "data": {"data_files": None, "split": "train", "eval_splits": [], "on_invalid": "error", "max_rows": None,
-             "revision": None},
+             "revision": None, "duplicates": "keep"},
     # hypothesis_only: "tfidf", a fine-tuned classifier (folder or Hub id), {model: PATH, folds, epochs, ...}
     # (a transformer fine-tuned out of fold on D0), or null; chunk_rows: rows featurised at a time;
     # num_proc: processes for the feature extraction, n_jobs: for the TF-IDF model's folds ("auto": the
@@ -119,7 +122,7 @@ _OPT_STR = _Kind("a string or null", lambda v: v is None or isinstance(v, str))
 SCHEMA: dict[str, Any] = {
     "name": _OPT_STR, "task": _STR, "release_version": _STR, "pretty_name": _OPT_STR, "repo_id": _OPT_STR,
     "summary": _Kind("a string", lambda v: isinstance(v, str)),
-    "seed": _Kind("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "seed": _Kind("an integer from 0 to 4294967295 (2**32 - 1)", lambda v: _is_int(v) and 0 <= v <= 2**32 - 1),
     "data": {
         "data_files": _Kind("a path, a list of paths, or a mapping split: path(s)", _is_data_files),
         "split": _STR,
@@ -127,6 +130,7 @@ SCHEMA: dict[str, Any] = {
         "on_invalid": _Kind("'error' or 'set_aside'", lambda v: v in ("error", "set_aside")),
         "max_rows": _Kind("a positive integer or null", lambda v: v is None or _is_int(v) and v >= 1),
         "revision": _OPT_STR,
+        "duplicates": _Kind("'keep' or 'set_aside'", lambda v: v in ("keep", "set_aside")),
     },
     "features": {
         "hypothesis_only": _Kind("'tfidf', a classifier folder or Hub id, null/'none', or a mapping "
@@ -170,7 +174,7 @@ def check_recipe_types(recipe: Mapping[str, Any], where: str = "<recipe>") -> No
             if isinstance(kind, dict) else [(key, recipe.get(key), kind)]
         for name, value, k in values:
             if not k.check(value):
-                raise ConfigError(f"{where}: `{name}` must be {k.says}, got {value!r} ({type(value).__name__})")
+                raise ConfigError(f"{where}: `{name}` must be {k.says}, got {excerpt(value)} ({type(value).__name__})")
 
 
 def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | None = None) -> dict[str, Any]:
@@ -184,9 +188,10 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     else:
         p = Path(path_or_dict)
         if not p.is_file():
-            raise ConfigError(f"recipe {p} does not exist" if not p.exists() else f"recipe {p} is not a file")
-        try:
-            raw, where = yaml.safe_load(p.read_text(encoding="utf-8")) or {}, str(p)
+            raise ConfigError(f"recipe {p} does not exist" if not p.exists() else
+                              f"recipe {p} is not a regular file (a folder, a pipe or a device)")
+        try:  # bounded: at most 1 MB, and what its aliases expand to (see utils.safe_yaml)
+            raw, where = read_yaml_file(p, "recipe") or {}, str(p)
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -201,7 +206,7 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         if not isinstance(profiles, Mapping) or not all(isinstance(v, Mapping) for v in profiles.values()):
             raise ConfigError(f"{where}: `profiles` must map profile names to mappings of recipe keys")
         if profile not in profiles:
-            raise ConfigError(f"{where}: no profile {profile!r}.{did_you_mean(profile, list(profiles))} "
+            raise ConfigError(f"{where}: no profile {excerpt(profile)}.{did_you_mean(profile, list(profiles))} "
                               f"Profiles: {sorted(profiles) or 'none'}")
         raw = _merge(raw, profiles[profile])
         raw["profile"] = profile
@@ -209,14 +214,15 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     recipe = copy.deepcopy(DEFAULTS)
     for key, value in raw.items():
         if key not in DEFAULTS:
-            raise ConfigError(f"{where}: unknown recipe key {key!r}.{did_you_mean(key, list(DEFAULTS))} "
+            raise ConfigError(f"{where}: unknown recipe key {excerpt(key)}.{did_you_mean(key, list(DEFAULTS))} "
                               f"Known keys: {sorted(DEFAULTS)}")
         if isinstance(DEFAULTS[key], dict) and key != "profiles":
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{where}: `{key}` must be a mapping")
             for sub in value:
                 if sub not in DEFAULTS[key]:
-                    raise ConfigError(f"{where}: unknown key {key}.{sub}.{did_you_mean(sub, list(DEFAULTS[key]))} "
+                    name = sub if isinstance(sub, str) and len(sub) <= 100 else excerpt(sub)
+                    raise ConfigError(f"{where}: unknown key {key}.{name}.{did_you_mean(sub, list(DEFAULTS[key]))} "
                                       f"Known: {sorted(DEFAULTS[key])}")
             recipe[key].update(value)
         else:
@@ -231,13 +237,13 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     for kind, key in (("source", "new_rows"), ("filter", "filters")):
         for i, step in enumerate(recipe[key] or []):
             if not isinstance(step, Mapping) or not isinstance(step.get("step"), str):
-                raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {step!r}")
+                raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {excerpt(step)}")
             get_step(kind, step["step"])
     if recipe["configs"] != "auto":
         known = list(Z_CONFIGS) + [s.get("config", s["step"]) for s in recipe["filters"]] + ["original"]
         for c in recipe["configs"]:
             if c not in known:
-                raise ConfigError(f"{where}: unknown config {c!r}.{did_you_mean(c, known)} Known configs: {known}")
+                raise ConfigError(f"{where}: unknown config {excerpt(c)}.{did_you_mean(c, known)} Known configs: {known}")
     return recipe
 
 
@@ -356,6 +362,7 @@ class _Run:
     stages: list = dataclasses.field(default_factory=list)
     reports: dict = dataclasses.field(default_factory=dict)
     loaded_rows: int = 0  # rows read from every input, for the terminal's set-aside line
+    duplicates: dict = dataclasses.field(default_factory=dict)  # D0's repeated rows (data/duplicates.py)
 
     def __post_init__(self):
         self.context = {"recipe": self.recipe, "seed": self.seed, "sources": [], "set_aside": []}
@@ -388,6 +395,7 @@ def _load_inputs(run: _Run):
     """D0 (the recipe's split, each column in one piece of memory) and every other split of the data files
     by name: the recipe's eval_splits and any other given split (copied unchanged into every config, with a
     warning that the recipe does not name it). Returns (D0's :class:`LoadedSplit`, the other splits)."""
+    from ..data.duplicates import handle_duplicates
     from ..data.loading import contiguous, load_task, parse_data_files, require_two_labels
 
     task, d = run.task, run.recipe["data"]
@@ -400,6 +408,11 @@ def _load_inputs(run: _Run):
     run.stage("load", clock, detail=f"{task.name} split {d['split']!r}", counts=loaded.counts)
     # each column in one piece of memory (D0 read from many files has many): see data.contiguous
     d0 = loaded.dataset = contiguous(loaded.dataset)
+    d0, duplicates = handle_duplicates(d0, d["duplicates"])  # counted; set aside when the recipe says so
+    if duplicates.set_aside is not None:
+        loaded.dataset = d0
+        run.context["set_aside"].append(("train", duplicates.set_aside))
+    run.duplicates = duplicates.record()
     if len(d0) == 0:
         raise EmptyResultError(f"no usable rows in {task.name!r} split {d['split']!r} after loading "
                                f"({loaded.counts}); nothing was written")
@@ -617,6 +630,7 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
         "features": {"extractors": dict(describe_extractors(task.features)),
                      "hypothesis_only": hyp.to_dict() if hyp else None},
         "set_aside": set_aside_counts,
+        "duplicates": {"train": run.duplicates},
     }
     meta = {"pretty_name": recipe["pretty_name"], "repo_id": recipe["repo_id"] or f"<org>/{recipe['name']}",
             "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,

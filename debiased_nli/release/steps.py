@@ -25,7 +25,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
-from ..utils.errors import ConfigError, did_you_mean
+from ..utils.errors import ConfigError, did_you_mean, excerpt
 
 KINDS = ("source", "filter")
 CONTEXT = {
@@ -132,7 +132,7 @@ def get_step(kind: str, name: str) -> Step:
     """The declared step (its function is not imported), or a :class:`ConfigError` with the known names."""
     if (kind, name) not in _STEPS:
         known = known_steps()[kind]
-        raise ConfigError(f"unknown {kind} step {name!r}.{did_you_mean(name, known)} Known {kind} steps: {known}")
+        raise ConfigError(f"unknown {kind} step {excerpt(name)}.{did_you_mean(name, known)} Known {kind} steps: {known}")
     return _STEPS[(kind, name)]
 
 

@@ -2,13 +2,19 @@
 tool wrote there, and clearing or pruning it.
 
 It keeps the feature columns, the out-of-fold hypothesis-only predictions and the embeddings of earlier
-runs, so a rerun over the same input is fast. Only the files this tool writes there are ever counted or
-deleted (by name pattern, below); anything else in the folder, the offline models under ``models/``
-included, is left alone.
+runs, so a rerun over the same input is fast. Every entry this tool writes there is recorded by a
+marker beside it (``.<entry name>.debiased-nli``, written once the entry is complete: :func:`record_entry`),
+and only recorded entries are ever counted, cleared or pruned. A file that merely has an entry's name
+(``cache-*.arrow``, ``hypo-only-*.npz``, an ``embeddings/warmup-*`` folder) is left alone, whoever
+wrote it: the user, or a version of this tool from before the markers (``cache info`` reports those,
+see :func:`unrecorded_entries`; delete them by hand if they are old entries). Anything else in the
+folder, the offline models under ``models/`` included, is never touched.
 """
 from __future__ import annotations
 
 import fnmatch
+import json
+import logging
 import os
 import shutil
 import time
@@ -23,6 +29,8 @@ OWN_ENTRIES = (
     ("warm-up encoders", "embeddings/warmup-*"),
 )
 MAX_ENV, DEFAULT_MAX_MB = "DEBIASED_NLI_CACHE_MAX_MB", 10240
+MARKER_SUFFIX = ".debiased-nli"  # .<entry name>.debiased-nli beside every entry this tool wrote
+log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -40,9 +48,41 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
-def cache_entries(folder: Path | None = None) -> list[dict]:
-    """The entries of the cache this tool wrote: kind, path, bytes, mtime (oldest first)."""
-    folder = folder or cache_dir()
+def marker_of(entry: "str | Path") -> Path:
+    """The marker that records ``entry`` as written by this tool."""
+    entry = Path(entry)
+    return entry.parent / f".{entry.name}{MARKER_SUFFIX}"
+
+
+def record_entry(entry: "str | Path") -> None:
+    """Record a complete cache entry (a file or a folder) as written by this tool, so that ``cache clear``
+    and the prune after a build may delete it. A marker that cannot be written leaves the entry
+    unrecorded (never deleted by this tool), with a warning."""
+    marker = marker_of(entry)
+    tmp = marker.with_name(f"{marker.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"written_by": "debiased-nli", "entry": Path(entry).name}) + "\n")
+        os.replace(tmp, marker)
+    except OSError as err:
+        log.warning("could not record the cache entry %s (%s); it will not be pruned", entry, err)
+        tmp.unlink(missing_ok=True)
+
+
+def record_dataset_files(ds, folder: "str | Path") -> None:
+    """Record the Arrow files in ``folder`` behind a dataset (what ``datasets.map`` wrote there)."""
+    folder = Path(folder).resolve()
+    for f in getattr(ds, "cache_files", None) or []:
+        path = Path(f["filename"])
+        if path.parent.resolve() == folder and path.is_file():
+            record_entry(path)
+
+
+def is_recorded(entry: "str | Path") -> bool:
+    return marker_of(entry).is_file()
+
+
+def _matching(folder: Path) -> list[tuple[str, Path]]:
+    """(kind, path) of everything in the cache folder that has a cache entry's name (not links)."""
     out = []
     for kind, pattern in OWN_ENTRIES:
         parent = folder / os.path.dirname(pattern)
@@ -50,10 +90,29 @@ def cache_entries(folder: Path | None = None) -> list[dict]:
             continue
         for p in parent.iterdir():
             if fnmatch.fnmatch(p.name, os.path.basename(pattern)) and not p.is_symlink():
-                try:
-                    out.append({"kind": kind, "path": p, "bytes": _size(p), "mtime": p.stat().st_mtime})
-                except FileNotFoundError:  # removed meanwhile
-                    continue
+                out.append((kind, p))
+    return out
+
+
+def _describe(kind: str, p: Path) -> dict | None:
+    try:
+        return {"kind": kind, "path": p, "bytes": _size(p), "mtime": p.stat().st_mtime}
+    except FileNotFoundError:  # removed meanwhile
+        return None
+
+
+def cache_entries(folder: Path | None = None) -> list[dict]:
+    """The entries this tool recorded writing: kind, path, bytes, mtime (oldest first)."""
+    folder = folder or cache_dir()
+    out = [e for kind, p in _matching(folder) if is_recorded(p) for e in [_describe(kind, p)] if e]
+    return sorted(out, key=lambda e: e["mtime"])
+
+
+def unrecorded_entries(folder: Path | None = None) -> list[dict]:
+    """Files and folders named like cache entries that this tool did not record writing (a user's, or
+    an entry of a version before the markers): never deleted here, only reported."""
+    folder = folder or cache_dir()
+    out = [e for kind, p in _matching(folder) if not is_recorded(p) for e in [_describe(kind, p)] if e]
     return sorted(out, key=lambda e: e["mtime"])
 
 
@@ -62,6 +121,43 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+    marker_of(path).unlink(missing_ok=True)
+
+
+def _stale_temporaries(folder: Path) -> list[Path]:
+    """Temporary names of entries (``.<entry>.tmp-<pid>``) left by runs that died while writing them."""
+    import re
+
+    out = []
+    for _, pattern in OWN_ENTRIES:
+        parent = folder / os.path.dirname(pattern)
+        if parent.is_dir():
+            for p in parent.glob(f".{os.path.basename(pattern)}.tmp-*"):
+                m = re.search(r"\.tmp-(\d+)$", p.name)
+                if m and not _pid_alive(int(m.group(1))):
+                    out.append(p)
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _orphan_markers(folder: Path) -> list[Path]:
+    """Markers whose entry is gone (deleted by hand)."""
+    out = []
+    for _, pattern in OWN_ENTRIES:
+        parent = folder / os.path.dirname(pattern)
+        if parent.is_dir():
+            out += [m for m in parent.glob(f".{os.path.basename(pattern)}{MARKER_SUFFIX}")
+                    if not (parent / m.name[1:-len(MARKER_SUFFIX)]).exists()]
+    return out
 
 
 def clear_cache(older_than_days: float | None = None, folder: Path | None = None) -> tuple[int, int]:
@@ -73,6 +169,11 @@ def clear_cache(older_than_days: float | None = None, folder: Path | None = None
         if cutoff is None or e["mtime"] < cutoff:
             _remove(e["path"])
             n, size = n + 1, size + e["bytes"]
+    if cutoff is None:
+        for m in _orphan_markers(folder or cache_dir()):
+            m.unlink(missing_ok=True)
+    for tmp in _stale_temporaries(folder or cache_dir()):
+        _remove(tmp)
     return n, size
 
 
@@ -84,6 +185,8 @@ def prune_cache(max_bytes: int | None = None, folder: Path | None = None) -> tup
             max_bytes = int(float(os.environ.get(MAX_ENV, DEFAULT_MAX_MB)) * 2**20)
         except ValueError:
             max_bytes = DEFAULT_MAX_MB * 2**20
+    for tmp in _stale_temporaries(folder or cache_dir()):  # what runs killed while writing an entry left
+        _remove(tmp)
     entries = cache_entries(folder)
     total = sum(e["bytes"] for e in entries)
     n = size = 0
@@ -94,3 +197,149 @@ def prune_cache(max_bytes: int | None = None, folder: Path | None = None) -> tup
         total -= e["bytes"]
         n, size = n + 1, size + e["bytes"]
     return n, size
+
+
+# ------------------------------------------------------------------------ writing and reading entries
+#
+# An entry is written under a temporary name beside it (``.<name>.tmp-<pid>``) and renamed into place
+# once complete, so a reader never sees half of one; a write that fails (no space, read-only) leaves
+# nothing behind, and the run goes on without caching. An entry that cannot be read whole anyway (cut
+# short by a copy, a crash of the machine, a hand edit) is a miss: it is removed with a warning, and
+# the caller recomputes and replaces it.
+
+def temp_name(path: "str | Path") -> Path:
+    path = Path(path)
+    return path.parent / f".{path.name}.tmp-{os.getpid()}"
+
+
+def write_entry(path: "str | Path", write, *, record: bool = True) -> bool:
+    """Write ``path`` through ``write(binary file)`` atomically; returns whether it was written. A
+    failure of the disk is a warning, not an error: the entry is simply not cached."""
+    from .outputs import os_reason
+
+    path = Path(path)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        log.warning("could not write the cache entry %s (%s); going on without it", path, os_reason(err))
+        return False
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if record:
+        record_entry(path)
+    return True
+
+
+def save_npz(path: "str | Path", *, record: bool = True, **arrays) -> bool:
+    """``np.savez`` of a cache entry, atomically (see :func:`write_entry`)."""
+    import numpy as np
+
+    return write_entry(path, lambda f: np.savez(f, **arrays), record=record)
+
+
+def save_npy(path: "str | Path", array, *, record: bool = True) -> bool:
+    """``np.save`` of a cache entry, atomically (see :func:`write_entry`)."""
+    import numpy as np
+
+    return write_entry(path, lambda f: np.save(f, array, allow_pickle=False), record=record)
+
+
+def _why(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:160]}{'...' if len(text) > 160 else ''}" if text else type(err).__name__
+
+
+def discard_entry(path: "str | Path", why: "str | BaseException") -> None:
+    """Remove an unreadable cache entry (a file or a folder, and its marker), with a warning."""
+    path = Path(path)
+    log.warning("cache entry %s is unreadable (%s); recomputing it", path,
+                _why(why) if isinstance(why, BaseException) else why)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+    marker_of(path).unlink(missing_ok=True)
+
+
+def load_npz(path: "str | Path", keys) -> dict | None:
+    """The arrays ``keys`` of a cached ``.npz``, or None: absent, or unreadable (then removed, with a
+    warning: see :func:`discard_entry`)."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in keys}  # read now: np.load of an .npz reads each array lazily
+    except MemoryError:
+        raise
+    except Exception as err:  # BadZipFile, EOFError, zlib.error, ValueError, a missing key, OSError
+        discard_entry(path, err)
+        return None
+
+
+def load_npy(path: "str | Path", rows: int | None = None):
+    """A cached ``.npy`` array (with ``rows`` rows, when given), or None: absent, or unreadable or of
+    another length (then removed, with a warning)."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        array = np.load(path, allow_pickle=False)
+    except MemoryError:
+        raise
+    except Exception as err:
+        discard_entry(path, err)
+        return None
+    if rows is not None and (array.ndim == 0 or array.shape[0] != rows):
+        discard_entry(path, f"{array.shape[0] if array.ndim else 0} rows, expected {rows}")
+        return None
+    return array
+
+
+def check_arrow_entry(path: "str | Path", rows: int) -> None:
+    """Before ``datasets.map(cache_file_name=path)`` reads a cached Arrow file (or the ``_NNNNN_of_NNNNN``
+    shards of a map in processes): every file must read whole, and together hold ``rows`` rows.
+    Otherwise they are removed, with a warning, so that the map recomputes them."""
+    import glob as _glob
+
+    import pyarrow as pa
+
+    path = Path(path)
+    shards = sorted(Path(p) for p in _glob.glob(_glob.escape(str(path.with_suffix(""))) + "_*_of_*" + path.suffix))
+    files = ([path] if path.exists() else []) + shards
+    if not files:
+        return
+    problem, total, per_count = None, 0, {}
+    for f in files:
+        try:
+            with pa.memory_map(str(f)) as source:
+                n = pa.ipc.open_stream(source).read_all().num_rows
+        except MemoryError:
+            raise
+        except Exception as err:  # ArrowInvalid, OSError: cut short, empty, not Arrow
+            problem = (f, _why(err))
+            break
+        if f == path:
+            total = n
+        else:
+            per_count.setdefault(f.stem.rsplit("_of_", 1)[-1], []).append(n)
+    if problem is None and path.exists() and total != rows:
+        problem = (path, f"{total} rows, expected {rows}")
+    if problem is None:
+        for count, sizes in per_count.items():
+            if len(sizes) == int(count) and sum(sizes) != rows:
+                problem = (shards[0], f"its {count} shards hold {sum(sizes)} rows, expected {rows}")
+    if problem is not None:
+        log.warning("cache entry %s is unreadable (%s); recomputing it", problem[0], problem[1])
+        for f in files:
+            f.unlink(missing_ok=True)
+            marker_of(f).unlink(missing_ok=True)

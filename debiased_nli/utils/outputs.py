@@ -3,16 +3,19 @@
 A command that writes a folder (``build``'s release, ``audit``'s report) goes through these steps:
 
 1. :func:`check_target` refuses a target that must never be replaced: the root, the home folder, the
-   current folder or one of its parents, a folder that holds one of the inputs, a file, and (even with
-   ``--overwrite``) any folder that is not an output this tool wrote (``is_ours``).
+   current folder or one of its parents, a folder that holds one of the inputs, a file, (even with
+   ``--overwrite``) any folder that is not an output this tool wrote (``is_ours``), and an output of
+   this tool that holds anything it is not made of (:func:`foreign_files`: a ``NOTES.md`` the user
+   put in a release): the refusal names those files, which are never deleted.
 2. :func:`target_lock` takes an exclusive lock (``fcntl.flock`` on ``.<name>.lock`` beside the target)
    for the whole run, so a second run writing the same target is refused at once instead of one run
    silently replacing the other. The kernel drops the lock when a process dies (even ``kill -9``), and
    the lock file is removed when the run ends.
 3. The output is written into ``.<name>.tmp-<pid>`` beside the target (with a marker file, so only
    folders this tool made are ever cleaned), then :func:`replace_folder` renames it into place; an old
-   target is renamed to ``.<name>.old-<pid>`` first and deleted after. The target is therefore always
-   either absent, the old output, or the complete new one.
+   target is renamed to ``.<name>.old-<pid>`` first and deleted after, unless it holds foreign files by
+   then (written while the run worked): it is renamed back and the run refused. The target is
+   therefore always either absent, the old output, or the complete new one.
 4. :func:`clean_stale` (under the lock) removes the ``.tmp-<pid>`` folders of runs whose process is
    gone, and puts back an old output whose replacement was interrupted between the two renames.
 """
@@ -39,6 +42,16 @@ WRITTEN_BY_KEY = "written_by"  # manifest.json / audit.json: {"written_by": "deb
 TMP_MARKER = ".debiased-nli-partial"  # in every temporary folder this tool makes
 
 
+def _resolve(path: Path, what: str) -> Path:
+    """``path.resolve()``, with a loop of symbolic links as a one-line error (Python raises RuntimeError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as err:
+        raise ConfigError(f"{what} {path}: a loop of symbolic links (it leads back to itself)"
+                          if isinstance(err, RuntimeError) or getattr(err, "errno", None) == errno.ELOOP
+                          else f"{what} {path}: {os_reason(err)}") from None
+
+
 def _same_or_parent(a: Path, b: Path) -> bool:
     """True when ``a`` is ``b`` or one of its parents."""
     return a == b or a in b.parents
@@ -52,7 +65,7 @@ def check_target(out: "str | Path", *, overwrite: bool, is_ours: Callable[[Path]
     this tool is replaced without asking (audit). An empty folder is always accepted.
     """
     raw = Path(out).expanduser()
-    target = raw.resolve()
+    target = _resolve(raw, "--out")
     a_what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if target == Path(target.anchor):
@@ -63,7 +76,7 @@ def check_target(out: "str | Path", *, overwrite: bool, is_ours: Callable[[Path]
         raise ConfigError(f"--out {raw}: refusing to write {a_what} over the current folder or one of its parents "
                           f"({target}); choose a new folder, e.g. --out out/{what}")
     for path in inputs:
-        p = Path(path).expanduser().resolve()
+        p = _resolve(Path(path).expanduser(), "input")
         if _same_or_parent(target, p):
             raise ConfigError(f"--out {raw}: {target} holds the input {p}; choose another --out")
     if target.exists() and not target.is_dir():
@@ -75,6 +88,7 @@ def check_target(out: "str | Path", *, overwrite: bool, is_ours: Callable[[Path]
         if not is_ours(target):
             raise ConfigError(f"{target} exists and is not {a_what} written by {TOOL}; refusing to replace it "
                               f"(remove it yourself or choose another --out)")
+        refuse_foreign(target)
     return target
 
 
@@ -105,6 +119,67 @@ def is_release_folder(folder: Path) -> bool:
 def is_audit_folder(folder: Path) -> bool:
     """An audit folder this tool wrote (audit.json marked, or with the keys of an older audit.json)."""
     return _marked_json(folder / "audit.json", ("task", "z_threshold", "features"))
+
+
+# what an output is made of: everything else in it is the user's, and is never deleted
+AUDIT_FILES = ("audit.json", "audit.md", "zstats.png", "set_aside.parquet")
+_RELEASE_FILE_RE = re.compile(r"(data/[^/]+/[^/]+-\d{5}-of-\d{5}\.parquet|rejected/[^/]+/train-\d{5}-of-\d{5}\.parquet"
+                              r"|rejected/set_aside_on_load\.parquet|images/zstats_[^/]+\.png)")
+
+
+def release_files(folder: Path) -> set[str]:
+    """The files (relative paths) a release is made of, read from its manifest: README.md, manifest.json,
+    the data files it lists, each config's rejected rows and z-statistics plot (and the original's
+    plot), the rows set aside on loading. A manifest without a file list (an old one): the file names
+    this tool writes."""
+    own = {"README.md", "manifest.json", "rejected/set_aside_on_load.parquet", "images/zstats_original.png"}
+    try:
+        files = json.loads((folder / "manifest.json").read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        files = None
+    if not isinstance(files, dict):  # no list to go by: the names this tool writes
+        return own | {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                      if _RELEASE_FILE_RE.fullmatch(p.relative_to(folder).as_posix())}
+    for config, splits in files.items():
+        own.add(f"images/zstats_{config}.png")
+        for entries in (splits.values() if isinstance(splits, dict) else ()):
+            own.update(str(f.get("path")) for f in entries if isinstance(f, dict))
+        rejected = folder / "rejected" / config
+        if rejected.is_dir():
+            own.update(f"rejected/{config}/{p.name}" for p in rejected.iterdir()
+                       if re.fullmatch(r"train-\d{5}-of-\d{5}\.parquet", p.name))
+    return own
+
+
+def audit_files(folder: Path) -> set[str]:
+    """The files an audit folder is made of."""
+    return set(AUDIT_FILES)
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """What ``folder`` (a release or an audit of this tool) holds that it is not made of: files and
+    links, as relative paths, sorted. Every file of a folder that is neither is foreign."""
+    own = release_files(folder) if is_release_folder(folder) else audit_files(folder) if is_audit_folder(folder) \
+        else set()
+    out = []
+    for root, dirs, files in os.walk(folder):  # links to folders are listed, not followed
+        rel = Path(root).relative_to(folder)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = (rel / name).as_posix()
+            if path not in own:
+                out.append(path)
+    return sorted(out)
+
+
+def refuse_foreign(folder: Path) -> None:
+    """A :class:`ConfigError` naming the foreign files of ``folder`` (see :func:`foreign_files`), if any."""
+    foreign = foreign_files(folder)
+    if foreign:
+        what = "release" if is_release_folder(folder) else "audit" if is_audit_folder(folder) else "output"
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ConfigError(f"{folder} holds {len(foreign)} file(s) that are not part of the {what} {TOOL} wrote "
+                          f"there: {shown}; refusing to replace it (--overwrite replaces only the {what}'s own "
+                          f"files, never yours): move them out, or choose another --out")
 
 
 # ----------------------------------------------------------------------------------------- lock
@@ -216,6 +291,10 @@ def clean_stale(target: Path, is_ours: Callable[[Path], bool]) -> list[Path]:
             if not target.exists():
                 p.rename(target)
                 log.warning("restored %s from %s (its replacement was interrupted)", target, p)
+            elif foreign_files(p):
+                log.warning("left %s (an old output, replaced by %s): it holds files %s did not write", p, target,
+                            TOOL)
+                continue
             else:
                 shutil.rmtree(p, ignore_errors=True)
                 log.warning("removed %s, left by an interrupted run", p)
@@ -224,13 +303,21 @@ def clean_stale(target: Path, is_ours: Callable[[Path], bool]) -> list[Path]:
 
 
 def replace_folder(tmp: Path, target: Path) -> None:
-    """Rename the complete ``tmp`` to ``target``; an existing target is renamed away first, then deleted."""
+    """Rename the complete ``tmp`` to ``target``; an existing target is renamed away first, then deleted.
+
+    Once renamed away, the old target is checked again for files it is not made of (written into it
+    while this run worked): if there are any, it is renamed back and a :class:`ConfigError` names them."""
     (tmp / TMP_MARKER).unlink(missing_ok=True)
     if target.exists():
         old = target.parent / f".{target.name}.old-{os.getpid()}"
         if old.exists():
             shutil.rmtree(old)
         target.rename(old)
+        try:
+            refuse_foreign(old)
+        except ConfigError as err:
+            old.rename(target)
+            raise ConfigError(str(err).replace(str(old), str(target))) from None
         tmp.rename(target)
         shutil.rmtree(old, ignore_errors=True)
     else:

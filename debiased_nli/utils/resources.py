@@ -59,6 +59,9 @@ def find_recipe(name_or_path: "str | os.PathLike") -> Path:
     path = Path(name_or_path)
     if path.exists():
         return path
+    if path.is_symlink():  # a loop of links, or a link to nothing
+        raise ConfigError(f"recipe {path}: a symbolic link that leads nowhere (a loop of links, or a link to "
+                          f"{os.readlink(path)!r}, which does not exist)")
     recipes = packaged_recipes()
     stem = path.stem if path.suffix in RECIPE_SUFFIXES and path.parent.name in ("", "builders") else str(path)
     if stem in recipes and (path.suffix in RECIPE_SUFFIXES or len(path.parts) == 1):

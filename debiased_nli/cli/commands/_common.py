@@ -35,15 +35,16 @@ POSITIVE_INT = number(int, low=1)
 NON_NEGATIVE_INT = number(int, low=0)
 POSITIVE_FLOAT = number(float, low=0, low_open=True)
 NON_NEGATIVE_FLOAT = number(float, low=0)
-SEED_LIMIT = 2 ** 32  # numpy's legacy RNG (transformers' set_seed) takes seeds below it
+SEED_LIMIT = 2 ** 32  # numpy's legacy RNG (transformers' set_seed) and torch take seeds below it
 
 
 def SEED(text: str) -> int:  # noqa: N802 - an argparse type, named like the others
-    """An argparse ``type`` for a seed: a non-negative integer below 2**32, which every RNG of a run takes."""
+    """The argparse ``type`` of every ``--seed``: an integer from 0 to 2**32 - 1, what numpy's and torch's
+    generators accept (a larger one would fail deep inside the run, not here, with one line)."""
     value = NON_NEGATIVE_INT(text)
     if value >= SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be below 2**32 = {SEED_LIMIT} (the random generators' seed range), "
-                                         f"got {text}")
+        raise argparse.ArgumentTypeError(f"must be below 2**32, at most {SEED_LIMIT - 1} (the random generators' "
+                                         f"seed range), got {text}")
     return value
 
 

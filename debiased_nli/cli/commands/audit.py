@@ -5,9 +5,9 @@ import argparse
 import sys
 
 from ._common import (
-    NON_NEGATIVE_INT,
     POSITIVE_FLOAT,
     POSITIVE_INT,
+    SEED,
     add_task_arguments,
     check_model_reference,
     number,
@@ -39,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--hypothesis-only", default="tfidf",
                    help="'tfidf' (out-of-fold TF-IDF + logistic regression), a fine-tuned classifier folder or "
                         "Hub id, or 'none'")
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.set_defaults(func=run)
 
 

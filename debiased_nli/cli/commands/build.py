@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._common import NON_NEGATIVE_INT, POSITIVE_INT
+from ._common import POSITIVE_INT, SEED
 
 
 def register(sub) -> None:
@@ -30,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--profile", help="apply one of the recipe's profiles (e.g. `paper`: the generation steps of "
                                      "Wu et al. 2022; see the recipe's `profiles`)")
     p.add_argument("--max-rows", type=POSITIVE_INT, help="use at most this many rows of D0 (quick looks)")
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, help="override the recipe's seed")
+    p.add_argument("--seed", type=SEED, help="override the recipe's seed")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
     p.add_argument("--efficacy", metavar="FILE",
                    help="the efficacy table (benchmarks/results/efficacy.json): the card shows the measured "
@@ -64,6 +64,10 @@ def run(args) -> int:
         print(result.set_aside_note, file=sys.stderr)
     for name, n in result.configs.items():
         print(f"  {name}: {n:,} train rows", file=sys.stderr)
+    for split, record in (result.manifest.get("duplicates") or {}).items():
+        if record["rows"]:
+            from ...data.duplicates import duplicates_line
+            print(f"  {duplicates_line(record, f'the {split} split')}", file=sys.stderr)
     print(f"open it with: datasets.load_dataset({str(result.out_dir)!r}, {next(iter(result.configs))!r})",
           file=sys.stderr)
     return 0

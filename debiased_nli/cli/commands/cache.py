@@ -2,10 +2,12 @@
 
 The cache (``$DEBIASED_NLI_CACHE`` or ``~/.cache/debiased-nli``) keeps the feature columns, the
 out-of-fold hypothesis-only predictions and the embeddings of earlier runs, so a rerun over the same
-input is fast. Only the files this tool writes there are ever counted or deleted (by name pattern,
-below); anything else in the folder, the offline models under ``models/`` included, is left alone.
-After every build the cache is pruned to ``$DEBIASED_NLI_CACHE_MAX_MB`` (default 10240 MB), oldest
-files first.
+input is fast. Only the entries this tool recorded writing (a ``.<name>.debiased-nli`` marker beside
+each) are ever counted or deleted; a file that merely has an entry's name (``hypo-only-*.npz``,
+``cache-*.arrow``, ...: yours, or an entry of a version before the markers) is left alone and
+reported by ``cache info``, and anything else in the folder, the offline models under ``models/``
+included, is never touched. After every build the cache is pruned to ``$DEBIASED_NLI_CACHE_MAX_MB``
+(default 10240 MB), oldest entries first.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import os
 import sys
 import time
 
-from ...utils.cache import DEFAULT_MAX_MB, MAX_ENV, cache_dir, cache_entries, clear_cache
+from ...utils.cache import DEFAULT_MAX_MB, MAX_ENV, cache_dir, cache_entries, clear_cache, unrecorded_entries
 from ._common import POSITIVE_FLOAT
 
 
@@ -49,6 +51,12 @@ def run(args) -> int:
         if entries:
             age = (time.time() - entries[0]["mtime"]) / 86400
             print(f"  oldest entry: {age:.1f} days")
+        other = unrecorded_entries(folder)
+        if other:
+            print(f"  also {len(other)} files ({_mb(sum(e['bytes'] for e in other))}) named like cache entries but "
+                  f"not recorded as written by debiased-nli (yours, or entries of an older version): never "
+                  f"cleared or pruned; delete them yourself if they are old entries, e.g. "
+                  f"{other[0]['path'].relative_to(folder)}")
         return 0
     n, size = clear_cache(args.older_than, folder)
     print(f"removed {n} cache entries ({_mb(size)}) from {folder}", file=sys.stderr)

@@ -90,7 +90,8 @@ def _plan(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...release.compare import run as run_units, run_workers, unit_states
+    from ...release.compare import run as run_units
+    from ...release.compare import run_workers, unit_states
     from ...release.compare.report import report
 
     plan = _plan(args)

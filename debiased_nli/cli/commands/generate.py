@@ -5,7 +5,7 @@ import argparse
 import json
 
 from ...utils.errors import ConfigError
-from ._common import NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT, check_model_reference, number
+from ._common import POSITIVE_FLOAT, POSITIVE_INT, SEED, check_model_reference, number
 
 DESCRIPTION = """\
 Sample rows from a generator trained by `debiased-nli train-generator` (a folder with a full model or a
@@ -38,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--num-samples", type=POSITIVE_INT, required=True)
     p.add_argument("--num-shards", type=POSITIVE_INT, help="default: num-samples / shard-size (at least one per process)")
     p.add_argument("--shard-size", type=POSITIVE_INT, default=1000)
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts per generate call (left-padded)")
     p.add_argument("--top-p", type=number(float, low=0, high=1, low_open=True), default=1.0,
                    help="nucleus sampling mass (default 1.0: plain sampling, as the paper's 'randomly sample')")

@@ -11,6 +11,7 @@ from ._common import (
     NON_NEGATIVE_INT,
     POSITIVE_FLOAT,
     POSITIVE_INT,
+    SEED,
     add_task_arguments,
     check_model_reference,
     check_release_reference,
@@ -74,8 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="learning-rate schedule (default linear; paper: constant_with_warmup)")
     p.add_argument("--adam-epsilon", type=POSITIVE_FLOAT, help="Adam epsilon (default 1e-8; paper 1e-6)")
     p.add_argument("--weight-decay", type=NON_NEGATIVE_FLOAT, help="AdamW weight decay (default 0.01; paper 0: Adam)")
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=42, help="training seed (init of the head, order, dropout)")
-    p.add_argument("--data-seed", type=NON_NEGATIVE_INT, default=0, help="seed of the --max-train-rows/--max-dev-rows sample")
+    p.add_argument("--seed", type=SEED, default=42, help="training seed (init of the head, order, dropout)")
+    p.add_argument("--data-seed", type=SEED, default=0, help="seed of the --max-train-rows/--max-dev-rows sample")
     p.add_argument("--max-train-rows", type=POSITIVE_INT, help="train on a seeded random sample of this many rows")
     p.add_argument("--max-dev-rows", type=POSITIVE_INT, help="early-stop on a seeded random sample of this many dev rows")
     p.add_argument("--eval-steps", type=POSITIVE_INT, help="evaluate and checkpoint every N steps (default: every epoch)")

@@ -9,6 +9,7 @@ from ._common import (
     NON_NEGATIVE_INT,
     POSITIVE_FLOAT,
     POSITIVE_INT,
+    SEED,
     add_task_arguments,
     check_model_reference,
     number,
@@ -69,7 +70,7 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=POSITIVE_INT, help="biased features per label for the z-filter, --mode debias (default 20)")
     p.add_argument("--z-batch-size", type=POSITIVE_INT, help="z-filter batch size, --mode debias (default 1000)")
     p.add_argument("--checkpoint-every", type=POSITIVE_INT, help="optimizer steps between checkpoints (default 500)")
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, help="default 0")
+    p.add_argument("--seed", type=SEED, help="default 0")
     p.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"],
                    help="override accelerate's setting (default: what `accelerate launch`/`accelerate config` say)")
     p.add_argument("--cpu", action="store_true", help="run on CPU even when a GPU is visible")

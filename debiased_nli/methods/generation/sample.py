@@ -117,6 +117,34 @@ def prompts_for(fmt: SequenceFormat, indices: Sequence[int], condition: str, pre
     return out
 
 
+def context_length(model) -> tuple[int, str] | None:
+    """How many tokens the model reads at most (prompt and new tokens together), and the config field
+    that says so; None when its config does not say."""
+    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(model.config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value, name
+    return None
+
+
+def check_context(model, tok, prompts: "Sequence[str] | int", max_new_tokens: int, generator: str) -> None:
+    """A :class:`ConfigError` when the longest of ``prompts`` (or a prompt of that many tokens) and
+    ``max_new_tokens`` new tokens do not fit the generator's context: generating past it fails inside
+    the model (an index error of its position embeddings) instead of with a line that says why."""
+    ctx = context_length(model)
+    if ctx is None:
+        return
+    n_ctx, field = ctx
+    longest = prompts if isinstance(prompts, int) else max(
+        (len(ids) for ids in tok(list(prompts), add_special_tokens=False)["input_ids"]), default=0)
+    if longest + max_new_tokens > n_ctx:
+        room = n_ctx - longest
+        raise ConfigError(f"--max-new-tokens {max_new_tokens}: the generator {generator} reads at most {n_ctx} tokens "
+                          f"({field}) and its prompt takes {longest} of them; "
+                          + (f"use --max-new-tokens {room} or less" if room >= 1 else
+                             "the prompt alone fills it: use a generator with a longer context"))
+
+
 def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_samples: int, *,
                      num_shards: int | None = None, shard_size: int = 1000, seed: int = 0, batch_size: int = 16,
                      top_p: float = 1.0, temperature: float = 1.0, max_new_tokens: int = 128,
@@ -161,30 +189,23 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     if prompts is not None:
         import hashlib
         config["prompts"] = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()
-    if state.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        cfg_path = out / CONFIG_FILE
-        # a config with no shard beside it is what a failed run left (e.g. a generator that did not
-        # load): nothing to protect, so it is replaced rather than refusing every later run
-        has_shards = any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))
-        if cfg_path.exists() and has_shards:
-            try:
-                old = json.loads(cfg_path.read_text())
-            except (OSError, ValueError):
-                old = {}
-            if old != config:
-                diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
-                raise ConfigError(f"{out} holds shards of another run (differences, old -> new: {diff}); "
-                                  f"use another --out folder or the same parameters to resume")
-        else:
-            tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
-            tmp_cfg.write_text(json.dumps(config, indent=2))
-            os.replace(tmp_cfg, cfg_path)
-    state.wait_for_everyone()
+    cfg_path = out / CONFIG_FILE
+    # a config with no shard beside it is what a failed run of an older version left: nothing to
+    # protect, so it is replaced rather than refusing every later run
+    has_shards = any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))
+    if state.is_main_process and cfg_path.exists() and has_shards:
+        try:
+            old = json.loads(cfg_path.read_text())
+        except (OSError, ValueError):
+            old = {}
+        if old != config:
+            diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
+            raise ConfigError(f"{out} holds shards of another run (differences, old -> new: {diff}); "
+                              f"use another --out folder or the same parameters to resume")
     mine = [i for i in range(n_shards) if i % state.num_processes == state.process_index]
     todo = [i for i in mine if not (out / shard_name(i, n_shards)).exists()]
     model = tok = None
-    if todo:
+    if todo:  # the generator is loaded and checked before anything is written
         try:
             model, tok = load_generator(generator, dtype=dtype)
         except Exception as err:  # missing or corrupt weights: one line naming the generator
@@ -198,6 +219,15 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     order = (np.random.default_rng(seed).permutation(len(premises)) if premises else None)
     if condition == "prompts":
         premises, order = prompts, np.arange(len(prompts))
+    if todo:  # the first batch's prompts and the new tokens must fit the generator's context
+        first = list(range(starts[todo[0]], min(starts[todo[0]] + batch_size, starts[todo[0] + 1])))
+        check_context(model, tok, prompts_for(fmt, first, condition, premises, order), max_new_tokens, generator)
+    if state.is_main_process and not (cfg_path.exists() and has_shards):
+        out.mkdir(parents=True, exist_ok=True)
+        tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
+        tmp_cfg.write_text(json.dumps(config, indent=2))
+        os.replace(tmp_cfg, cfg_path)
+    state.wait_for_everyone()
     bar = tqdm(total=int(sum(sizes[i] for i in todo)), unit="sample", desc=f"generate (rank {state.process_index})",
                disable=not progress, position=state.process_index)
     t0, made, done_now = time.perf_counter(), 0, 0
@@ -209,6 +239,7 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
             idx = list(range(b, min(b + batch_size, starts[i + 1])))
             prompts = prompts_for(fmt, idx, condition, premises, order)
             enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(state.device)
+            check_context(model, tok, enc["input_ids"].shape[1], max_new_tokens, generator)
             with torch.no_grad():
                 gen = model.generate(**enc, do_sample=True, top_p=top_p, temperature=temperature, top_k=0,
                                      max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,

@@ -15,8 +15,7 @@ from typing import Any, Mapping
 
 from ...data.tasks import TaskSpec, get_task
 from ...utils.errors import ConfigError
-from . import PAPER_DEFAULTS
-from . import loop
+from . import PAPER_DEFAULTS, loop
 from .loop import IbadrConfig
 
 STEP_ONLY = ("out", "gen_chunk_steps", "progress", "data_files")
