@@ -124,6 +124,11 @@ def test_the_set_aside_line_counts_every_reason():
         "1 label out of range, 1 text is not a string) -> rejected/set_aside_on_load.parquet")
     assert set_aside_summary(rows.select([1]), 10).startswith("1 of 10 rows set aside (row 5: label '7': label out")
     assert set_aside_summary(None, 10) is None and set_aside_summary(rows.select([]), 10) is None
+    # a reason about the whole row names no column (no "?: ..." in the line)
+    dup = datasets.Dataset.from_dict({"file": ["t.parquet"], "row": [16411], "column": [None], "value": [None],
+                                      "reason": ["duplicate of row 2704"]})
+    assert set_aside_summary(dup, 20_000) == (
+        "1 of 20,000 rows set aside (row 16411: duplicate of row 2704) -> rejected/set_aside_on_load.parquet")
 
 
 def test_a_warning_in_a_command_goes_through_the_log(caplog):

@@ -524,7 +524,8 @@ def _set_aside_why(row: Mapping[str, Any]) -> str:
         return f"{col} is empty"
     if reason in (REASON_BAD_LABEL, REASON_NO_GOLD):
         return f"{col} {value!r}: {reason}"
-    return f"{col}: {reason}"
+    # a reason about the whole row (e.g. data/duplicates.py's "duplicate of row N") names no column
+    return f"{col}: {reason}" if row.get("column") else str(reason)
 
 
 def set_aside_summary(set_aside, loaded_rows: int, path: str = "rejected/set_aside_on_load.parquet") -> str | None:
