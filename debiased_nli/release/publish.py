@@ -103,7 +103,7 @@ def _download(api, repo_id: str, filename: str) -> str | None:
 
     try:
         path = hf_hub_download(repo_id, filename, repo_type="dataset", endpoint=api.endpoint, token=api.token,
-                               etag_timeout=_seconds(TIMEOUT_ENV, 60))
+                               etag_timeout=env_seconds(TIMEOUT_ENV, 60))
     except LocalEntryNotFoundError as err:  # raised when the Hub could not be reached at all
         raise ConfigError(f"could not read {filename} of {repo_id} from {api.endpoint}: {err}") from err
     except (EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError):
@@ -144,7 +144,8 @@ def stale_files(remote: Sequence[str], local: Sequence[str]) -> tuple[list[str],
             [p for p in gone if not _RELEASE_FILE_RE.fullmatch(p) and p.split("/")[0] in ("data", "rejected", "images")])
 
 
-def _seconds(env: str, default: float) -> float:
+def env_seconds(env: str, default: float) -> float:
+    """A positive number of seconds from ``env`` (``default`` when unset); a one-line error otherwise."""
     value = os.environ.get(env)
     try:
         seconds = float(value) if value else default
@@ -217,8 +218,8 @@ def within_deadline(work, deadline: float, endpoint: str):
     return done["result"]
 
 
-def _hub_error(err: Exception, endpoint: str, timeout: float) -> ConfigError | None:
-    """A one-line error for a failed Hub call (None: not a network/Hub error)."""
+def hub_error(err: Exception, endpoint: str, timeout: float, what: str = "the push") -> ConfigError | None:
+    """A one-line error for a failed Hub call (None: not a network/Hub error); ``what`` the Hub refused."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     if isinstance(err, OfflineModeIsEnabled):
@@ -235,7 +236,7 @@ def _hub_error(err: Exception, endpoint: str, timeout: float) -> ConfigError | N
     if isinstance(err, HfHubHTTPError):
         status = getattr(getattr(err, "response", None), "status_code", None)
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return ConfigError(f"the Hub at {endpoint} refused the push (HTTP {status}): {first}")
+        return ConfigError(f"the Hub at {endpoint} refused {what} (HTTP {status}): {first}")
     return None
 
 
@@ -261,7 +262,7 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
     if HISTORY_START not in card:
         with_history(card, [])  # the error that says to rebuild
     api = api or HfApi(token=token, endpoint=endpoint)
-    timeout, deadline = _seconds(TIMEOUT_ENV, 60), _seconds(DEADLINE_ENV, 3600)
+    timeout, deadline = env_seconds(TIMEOUT_ENV, 60), env_seconds(DEADLINE_ENV, 3600)
     try:
         with hub_timeouts(timeout, deadline):
             return within_deadline(lambda: _push(api, folder, card, manifest, repo_id, revision, private,
@@ -269,7 +270,7 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
     except ConfigError:
         raise
     except Exception as err:
-        mapped = _hub_error(err, api.endpoint, timeout)
+        mapped = hub_error(err, api.endpoint, timeout)
         if mapped is None:
             raise
         raise mapped from err

@@ -20,6 +20,8 @@ import shutil
 import time
 from pathlib import Path
 
+from .outputs import pid_alive
+
 # (kind, pattern relative to the cache folder): the only entries this tool writes into its cache
 OWN_ENTRIES = (
     ("features", "features-*.arrow"),
@@ -134,19 +136,9 @@ def _stale_temporaries(folder: Path) -> list[Path]:
         if parent.is_dir():
             for p in parent.glob(f".{os.path.basename(pattern)}.tmp-*"):
                 m = re.search(r"\.tmp-(\d+)$", p.name)
-                if m and not _pid_alive(int(m.group(1))):
+                if m and not pid_alive(int(m.group(1))):
                     out.append(p)
     return out
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _orphan_markers(folder: Path) -> list[Path]:

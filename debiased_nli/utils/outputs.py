@@ -257,7 +257,7 @@ def temp_folder(target: Path) -> Path:
     return tmp
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -281,7 +281,7 @@ def clean_stale(target: Path, is_ours: Callable[[Path], bool]) -> list[Path]:
         return done
     for p in sorted(target.parent.iterdir()):
         m = pattern.match(p.name)
-        if not m or not p.is_dir() or _pid_alive(int(m.group(2))) and int(m.group(2)) != os.getpid():
+        if not m or not p.is_dir() or pid_alive(int(m.group(2))) and int(m.group(2)) != os.getpid():
             continue
         if m.group(1) == "tmp" and (p / TMP_MARKER).is_file():
             shutil.rmtree(p, ignore_errors=True)

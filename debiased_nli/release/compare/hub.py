@@ -189,12 +189,12 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
     into the dataset repo ``repo_id`` (which must exist: the release). Returns ``{commit, commit_url, files, notes}``."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from ..publish import DEADLINE_ENV, TIMEOUT_ENV, hub_timeouts
+    from ..publish import DEADLINE_ENV, TIMEOUT_ENV, env_seconds, hub_error, hub_timeouts
 
     if repo_id.count("/") != 1:
         raise ConfigError(f"--push-to must look like ORG/NAME, got {repo_id!r}")
     api = api or HfApi(token=token, endpoint=endpoint)
-    timeout, deadline = _env_seconds(TIMEOUT_ENV, 60), _env_seconds(DEADLINE_ENV, 3600)
+    timeout, deadline = env_seconds(TIMEOUT_ENV, 60), env_seconds(DEADLINE_ENV, 3600)
     try:
         with hub_timeouts(timeout, deadline):
             if not api.repo_exists(repo_id, repo_type="dataset"):
@@ -215,7 +215,7 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
     except ConfigError:
         raise
     except Exception as err:
-        mapped = _hub_error(err, getattr(api, "endpoint", None) or endpoint or "the Hub")
+        mapped = hub_error(err, getattr(api, "endpoint", None) or endpoint or "the Hub", timeout, "the evaluation report")
         if mapped is None:
             raise
         raise mapped from err
@@ -224,34 +224,6 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
         notes.append("not in the model-index (no Hub dataset with these rows): " + ", ".join(left_out))
     return {"commit": info.oid, "commit_url": str(info.commit_url), "files": [op.path_in_repo for op in ops],
             "notes": notes, "trained_on": trained, "model_index": index}
-
-
-def _env_seconds(env: str, default: float) -> float:
-    import os
-
-    value = os.environ.get(env)
-    try:
-        seconds = float(value) if value else default
-    except ValueError:
-        raise ConfigError(f"{env}={value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise ConfigError(f"{env}={value!r} must be a positive number of seconds")
-    return seconds
-
-
-def _hub_error(err: Exception, endpoint: str) -> ConfigError | None:
-    """A one-line error for a failed Hub call (None: not a Hub or network error)."""
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-    if isinstance(err, OfflineModeIsEnabled):
-        return ConfigError("cannot push: offline mode is on (HF_HUB_OFFLINE is set); unset it to reach the Hub")
-    if isinstance(err, HfHubHTTPError):
-        status = getattr(getattr(err, "response", None), "status_code", None)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return ConfigError(f"the Hub at {endpoint} refused the evaluation report (HTTP {status}): {first}")
-    if isinstance(err, (ConnectionError, TimeoutError)) or type(err).__module__.startswith(("httpx", "httpcore")):
-        return ConfigError(f"cannot reach the Hub at {endpoint}: {type(err).__name__}: {err}")
-    return None
 
 
 def read_model_index(text: str) -> list[dict]:
