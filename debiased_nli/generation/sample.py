@@ -453,14 +453,14 @@ class _Slots:
             shape = (self.n, k.shape[1], self.capacity, k.shape[-1])
             self.keys[layer], self.values[layer] = k.new_zeros(shape), v.new_zeros(shape)
         keys, values = self.keys[layer], self.values[layer]
-        n, heads, length, dim = q.shape
+        n, heads, _, dim = q.shape
         if self.rows is None:  # decoding: one new token in every slot
             keys[:, :, self.col] = k[:, :, 0]
             values[:, :, self.col] = v[:, :, 0]
             groups = keys.shape[1]  # grouped-query attention: query heads h*g .. h*g+g-1 read key head h
-            scores = torch.matmul(q.reshape(n, groups, heads // groups, dim), keys.transpose(-1, -2)) * scale
-            probs = scores.float().masked_fill_(self.mask, float("-inf")).softmax(-1).to(values.dtype)
-            out = torch.matmul(probs, values).reshape(n, heads, 1, dim)
+            scores = torch.matmul(q.reshape(n, groups, heads // groups, dim) * scale, keys.transpose(-1, -2))
+            probs = scores.masked_fill_(self.mask, float("-inf")).softmax(-1, dtype=torch.float32)
+            out = torch.matmul(probs.to(values.dtype), values).reshape(n, heads, 1, dim)
             return out.transpose(1, 2), None
         # prefill of new prompts (left-padded, `length` positions) into slots `rows`
         keys[self.rows[:, None], :, self.cols[None, :]] = k.transpose(1, 2)
@@ -491,6 +491,40 @@ class _Slots:
         self.n = len(slots)
 
 
+_CDF_BLOCK = 256
+
+
+def inverse_cdf(scores, u):
+    """For each row of ``scores`` (float32 logits, overwritten), the token t with cdf[t-1] <= u * total
+    < cdf[t], where cdf is the running sum of exp(scores - max): sampling from softmax(scores) at the
+    uniform ``u`` (zero-probability tokens, e.g. cut by top-p, are never chosen).
+
+    The running sum is taken in two levels (sums of blocks of 256 tokens, then within the one block
+    that holds u * total), which is several times faster on a CPU than a running sum over the whole
+    vocabulary; the two agree up to float rounding."""
+    import torch
+    rows, vocab = scores.shape
+    e = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    blocks = -(-vocab // _CDF_BLOCK)
+    if blocks * _CDF_BLOCK != vocab:
+        e = torch.nn.functional.pad(e, (0, blocks * _CDF_BLOCK - vocab))
+    e = e.view(rows, blocks, _CDF_BLOCK)
+    cdf = e.sum(-1).cumsum_(-1)
+    total = cdf[:, -1:]
+    x = torch.minimum(u[:, None].to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(cdf, x, right=True).clamp_(max=blocks - 1)
+    before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(x))
+    inner = e[torch.arange(rows, device=e.device), block[:, 0]]
+    token = torch.searchsorted(inner.cumsum(-1) + before, x, right=True).clamp_(max=_CDF_BLOCK - 1)
+    # rounding between the block sums and the running sum inside a block can leave u * total past
+    # the block's last token: then the block's last token of non-zero probability
+    zero = inner.gather(1, token) == 0
+    if zero.any():
+        last = torch.where(inner > 0, torch.arange(_CDF_BLOCK, device=e.device), -1).amax(-1, keepdim=True)
+        token = torch.where(zero, last, token)
+    return (block * _CDF_BLOCK + token)[:, 0]
+
+
 def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, dnli_slots=None,
                     **kwargs):
     """The attention function (transformers' AttentionInterface) of :class:`SlotSampler`'s forward passes."""
@@ -504,8 +538,9 @@ class SlotSampler:
     """Ancestral sampling from a causal LM in a fixed number of sequence slots.
 
     * Each sample ends at its end marker (or after ``max_new_tokens``) and its slot is refilled with the
-      next prompt (when at least an eighth of the slots are free, in one prefill pass); nothing is
-      computed for finished rows beyond that, and no padding is carried through decoding.
+      next prompt (when at least a sixteenth of the slots are free, in prefill passes of about
+      ``prefill_tokens`` positions); nothing is computed for finished rows beyond that, and no padding
+      is carried through decoding.
     * Keys and values live in :class:`_Slots` and are attended by :func:`_slot_attention`, a
       transformers attention function (GQA without repeating the keys, one column written per step).
     * Token t of a sample is the inverse CDF of its distribution (temperature, then top-p, with
@@ -515,7 +550,7 @@ class SlotSampler:
     """
 
     def __init__(self, model, tok, *, slots: int, max_new_tokens: int, top_p: float = 1.0, temperature: float = 1.0,
-                 refill_fraction: float = 0.125):
+                 refill_fraction: float = 1 / 16, prefill_tokens: int = 512):
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
         self.model, self.slots, self.max_new = model, max(1, int(slots)), int(max_new_tokens)
         self.device = model.device
@@ -524,6 +559,7 @@ class SlotSampler:
         self.warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
                        ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
         self.refill_at = max(1, int(self.slots * refill_fraction))
+        self.prefill_tokens = prefill_tokens
 
     def run(self, jobs):
         """Yield ``(job, new token ids)`` for every :class:`SlotJob` of ``jobs``, as each finishes (an end
@@ -555,14 +591,17 @@ class SlotSampler:
         exhausted = False
         while True:
             free = (~self.active).nonzero().flatten()
-            if not exhausted and len(queue) < len(free):
+            if not exhausted and len(queue) <= len(free):
                 want = max(len(free), self.slots)
                 got = list(itertools.islice(jobs, want))
                 queue.extend(got)
                 exhausted = len(got) < want
             busy = self.kv.n - len(free)
-            if queue and len(free) and (len(free) >= self.refill_at or busy == 0):
-                take = free[: len(queue)]
+            # refill once enough slots are free for an efficient prefill pass, or when the prompts
+            # left all fit (else the last few would wait for a whole generation, then run alone)
+            if queue and len(free) and (len(free) >= self.refill_at or busy == 0
+                                        or (exhausted and len(queue) <= len(free))):
+                take = free[: self._prefill_rows(queue, len(free))]
                 yield from self._prefill(take, [queue.popleft() for _ in range(len(take))])
                 continue
             if busy == 0:
@@ -570,6 +609,14 @@ class SlotSampler:
             if not queue and exhausted and busy <= self.kv.n // 2:
                 self._keep(self.active.nonzero().flatten())  # the last samples: a smaller batch
             yield from self._decode()
+
+    def _prefill_rows(self, queue, free: int) -> int:
+        """How many of the next prompts one prefill pass takes: at most ``free``, and about
+        ``prefill_tokens`` positions in all (a matrix product over many more rows runs slower per row)."""
+        rows = 1
+        while rows < min(free, len(queue)) and (rows + 1) * len(queue[rows].ids) <= self.prefill_tokens:
+            rows += 1
+        return rows
 
     def _prefill(self, slots, jobs):
         import torch
@@ -623,7 +670,6 @@ class SlotSampler:
 
     def _take(self, slots, logits):
         """Sample the next token of each of ``slots`` from its ``logits``; yield the samples that ended."""
-        import torch
         step = self.count[slots]
         new = self._pick(logits, self.uniforms[slots.to(self.device), step.to(self.device)]).cpu()
         self.tokens[slots, step] = new
@@ -638,15 +684,16 @@ class SlotSampler:
             yield job, self.tokens[s, : int(self.count[s])].tolist()
 
     def _pick(self, logits, u):
-        """The inverse CDF of softmax(warped logits) at ``u``: token t where cdf[t-1] <= u * total < cdf[t]."""
+        """Token t of each row: the inverse CDF of softmax(warped logits) at ``u``, i.e. the t where
+        cdf[t-1] <= u * total < cdf[t] (rows taken 32 at a time: their float32 copies stay small)."""
         import torch
-        scores = logits.float()
-        for warp in self.warpers:
-            scores = warp(None, scores)
-        cdf = scores.softmax(-1).cumsum_(-1)
-        total = cdf[:, -1:]
-        x = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-        return torch.searchsorted(cdf, x, right=True).squeeze(1).clamp_(max=cdf.shape[-1] - 1)
+        out = []
+        for k in range(0, len(logits), 32):
+            scores = logits[k:k + 32].float()
+            for warp in self.warpers:
+                scores = warp(None, scores)
+            out.append(inverse_cdf(scores, u[k:k + 32]))
+        return torch.cat(out)
 
     def _keep(self, slots) -> None:
         """Drop every slot but ``slots`` (the batch shrinks once no prompt is left to fill them)."""
