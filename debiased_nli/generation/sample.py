@@ -360,7 +360,8 @@ def _fast_shards(model, tok, shards, prompts_of, *, batch_size, top_p, temperatu
     stays full from one shard to the next)."""
     if not shards:
         return
-    sampler = SlotSampler(model, tok, slots=batch_size, max_new_tokens=max_new_tokens, top_p=top_p,
+    total = sum(len(indices) for _, _, indices in shards)
+    sampler = SlotSampler(model, tok, slots=min(batch_size, total), max_new_tokens=max_new_tokens, top_p=top_p,
                           temperature=temperature)
     left: dict[int, int] = {}
     done: dict[int, list] = {}
@@ -410,6 +411,12 @@ def fast_engine_unsupported(model) -> str | None:
         return "an encoder-decoder model"
     if not getattr(model, "_supports_attention_backend", False):
         return f"{type(model).__name__} does not take a custom attention function"
+    cfg = model.config
+    # the slot attention is full causal attention: no sliding window, no capped attention logits
+    if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
+        return "it attends through a sliding window"
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        return "it caps its attention logits"
     gen = getattr(model, "generation_config", None)
     for key, neutral in _FAST_UNSUPPORTED_GENERATION.items():
         value = getattr(gen, key, neutral)
@@ -470,24 +477,27 @@ class _Slots:
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scale)
         return out.transpose(1, 2), None
 
-    def grow(self, capacity: int) -> None:
-        """More positions per slot: the columns are unrolled (the oldest first) and ``col`` moves to the end."""
+    def grow(self, capacity: int, live: int, col: int) -> None:
+        """``capacity`` positions per slot. The last ``live`` columns (every sequence in flight) keep
+        their order and end just before the new write column ``col``."""
         import torch
-        pad = capacity - self.capacity
+        src = (self.col - live + torch.arange(live)) % self.capacity
+        dst = (col - live + torch.arange(live)) % capacity
         for store in (self.keys, self.values):
             for layer, t in store.items():
-                t = torch.roll(t, -self.col, dims=2)
-                store[layer] = torch.cat([t, t.new_zeros(*t.shape[:2], pad, t.shape[-1])], dim=2)
-        self.valid = torch.cat([torch.roll(self.valid, -self.col, dims=1),
-                                self.valid.new_zeros(self.n, pad)], dim=1)
-        self.col, self.capacity = self.capacity, capacity
+                new = t.new_zeros(*t.shape[:2], capacity, t.shape[-1])
+                new[:, :, dst.to(t.device)] = t[:, :, src.to(t.device)]
+                store[layer] = new
+        valid = self.valid.new_zeros(self.n, capacity)
+        valid[:, dst] = self.valid[:, src]
+        self.valid, self.capacity, self.col = valid, capacity, col % capacity
 
     def keep(self, slots) -> None:
         """Keep only ``slots`` (a LongTensor), in that order."""
         for store in (self.keys, self.values):
             for layer, t in store.items():
-                store[layer] = t.index_select(0, slots)
-        self.valid = self.valid.index_select(0, slots)
+                store[layer] = t.index_select(0, slots.to(t.device))
+        self.valid = self.valid.index_select(0, slots.to(self.valid.device))
         self.n = len(slots)
 
 
@@ -583,7 +593,7 @@ class SlotSampler:
         self.kv = _Slots(n, 1)
         self.job: list[SlotJob | None] = [None] * n
         self.active = torch.zeros(n, dtype=torch.bool)
-        self.pos = torch.zeros(n, dtype=torch.long, device=dev)      # position of each slot's next input token
+        self.pos = torch.zeros(n, dtype=torch.long)                  # position of each slot's next input token
         self.last = torch.full((n,), self.pad, dtype=torch.long, device=dev)  # that token
         self.count = torch.zeros(n, dtype=torch.long)                # tokens made so far
         self.tokens = torch.zeros(n, self.max_new, dtype=torch.long)
@@ -602,7 +612,13 @@ class SlotSampler:
             if queue and len(free) and (len(free) >= self.refill_at or busy == 0
                                         or (exhausted and len(queue) <= len(free))):
                 take = free[: self._prefill_rows(queue, len(free))]
-                yield from self._prefill(take, [queue.popleft() for _ in range(len(take))])
+                jobs_now = [queue.popleft() for _ in range(len(take))]
+                # room for the longest prompt in sight, so that growing (a copy of every slot) is rare
+                longest = max(len(j.ids) for j in itertools.chain(jobs_now, queue))
+                if longest + self.max_new > self.kv.capacity:
+                    live = int(self.pos[self.active].max()) if self.active.any() else 0
+                    self.kv.grow(longest + self.max_new, live, max(live, longest))
+                yield from self._prefill(take, jobs_now)
                 continue
             if busy == 0:
                 return
@@ -623,8 +639,6 @@ class SlotSampler:
         dev, rows = self.device, len(jobs)
         lengths = [len(j.ids) for j in jobs]
         width = max(lengths)
-        if width + self.max_new > self.kv.capacity:
-            self.kv.grow(width + self.max_new)
         ids = torch.full((rows, width), self.pad, dtype=torch.long)
         pos = torch.zeros(rows, width, dtype=torch.long)
         real = torch.zeros(rows, width, dtype=torch.bool)
@@ -646,7 +660,7 @@ class SlotSampler:
             self.job[s] = job
         self.uniforms[slots] = torch.as_tensor(np.stack([j.uniforms for j in jobs]), dtype=torch.float32).to(dev)
         self.count[slots] = 0
-        self.pos[slots] = torch.tensor(lengths, device=dev)
+        self.pos[slots] = torch.tensor(lengths)
         self.active[slots] = True
         yield from self._take(slots, logits)
 
@@ -654,12 +668,13 @@ class SlotSampler:
         import torch
         kv = self.kv
         kv.valid[:, kv.col] = True
+        # every column is read (a slice of them would make a strided batch, slower to multiply on a CPU)
         kv.mask = ~kv.valid[:, None, None, :].to(self.device)
-        logits = self._forward(self.last[:, None], self.pos[:, None], torch.ones_like(self.last[:, None]))
+        logits = self._forward(self.last[:, None], self.pos[:, None].to(self.device), torch.ones_like(self.last[:, None]))
         kv.col = (kv.col + 1) % kv.capacity
-        self.pos += self.active.to(self.device)  # a free slot stays at position 0 (never past the model's range)
+        self.pos += self.active  # a free slot stays where it was (never past the model's range)
         rows = self.active.nonzero().flatten()
-        yield from self._take(rows, logits[rows.to(self.device)])
+        yield from self._take(rows, logits if len(rows) == len(logits) else logits[rows.to(self.device)])
 
     def _forward(self, ids, pos, mask):
         # `mask` (the real tokens of `ids`) is not used by the slot attention, which has its own; it
@@ -698,10 +713,10 @@ class SlotSampler:
     def _keep(self, slots) -> None:
         """Drop every slot but ``slots`` (the batch shrinks once no prompt is left to fill them)."""
         dev = slots.to(self.device)
-        self.kv.keep(dev)
+        self.kv.keep(slots)
         self.job = [self.job[s] for s in slots.tolist()]
         self.active, self.count, self.tokens = self.active[slots], self.count[slots], self.tokens[slots]
-        self.pos, self.last, self.uniforms = self.pos[dev], self.last[dev], self.uniforms[dev]
+        self.pos, self.last, self.uniforms = self.pos[slots], self.last[dev], self.uniforms[dev]
 
 
 def load_generated(out_dir: str, kind: str = "shard"):
