@@ -132,3 +132,124 @@ def test_two_processes_write_disjoint_shards_whose_union_is_the_one_process_run(
         assert table(one, name) == table(two, name)
         seen += [r["sample_index"] for r in table(two, name)]
     assert sorted(seen) == list(range(13))  # disjoint, and together every sample
+
+
+# ---- the fast engine (SlotSampler) -------------------------------------------------------------------
+
+def llama_generator(path) -> str:
+    """A tiny LLaMA (grouped-query attention: 4 query heads on 2 key/value heads, rotary positions) with
+    the GPT-2 tokenizer; its end marker's output row is scaled up, so some samples end early."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    tok = AutoTokenizer.from_pretrained(str(MODELS / "gpt2-tokenizer"))
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=256,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] *= 150
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return llama_generator(tmp_path_factory.mktemp("llama"))
+
+
+def slot_jobs(tok, n: int, max_new: int):
+    from debiased_nli.methods.generation.format import SequenceFormat
+    from debiased_nli.methods.generation.sample import SlotJob, sample_uniforms
+    fmt = SequenceFormat.for_tokenizer(tok, ["entailment", "neutral", "contradiction"])
+    long = "A man in a blue shirt and a woman in a red hat walk their three dogs along the beach at sunset."
+    prompts = [fmt.prompt((PREMISES + [long])[j % 6], "neutral" if j % 2 else None) for j in range(n)]
+    ids = tok(prompts, add_special_tokens=False)["input_ids"]
+    # the longest prompts come last: the slots' capacity has to grow in the middle of the run
+    return [SlotJob(key=j, prompt=prompts[j], ids=ids[j], uniforms=sample_uniforms(5, j, max_new))
+            for j in sorted(range(n), key=lambda k: len(ids[k]))]
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+@pytest.mark.parametrize("top_p,temperature", [(1.0, 1.0), (0.95, 1.3)])
+def test_the_fast_engine_draws_every_token_from_the_models_distribution_at_the_samples_own_uniform(
+        generator, llama, which, top_p, temperature):
+    """The slot machinery (in-place keys/values, refills in freed slots, prompts of other lengths,
+    capacity growth, the batch shrinking at the end) against the plain definition: a full forward
+    pass over prompt + the tokens so far, without any cache, with the model's own attention, then the
+    inverse CDF of the (temperature, top-p) distribution at the sample's uniform number."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    from debiased_nli.methods.generation.models import load_generator
+    from debiased_nli.methods.generation.sample import SlotSampler
+    model, tok = load_generator(generator if which == "gpt2" else llama)
+    model.eval()
+    max_new, eos = 12, tok.eos_token_id
+    jobs = slot_jobs(tok, 11, max_new)
+    before = model.config._attn_implementation
+    out = {job.key: tokens for job, tokens in SlotSampler(model, tok, slots=3, max_new_tokens=max_new, top_p=top_p,
+                                                          temperature=temperature).run(jobs)}
+    assert model.config._attn_implementation == before  # the model's attention is given back
+    assert len(out) == len(jobs)
+    lengths = []
+    for job in jobs:
+        tokens = out[job.key]
+        lengths.append(len(tokens))
+        assert 1 <= len(tokens) <= max_new and eos not in tokens[:-1]
+        assert tokens[-1] == eos or len(tokens) == max_new
+        with torch.no_grad():
+            logits = model(torch.tensor([job.ids + tokens])).logits[0, len(job.ids) - 1:-1].float()
+        for t, token in enumerate(tokens):
+            scores = logits[t:t + 1]
+            if temperature != 1.0:
+                scores = TemperatureLogitsWarper(temperature)(None, scores)
+            if top_p < 1.0:
+                scores = TopPLogitsWarper(top_p)(None, scores)
+            cdf = torch.softmax(scores[0].double(), -1).cumsum(0)
+            x = job.uniforms[t] * cdf[-1].item()
+            below = cdf[token - 1].item() if token else 0.0
+            assert below - 1e-5 <= x <= cdf[token].item() + 1e-5, (job.key, t, token)
+    assert len(set(lengths)) > 2  # samples of several lengths: slots were refilled at different steps
+
+
+KW_FAST = {**KW, "num_shards": 3}
+
+
+def test_the_fast_engine_is_deterministic_and_its_samples_do_not_depend_on_the_batch(generator, tmp_path):
+    """Each sample has its own random numbers: the same seed gives the same shards at any batch size
+    (samples are refilled, reordered and grouped differently), and another seed other samples."""
+    runs = {}
+    for name, batch in (("b1", 1), ("b3", 3), ("b3_again", 3), ("b8", 8)):
+        generate_samples(generator, str(tmp_path / name), "snli", 13, **{**KW_FAST, "batch_size": batch})
+        runs[name] = {n: table(tmp_path / name, n) for n in ("shard-00000-of-00003.parquet",
+                                                              "rejects-00000-of-00003.parquet",
+                                                              "shard-00002-of-00003.parquet")}
+    assert runs["b1"] == runs["b3"] == runs["b3_again"] == runs["b8"]
+    generate_samples(generator, str(tmp_path / "seed8"), "snli", 13, **{**KW_FAST, "seed": 8})
+    assert table(tmp_path / "seed8", "shard-00000-of-00003.parquet") != runs["b3"]["shard-00000-of-00003.parquet"]
+
+
+def test_the_generate_engine_still_samples_and_resumes_a_run_from_before_the_engines(generator, tmp_path):
+    out = tmp_path / "g"
+    rep = generate_samples(generator, str(out), "snli", 13, engine="generate", **KW)
+    assert rep["samples"] == 13 and rep["parsed"] > 0 and rep["this_run"]["engine"] == "generate"
+    # a folder written before engines were recorded: its shards are model.generate's
+    cfg = json.loads((out / "generate_config.json").read_text())
+    del cfg["engine"], cfg["dtype"]
+    (out / "generate_config.json").write_text(json.dumps(cfg))
+    (out / "shard-00003-of-00004.parquet").unlink()
+    generate_samples(generator, str(out), "snli", 13, engine="generate", **KW)  # resumes
+    assert (out / "shard-00003-of-00004.parquet").exists()
+    with pytest.raises(ConfigError, match="engine"):
+        generate_samples(generator, str(out), "snli", 13, **KW)
+
+
+def test_the_fast_engine_gives_way_to_generate_for_what_only_generate_applies(generator, tmp_path):
+    from debiased_nli.methods.generation.models import load_generator
+    from debiased_nli.methods.generation.sample import fast_engine_unsupported, sampling_dtype
+    model, _ = load_generator(generator)
+    assert fast_engine_unsupported(model) is None
+    model.generation_config.repetition_penalty = 1.3
+    assert "repetition_penalty" in fast_engine_unsupported(model)
+    assert sampling_dtype(None, torch.device("cpu")) is None and sampling_dtype("float32", "cpu") == "float32"
+    assert sampling_dtype("auto", torch.device("cpu")) in (None, "bfloat16")

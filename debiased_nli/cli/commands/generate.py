@@ -23,6 +23,12 @@ from the trained generator" and give no nucleus mass; --top-p 0.9 gives nucleus 
 --max-new-tokens 128 new tokens, so a row as long as the training sequences (Table 7: "max sequence
 length 128") is not cut and rejected. The values used and their sources are printed first.
 
+The default engine keeps --batch-size sequences in flight: a sample that reaches its end marker frees
+its slot for the next prompt at once, and each sample draws its tokens with its own random numbers
+(from --seed, its shard and its index), so the samples do not depend on the batch size or the number
+of processes. On a CPU, --dtype auto (bfloat16 where the CPU has AMX or AVX512-BF16) and a batch of
+128-256 give the most samples per second (benchmarks/results/generate_cpu.md).
+
 On GPUs: `accelerate launch -m debiased_nli.cli generate ...` (see `accelerate config`).
 On CPU with 2 processes: `torchrun --nproc_per_node 2 -m debiased_nli.cli generate ... --cpu`
 (`accelerate launch --cpu --num_processes 2` starts only one process).
@@ -48,7 +54,14 @@ def register(sub) -> None:
     p.add_argument("--condition", choices=["none", "premise", "premise+label"], default="none",
                    help="none: sample whole rows (the paper); premise(+label): prompt with premises from --premises-from")
     p.add_argument("--premises-from", nargs="+", metavar="PATH", help="files with a premise column (for --condition)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="default: the checkpoint's; auto: bfloat16 where the CPU (AMX, AVX512-BF16) or GPU computes "
+                        "it natively, else the checkpoint's")
+    p.add_argument("--engine", choices=["fast", "generate"], default="fast",
+                   help="fast (default): every slot of the batch refilled as soon as its sample ends, each sample "
+                        "drawn with its own random numbers (the same samples at any batch size or process count); "
+                        "generate: transformers' model.generate on fixed batches of prompts (other samples than fast's "
+                        "for the same seed)")
     p.add_argument("--cpu", action="store_true", help="run on CPU (gloo between processes)")
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads per process")
     p.set_defaults(func=run)
@@ -86,7 +99,8 @@ def run(args) -> int:
     report = generate_samples(args.generator, args.out, task, args.num_samples, num_shards=args.num_shards,
                               shard_size=args.shard_size, seed=args.seed, batch_size=args.batch_size, top_p=args.top_p,
                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                              condition=args.condition, premises=premises, cpu=args.cpu, dtype=args.dtype)
+                              condition=args.condition, premises=premises, cpu=args.cpu, dtype=args.dtype,
+                              engine=args.engine)
     if report and PartialState(cpu=args.cpu).is_main_process:  # one report, not one per process
         print(json.dumps(report, indent=2))
     return 0

@@ -2,9 +2,9 @@
 
 The requested number of samples is split into ``num_shards`` shards (default: one per
 ``shard_size`` samples, at least one per process); process ``rank`` of ``world`` takes shards
-``rank, rank + world, ...``. Shard i is generated with its own seed (``SeedSequence([seed, i])``) in
-fixed batches, so its content does not depend on which process made it, how many there were, or
-whether the run was interrupted: a 2-process run writes the same shards as a 1-process run.
+``rank, rank + world, ...``. Shard i has its own seed (``SeedSequence([seed, i])``), so its content
+does not depend on which process made it, how many there were, or whether the run was interrupted: a
+2-process run writes the same shards as a 1-process run.
 
 A shard is written to a temporary name (``.shard-*.tmp``) and renamed when complete; its rejects
 file is renamed before it, so a present shard file means the shard is done, and a rerun skips it
@@ -12,9 +12,29 @@ file is renamed before it, so a present shard file means the shard is done, and 
 parameters are stored in ``generate_config.json``; a rerun with other parameters into the same
 folder is refused rather than mixing two runs.
 
-Generation is batched with left padding, up to ``max_new_tokens`` (default 128: a sequence as long as
-the longest the generator was trained on, Table 7's "max sequence length 128", is never cut and
-rejected). By default it is plain ancestral sampling (``top_p=1.0``, ``temperature=1.0``): Wu et al.
+Two engines sample, up to ``max_new_tokens`` each (default 128: a sequence as long as the longest the
+generator was trained on, Table 7's "max sequence length 128", is never cut and rejected):
+
+* ``fast`` (the default), :class:`SlotSampler`: ``batch_size`` sequences in flight; a sequence that
+  writes its end marker leaves the batch at once and the next prompt takes its slot (prompts sorted by
+  length, so a refill carries little padding); keys and values are written in place and attended with
+  an attention function made for one-token steps (grouped-query heads without copies). Sample j of
+  shard i draws token t as the inverse CDF of the model's distribution at its own uniform number
+  ``u[t]``, ``u = default_rng([seed_i, j]).random(max_new_tokens)``: exact sampling from that
+  distribution (the same temperature and top-p warpers as ``model.generate``), and a sample does not
+  depend on the batch size, the other samples or their order.
+* ``generate``: ``model.generate(do_sample=True)`` on consecutive, left-padded batches, torch's
+  generator seeded with ``seed_i`` once per shard (every sequence runs until the whole batch ends).
+
+For one seed the two give different samples, and cannot give the same: ``generate`` draws each step's
+tokens with ``torch.multinomial`` over the whole batch from one shared generator, so a sample's tokens
+depend on which samples share its batch, their padding and the rows that already ended (which keep
+drawing). Reproducing those draws would mean keeping exactly that batch composition, the waste the fast
+engine removes. Both sample from the same distributions; the fast engine's draws are, in addition,
+independent of the batching. (In float32 a sample can still differ across batch sizes in the rare
+case where its uniform falls within rounding distance of a CDF boundary.)
+
+By default it is plain ancestral sampling (``top_p=1.0``, ``temperature=1.0``): Wu et al.
 (2022, Sec. 2.1) "randomly sample from the trained generator" and give no nucleus mass; ``top_p < 1``
 gives nucleus sampling. Prompts are the format's start (unconditional, as Wu et al. 2022 sample whole
 examples), or with ``condition="premise"`` / ``"premise+label"`` a premise from a given set (and a
@@ -25,12 +45,14 @@ canonical rows (``origin="generated"``, ``method="generator:<name>"``) with thei
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
 import os
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -45,6 +67,9 @@ CONDITIONS = ("none", "premise", "premise+label", "prompts")  # prompts: one giv
 CONFIG_FILE = "generate_config.json"
 REPORT_FILE = "generate_report.json"
 PROVENANCE = ("generator", "checkpoint", "shard", "seed", "sample_index")
+REJECT_COLUMNS = ("sample_index", "shard", "seed", "text", "reason")
+ENGINES = ("fast", "generate")
+DTYPES = (None, "auto", "float32", "bfloat16", "float16")
 
 
 def shard_sizes(num_samples: int, num_shards: int) -> list[int]:
@@ -150,33 +175,29 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
                      top_p: float = 1.0, temperature: float = 1.0, max_new_tokens: int = 128,
                      condition: str = "none", premises: Sequence[str] | None = None, cpu: bool = False,
                      dtype: str | None = None, progress: bool = True, stop_after_shards: int | None = None,
-                     prompts: Sequence[str] | None = None, parse=None) -> dict:
+                     prompts: Sequence[str] | None = None, parse=None, engine: str = "fast") -> dict:
     """Sample ``num_samples`` rows from ``generator`` into ``out_dir`` (shards + rejects + report).
 
     ``condition="prompts"`` samples from ``prompts[i]`` for sample i (one per sample) and parses
     prompt + continuation with ``parse`` (text -> (row, None) or (None, reason)), e.g. a
     :class:`.conditional.ConditionalFormat`'s.
 
+    ``engine="fast"`` (the default) samples with :class:`SlotSampler` (each sample its own random
+    numbers, finished rows replaced at once, no padding carried along); ``"generate"`` with
+    ``model.generate`` in fixed batches, as before (see the module's docstring for why the two give
+    different samples for the same seed). ``dtype="auto"``: bfloat16 on a CPU with native bfloat16
+    instructions (AMX or AVX512-BF16) or a GPU that has it, else the checkpoint's dtype.
+
     Run it under ``accelerate launch`` / ``torchrun`` to share the shards between processes.
     ``stop_after_shards`` ends this process's work after that many new shards (what a kill does).
     """
-    import torch
     from accelerate import PartialState
     from tqdm.auto import tqdm
 
-    from .models import load_generator
-
     task = get_task(task)
-    if condition not in CONDITIONS:
-        raise ConfigError(f"condition must be one of {CONDITIONS}, not {condition!r}")
-    if condition == "prompts":
-        if prompts is None or len(prompts) != num_samples or parse is None:
-            raise ConfigError(f"condition='prompts' needs one prompt per sample ({num_samples}) and a parse function")
-    elif condition != "none" and not premises:
-        raise ConfigError(f"condition={condition!r} needs premises (--premises-from DATA)")
-    if not (0 < top_p <= 1) or temperature <= 0:
-        raise ConfigError(f"top_p must be in (0, 1] and temperature > 0; got top_p={top_p}, temperature={temperature}")
+    _check_request(num_samples, condition, premises, prompts, parse, top_p, temperature, engine, dtype)
     state = PartialState(cpu=cpu)
+    dtype = sampling_dtype(dtype, state.device)
     n_shards = num_shards or max(state.num_processes, -(-num_samples // shard_size))
     sizes = shard_sizes(num_samples, n_shards)
     starts = np.concatenate([[0], np.cumsum(sizes)])
@@ -185,84 +206,45 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     config = {"generator": generator, "task": task.name, "num_samples": num_samples, "num_shards": n_shards,
               "seed": seed, "batch_size": batch_size, "top_p": top_p, "temperature": temperature,
               "max_new_tokens": max_new_tokens, "condition": condition,
-              "premises": None if premises is None else len(premises)}
+              "premises": None if premises is None else len(premises), "engine": engine, "dtype": dtype}
     if prompts is not None:
         import hashlib
         config["prompts"] = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()
-    cfg_path = out / CONFIG_FILE
-    # a config with no shard beside it is what a failed run of an older version left: nothing to
-    # protect, so it is replaced rather than refusing every later run
-    has_shards = any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))
-    if state.is_main_process and cfg_path.exists() and has_shards:
-        try:
-            old = json.loads(cfg_path.read_text())
-        except (OSError, ValueError):
-            old = {}
-        if old != config:
-            diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
-            raise ConfigError(f"{out} holds shards of another run (differences, old -> new: {diff}); "
-                              f"use another --out folder or the same parameters to resume")
     mine = [i for i in range(n_shards) if i % state.num_processes == state.process_index]
     todo = [i for i in mine if not (out / shard_name(i, n_shards)).exists()]
-    model = tok = None
+    model = tok = fmt = None
     if todo:  # the generator is loaded and checked before anything is written
-        try:
-            model, tok = load_generator(generator, dtype=dtype)
-        except Exception as err:  # missing or corrupt weights: one line naming the generator
-            from ...data.loading import root_cause
-            raise ConfigError(f"--generator {generator}: cannot load it ({root_cause(err)})") from err
-        if hasattr(model, "merge_and_unload"):  # a LoRA adapter: merged weights sample the same, faster
-            model = model.merge_and_unload()
-        model.to(state.device).eval()
-        tok.padding_side = "left"
-    fmt = SequenceFormat.for_tokenizer(tok, task.labels) if tok is not None else None
+        model, tok = _load_for_sampling(generator, dtype, state.device)
+        fmt = SequenceFormat.for_tokenizer(tok, task.labels)
+        if engine == "fast" and (why := fast_engine_unsupported(model)):
+            log.warning("engine 'fast' cannot sample from %s (%s): using model.generate", generator, why)
+            engine = "generate"
     order = (np.random.default_rng(seed).permutation(len(premises)) if premises else None)
     if condition == "prompts":
         premises, order = prompts, np.arange(len(prompts))
     if todo:  # the first batch's prompts and the new tokens must fit the generator's context
         first = list(range(starts[todo[0]], min(starts[todo[0]] + batch_size, starts[todo[0] + 1])))
         check_context(model, tok, prompts_for(fmt, first, condition, premises, order), max_new_tokens, generator)
-    if state.is_main_process and not (cfg_path.exists() and has_shards):
-        out.mkdir(parents=True, exist_ok=True)
-        tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
-        tmp_cfg.write_text(json.dumps(config, indent=2))
-        os.replace(tmp_cfg, cfg_path)
+    if state.is_main_process:
+        _open_run(out, config)
     state.wait_for_everyone()
+    shards = [(i, shard_seed(seed, i), range(starts[i], starts[i + 1])) for i in todo]
     bar = tqdm(total=int(sum(sizes[i] for i in todo)), unit="sample", desc=f"generate (rank {state.process_index})",
                disable=not progress, position=state.process_index)
     t0, made, done_now = time.perf_counter(), 0, 0
-    for i in todo:
-        s = shard_seed(seed, i)
-        torch.manual_seed(s)
-        parsed, prov, rejects = [], {k: [] for k in PROVENANCE}, {k: [] for k in ("sample_index", "shard", "seed", "text", "reason")}
-        for b in range(starts[i], starts[i + 1], batch_size):
-            idx = list(range(b, min(b + batch_size, starts[i + 1])))
-            prompts = prompts_for(fmt, idx, condition, premises, order)
-            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(state.device)
-            check_context(model, tok, enc["input_ids"].shape[1], max_new_tokens, generator)
-            with torch.no_grad():
-                gen = model.generate(**enc, do_sample=True, top_p=top_p, temperature=temperature, top_k=0,
-                                     max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                                     eos_token_id=tok.eos_token_id)
-            texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=False)
-            for j, prompt, cont in zip(idx, prompts, texts):
-                row, why = (parse or fmt.parse)(prompt + cont)
-                if row is None:
-                    for k, v in (("sample_index", j), ("shard", i), ("seed", s), ("text", prompt + cont), ("reason", why)):
-                        rejects[k].append(v)
-                    continue
-                parsed.append(row)
-                for k, v in (("generator", name), ("checkpoint", checkpoint), ("shard", i), ("seed", s), ("sample_index", j)):
-                    prov[k].append(v)
-            made += len(idx)
-            bar.update(len(idx))
-            bar.set_postfix(samples_per_s=f"{made / (time.perf_counter() - t0):.2f}")
-        import datasets
-        rej = datasets.Dataset.from_dict(rejects, features=datasets.Features({
-            "sample_index": datasets.Value("int64"), "shard": datasets.Value("int64"), "seed": datasets.Value("int64"),
-            "text": datasets.Value("string"), "reason": datasets.Value("string")}))
-        _write(rej, out / shard_name(i, n_shards, "rejects"))
-        _write(_rows(task, parsed, name, prov), out / shard_name(i, n_shards))
+
+    def tick(n: int) -> None:
+        nonlocal made
+        made += n
+        bar.update(n)
+        bar.set_postfix(samples_per_s=f"{made / (time.perf_counter() - t0):.2f}", refresh=False)
+
+    sample = _fast_shards if engine == "fast" else _plain_shards
+    results = sample(model, tok, shards, lambda idx: prompts_for(fmt, idx, condition, premises, order),
+                     batch_size=batch_size, top_p=top_p, temperature=temperature, max_new_tokens=max_new_tokens,
+                     tick=tick)
+    for i, s, samples in results:
+        _write_shard(out, task, i, n_shards, s, samples, parse or fmt.parse, name, checkpoint)
         done_now += 1
         if stop_after_shards is not None and done_now >= stop_after_shards:
             bar.close()
@@ -273,10 +255,502 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     report = summarize(out, task) if state.is_main_process else {}
     if state.is_main_process:
         report["this_run"] = {"processes": state.num_processes, "samples": made, "seconds": round(seconds, 2),
-                              "samples_per_s_rank0": round(made / seconds, 3) if made else None}
+                              "samples_per_s_rank0": round(made / seconds, 3) if made else None,
+                              "engine": engine, "dtype": str(model.dtype).replace("torch.", "") if model else None}
         (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
     state.wait_for_everyone()
     return report
+
+
+def _check_request(num_samples, condition, premises, prompts, parse, top_p, temperature, engine, dtype) -> None:
+    if condition not in CONDITIONS:
+        raise ConfigError(f"condition must be one of {CONDITIONS}, not {condition!r}")
+    if condition == "prompts":
+        if prompts is None or len(prompts) != num_samples or parse is None:
+            raise ConfigError(f"condition='prompts' needs one prompt per sample ({num_samples}) and a parse function")
+    elif condition != "none" and not premises:
+        raise ConfigError(f"condition={condition!r} needs premises (--premises-from DATA)")
+    if not (0 < top_p <= 1) or temperature <= 0:
+        raise ConfigError(f"top_p must be in (0, 1] and temperature > 0; got top_p={top_p}, temperature={temperature}")
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, not {engine!r}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {DTYPES}, not {dtype!r}")
+
+
+def _open_run(out: Path, config: dict) -> None:
+    """Write the run's config, or check that the shards already in ``out`` come from the same parameters.
+
+    A config without ``engine`` was written before there was a choice: its shards came from
+    ``model.generate``, so it resumes with ``engine="generate"`` only (its dtype was not recorded)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / CONFIG_FILE
+    # a config with no shard beside it is what a failed run left (e.g. a generator that did not
+    # load): nothing to protect, so it is replaced rather than refusing every later run
+    has_shards = any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))
+    if cfg_path.exists() and has_shards:
+        try:
+            old = json.loads(cfg_path.read_text())
+        except (OSError, ValueError):
+            old = {}
+        if old and "engine" not in old:  # written before engines and dtypes were recorded
+            old.setdefault("engine", "generate")
+            old.setdefault("dtype", config["dtype"])
+        if old != config:
+            diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
+            raise ConfigError(f"{out} holds shards of another run (differences, old -> new: {diff}); "
+                              f"use another --out folder or the same parameters to resume")
+    else:
+        tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
+        tmp_cfg.write_text(json.dumps(config, indent=2))
+        os.replace(tmp_cfg, cfg_path)
+
+
+def sampling_dtype(dtype: str | None, device) -> str | None:
+    """The dtype to load the generator in: ``"auto"`` is bfloat16 where the device computes it natively
+    (a CPU with AMX or AVX512-BF16, a CUDA GPU that supports it), else None (the checkpoint's)."""
+    if dtype != "auto":
+        return dtype
+    import torch
+    kind = getattr(device, "type", str(device))
+    if kind == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else None
+    if kind == "cpu":
+        cpu = getattr(torch, "cpu", None)
+        native = any(getattr(cpu, f, lambda: False)() for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+        return "bfloat16" if native else None
+    return None
+
+
+def _load_for_sampling(generator: str, dtype: str | None, device):
+    from .models import load_generator
+    try:
+        model, tok = load_generator(generator, dtype=dtype)
+    except Exception as err:  # missing or corrupt weights: one line naming the generator
+        from ...data.loading import root_cause
+        raise ConfigError(f"--generator {generator}: cannot load it ({root_cause(err)})") from err
+    if hasattr(model, "merge_and_unload"):  # a LoRA adapter: merged weights sample the same, faster
+        model = model.merge_and_unload()
+    model.to(device).eval()
+    tok.padding_side = "left"
+    return model, tok
+
+
+def _write_shard(out: Path, task: TaskSpec, i: int, n_shards: int, s: int, samples, parse, name: str,
+                 checkpoint: str) -> None:
+    """Parse shard i's ``(sample_index, prompt, continuation)`` samples; write its rejects, then its rows."""
+    import datasets
+    parsed, prov, rejects = [], {k: [] for k in PROVENANCE}, {k: [] for k in REJECT_COLUMNS}
+    for j, prompt, cont in samples:
+        row, why = parse(prompt + cont)
+        if row is None:
+            for k, v in (("sample_index", j), ("shard", i), ("seed", s), ("text", prompt + cont), ("reason", why)):
+                rejects[k].append(v)
+            continue
+        parsed.append(row)
+        for k, v in (("generator", name), ("checkpoint", checkpoint), ("shard", i), ("seed", s), ("sample_index", j)):
+            prov[k].append(v)
+    rej = datasets.Dataset.from_dict(rejects, features=datasets.Features({
+        "sample_index": datasets.Value("int64"), "shard": datasets.Value("int64"), "seed": datasets.Value("int64"),
+        "text": datasets.Value("string"), "reason": datasets.Value("string")}))
+    _write(rej, out / shard_name(i, n_shards, "rejects"))
+    _write(_rows(task, parsed, name, prov), out / shard_name(i, n_shards))
+
+
+# ---- engine "generate": model.generate in fixed batches ------------------------------------------------
+
+def _plain_shards(model, tok, shards, prompts_of, *, batch_size, top_p, temperature, max_new_tokens, tick):
+    """Yield ``(shard, seed, [(sample_index, prompt, continuation), ...])``: each shard seeds torch's
+    generator once and calls ``model.generate`` on consecutive, left-padded batches of ``batch_size``."""
+    import torch
+    for i, s, indices in shards:
+        torch.manual_seed(s)
+        samples = []
+        for b in range(indices.start, indices.stop, batch_size):
+            idx = list(range(b, min(b + batch_size, indices.stop)))
+            prompts = prompts_of(idx)
+            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            check_context(model, tok, enc["input_ids"].shape[1], max_new_tokens, "the generator")
+            with torch.no_grad():
+                gen = model.generate(**enc, do_sample=True, top_p=top_p, temperature=temperature, top_k=0,
+                                     max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                                     eos_token_id=tok.eos_token_id)
+            texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=False)
+            samples += list(zip(idx, prompts, texts))
+            tick(len(idx))
+        yield i, s, samples
+
+
+# ---- engine "fast": a slot sampler ------------------------------------------------------------------------
+
+def sample_uniforms(shard_seed_: int, index: int, n: int) -> np.ndarray:
+    """The ``n`` uniform numbers in [0, 1) that decide sample ``index``'s tokens (one per new token)."""
+    return np.random.default_rng([shard_seed_, index]).random(n)
+
+
+def _fast_shards(model, tok, shards, prompts_of, *, batch_size, top_p, temperature, max_new_tokens, tick):
+    """Yield ``(shard, seed, samples)`` as :func:`_plain_shards` does, from one :class:`SlotSampler`
+    that runs through all the shards (a shard is yielded when its last sample is done, so the batch
+    stays full from one shard to the next)."""
+    if not shards:
+        return
+    total = sum(len(indices) for _, _, indices in shards)
+    sampler = SlotSampler(model, tok, slots=min(batch_size, total), max_new_tokens=max_new_tokens, top_p=top_p,
+                          temperature=temperature)
+    left: dict[int, int] = {}
+    done: dict[int, list] = {}
+    seeds: dict[int, int] = {}
+
+    def jobs():
+        for i, s, indices in shards:
+            left[i], done[i], seeds[i] = len(indices), [], s
+            idx = list(indices)
+            prompts = prompts_of(idx)
+            ids = _token_ids(tok, prompts)
+            # shortest prompts first: a refill takes prompts of about one length, so little padding
+            for k in sorted(range(len(idx)), key=lambda k: len(ids[k])):
+                yield SlotJob(key=(i, idx[k]), prompt=prompts[k], ids=ids[k],
+                              uniforms=sample_uniforms(s, idx[k], max_new_tokens))
+
+    order = [i for i, _, _ in shards]
+    for job, tokens in sampler.run(jobs()):
+        i, j = job.key
+        done[i].append((j, job.prompt, tokens))
+        tick(1)
+        left[i] -= 1
+        # shards in order (a later one can end first): a killed run leaves the first shards done
+        while order and left.get(order[0]) == 0:
+            i = order.pop(0)
+            samples = sorted(done.pop(i))
+            texts = tok.batch_decode([t for _, _, t in samples], skip_special_tokens=False)
+            yield i, seeds[i], [(j, p, text) for (j, p, _), text in zip(samples, texts)]
+
+
+def _token_ids(tok, prompts: list[str]) -> list[list[int]]:
+    unique = list(dict.fromkeys(prompts))  # unconditional sampling: one prompt, tokenized once
+    enc = dict(zip(unique, tok(unique, add_special_tokens=False)["input_ids"]))
+    return [enc[p] for p in prompts]
+
+
+SLOT_ATTENTION = "debiased_nli_slots"
+_FAST_UNSUPPORTED_GENERATION = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
+                                "min_length": 0, "min_new_tokens": None, "suppress_tokens": None,
+                                "begin_suppress_tokens": None, "forced_bos_token_id": None,
+                                "forced_eos_token_id": None, "sequence_bias": None}
+
+
+def fast_engine_unsupported(model) -> str | None:
+    """Why :class:`SlotSampler` cannot sample from ``model`` the way ``model.generate`` would, or None."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    if not getattr(model, "_supports_attention_backend", False):
+        return f"{type(model).__name__} does not take a custom attention function"
+    cfg = model.config
+    # the slot attention is full causal attention: no sliding window, no capped attention logits
+    if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
+        return "it attends through a sliding window"
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        return "it caps its attention logits"
+    gen = getattr(model, "generation_config", None)
+    for key, neutral in _FAST_UNSUPPORTED_GENERATION.items():
+        value = getattr(gen, key, neutral)
+        if value not in (neutral, None) and not (key == "min_length" and value == 0):
+            return f"its generation_config sets {key}={value!r}, which only model.generate applies"
+    return None
+
+
+@dataclasses.dataclass
+class SlotJob:
+    """One sample to draw: its key, its prompt (text and token ids) and its uniforms (one per new token)."""
+
+    key: Any
+    prompt: str
+    ids: list[int]
+    uniforms: np.ndarray
+
+
+class _Slots:
+    """The keys and values of ``n`` sequence slots, ``capacity`` positions each, written in place.
+
+    Every slot writes its next token's key and value at the same column ``col`` (it advances by one per
+    decoding step, modulo the capacity), so a decoding step writes one column instead of concatenating
+    the whole cache. A new sequence's prompt is written, right-aligned, in the columns just before
+    ``col`` of its slot; ``valid`` marks, per slot, the columns that hold its sequence. Attention is
+    order-free over the columns (positions are in the keys: rotary embeddings, or in the inputs: GPT-2's
+    learned positions), so a sequence needs no particular column order.
+    """
+
+    def __init__(self, n: int, capacity: int):
+        import torch
+        self.n, self.capacity, self.col = n, capacity, 0
+        self.keys: dict[int, Any] = {}
+        self.values: dict[int, Any] = {}
+        self.valid = torch.zeros(n, capacity, dtype=torch.bool)
+        self.rows = self.cols = self.mask = None  # set for each forward pass (prefill: rows; decode: None)
+
+    def attend(self, layer: int, q, k, v, scale: float):
+        import torch
+        if layer not in self.keys:
+            shape = (self.n, k.shape[1], self.capacity, k.shape[-1])
+            self.keys[layer], self.values[layer] = k.new_zeros(shape), v.new_zeros(shape)
+        keys, values = self.keys[layer], self.values[layer]
+        n, heads, _, dim = q.shape
+        if self.rows is None:  # decoding: one new token in every slot
+            keys[:, :, self.col] = k[:, :, 0]
+            values[:, :, self.col] = v[:, :, 0]
+            groups = keys.shape[1]  # grouped-query attention: query heads h*g .. h*g+g-1 read key head h
+            scores = torch.matmul(q.reshape(n, groups, heads // groups, dim) * scale, keys.transpose(-1, -2))
+            probs = scores.masked_fill_(self.mask, float("-inf")).softmax(-1, dtype=torch.float32)
+            out = torch.matmul(probs.to(values.dtype), values).reshape(n, heads, 1, dim)
+            return out.transpose(1, 2), None
+        # prefill of new prompts (left-padded, `length` positions) into slots `rows`
+        keys[self.rows[:, None], :, self.cols[None, :]] = k.transpose(1, 2)
+        values[self.rows[:, None], :, self.cols[None, :]] = v.transpose(1, 2)
+        if k.shape[1] != heads:
+            k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scale)
+        return out.transpose(1, 2), None
+
+    def grow(self, capacity: int, live: int, col: int) -> None:
+        """``capacity`` positions per slot. The last ``live`` columns (every sequence in flight) keep
+        their order and end just before the new write column ``col``."""
+        import torch
+        src = (self.col - live + torch.arange(live)) % self.capacity
+        dst = (col - live + torch.arange(live)) % capacity
+        for store in (self.keys, self.values):
+            for layer, t in store.items():
+                new = t.new_zeros(*t.shape[:2], capacity, t.shape[-1])
+                new[:, :, dst.to(t.device)] = t[:, :, src.to(t.device)]
+                store[layer] = new
+        valid = self.valid.new_zeros(self.n, capacity)
+        valid[:, dst] = self.valid[:, src]
+        self.valid, self.capacity, self.col = valid, capacity, col % capacity
+
+    def keep(self, slots) -> None:
+        """Keep only ``slots`` (a LongTensor), in that order."""
+        for store in (self.keys, self.values):
+            for layer, t in store.items():
+                store[layer] = t.index_select(0, slots.to(t.device))
+        self.valid = self.valid.index_select(0, slots.to(self.valid.device))
+        self.n = len(slots)
+
+
+_CDF_BLOCK = 256
+
+
+def inverse_cdf(scores, u):
+    """For each row of ``scores`` (float32 logits, overwritten), the token t with cdf[t-1] <= u * total
+    < cdf[t], where cdf is the running sum of exp(scores - max): sampling from softmax(scores) at the
+    uniform ``u`` (zero-probability tokens, e.g. cut by top-p, are never chosen).
+
+    The running sum is taken in two levels (sums of blocks of 256 tokens, then within the one block
+    that holds u * total), which is several times faster on a CPU than a running sum over the whole
+    vocabulary; the two agree up to float rounding."""
+    import torch
+    rows, vocab = scores.shape
+    e = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    blocks = -(-vocab // _CDF_BLOCK)
+    if blocks * _CDF_BLOCK != vocab:
+        e = torch.nn.functional.pad(e, (0, blocks * _CDF_BLOCK - vocab))
+    e = e.view(rows, blocks, _CDF_BLOCK)
+    cdf = e.sum(-1).cumsum_(-1)
+    total = cdf[:, -1:]
+    x = torch.minimum(u[:, None].to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(cdf, x, right=True).clamp_(max=blocks - 1)
+    before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(x))
+    inner = e[torch.arange(rows, device=e.device), block[:, 0]]
+    token = torch.searchsorted(inner.cumsum(-1) + before, x, right=True).clamp_(max=_CDF_BLOCK - 1)
+    # rounding between the block sums and the running sum inside a block can leave u * total past
+    # the block's last token: then the block's last token of non-zero probability
+    zero = inner.gather(1, token) == 0
+    if zero.any():
+        last = torch.where(inner > 0, torch.arange(_CDF_BLOCK, device=e.device), -1).amax(-1, keepdim=True)
+        token = torch.where(zero, last, token)
+    return (block * _CDF_BLOCK + token)[:, 0]
+
+
+def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, dnli_slots=None,
+                    **kwargs):
+    """The attention function (transformers' AttentionInterface) of :class:`SlotSampler`'s forward passes."""
+    if dnli_slots is None:
+        raise RuntimeError(f"attention {SLOT_ATTENTION!r} is only for SlotSampler's forward passes")
+    return dnli_slots.attend(module.layer_idx, query, key, value,
+                             query.shape[-1] ** -0.5 if scaling is None else scaling)
+
+
+class SlotSampler:
+    """Ancestral sampling from a causal LM in a fixed number of sequence slots.
+
+    * Each sample ends at its end marker (or after ``max_new_tokens``) and its slot is refilled with the
+      next prompt (when at least a sixteenth of the slots are free, in prefill passes of about
+      ``prefill_tokens`` positions); nothing is computed for finished rows beyond that, and no padding
+      is carried through decoding.
+    * Keys and values live in :class:`_Slots` and are attended by :func:`_slot_attention`, a
+      transformers attention function (GQA without repeating the keys, one column written per step).
+    * Token t of a sample is the inverse CDF of its distribution (temperature, then top-p, with
+      transformers' own logits warpers: the same distribution ``model.generate(do_sample=True)``
+      samples) at the sample's own uniform number ``uniforms[t]``. So a sample depends on its prompt and
+      its uniforms only, not on which other samples share its batch, the batch size or the order.
+    """
+
+    def __init__(self, model, tok, *, slots: int, max_new_tokens: int, top_p: float = 1.0, temperature: float = 1.0,
+                 refill_fraction: float = 1 / 16, prefill_tokens: int = 512):
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+        self.model, self.slots, self.max_new = model, max(1, int(slots)), int(max_new_tokens)
+        self.device = model.device
+        self.eos = tok.eos_token_id
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else (self.eos or 0)
+        self.warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
+                       ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+        self.refill_at = max(1, int(self.slots * refill_fraction))
+        self.prefill_tokens = prefill_tokens
+
+    def run(self, jobs):
+        """Yield ``(job, new token ids)`` for every :class:`SlotJob` of ``jobs``, as each finishes (an end
+        marker ends a sample and is its last token)."""
+        import collections
+
+        import torch
+        from transformers import AttentionInterface
+        AttentionInterface.register(SLOT_ATTENTION, _slot_attention)
+        before = self.model.config._attn_implementation
+        self.model.set_attn_implementation(SLOT_ATTENTION)
+        try:
+            with torch.inference_mode():
+                yield from self._run(iter(jobs), collections.deque())
+        finally:
+            self.model.set_attn_implementation(before)
+
+    def _run(self, jobs, queue):
+        import torch
+        n, dev = self.slots, self.device
+        self.kv = _Slots(n, 1)
+        self.job: list[SlotJob | None] = [None] * n
+        self.active = torch.zeros(n, dtype=torch.bool)
+        self.pos = torch.zeros(n, dtype=torch.long)                  # position of each slot's next input token
+        self.last = torch.full((n,), self.pad, dtype=torch.long, device=dev)  # that token
+        self.count = torch.zeros(n, dtype=torch.long)                # tokens made so far
+        self.tokens = torch.zeros(n, self.max_new, dtype=torch.long)
+        self.uniforms = torch.zeros(n, self.max_new, dtype=torch.float32, device=dev)
+        exhausted = False
+        while True:
+            free = (~self.active).nonzero().flatten()
+            if not exhausted and len(queue) <= len(free):
+                want = max(len(free), self.slots)
+                got = list(itertools.islice(jobs, want))
+                queue.extend(got)
+                exhausted = len(got) < want
+            busy = self.kv.n - len(free)
+            # refill once enough slots are free for an efficient prefill pass, or when the prompts
+            # left all fit (else the last few would wait for a whole generation, then run alone)
+            if queue and len(free) and (len(free) >= self.refill_at or busy == 0
+                                        or (exhausted and len(queue) <= len(free))):
+                take = free[: self._prefill_rows(queue, len(free))]
+                jobs_now = [queue.popleft() for _ in range(len(take))]
+                # room for the longest prompt in sight, so that growing (a copy of every slot) is rare
+                longest = max(len(j.ids) for j in itertools.chain(jobs_now, queue))
+                if longest + self.max_new > self.kv.capacity:
+                    live = int(self.pos[self.active].max()) if self.active.any() else 0
+                    self.kv.grow(longest + self.max_new, live, max(live, longest))
+                yield from self._prefill(take, jobs_now)
+                continue
+            if busy == 0:
+                return
+            if not queue and exhausted and busy <= self.kv.n // 2:
+                self._keep(self.active.nonzero().flatten())  # the last samples: a smaller batch
+            yield from self._decode()
+
+    def _prefill_rows(self, queue, free: int) -> int:
+        """How many of the next prompts one prefill pass takes: at most ``free``, and about
+        ``prefill_tokens`` positions in all (a matrix product over many more rows runs slower per row)."""
+        rows = 1
+        while rows < min(free, len(queue)) and (rows + 1) * len(queue[rows].ids) <= self.prefill_tokens:
+            rows += 1
+        return rows
+
+    def _prefill(self, slots, jobs):
+        import torch
+        dev, rows = self.device, len(jobs)
+        lengths = [len(j.ids) for j in jobs]
+        width = max(lengths)
+        ids = torch.full((rows, width), self.pad, dtype=torch.long)
+        pos = torch.zeros(rows, width, dtype=torch.long)
+        real = torch.zeros(rows, width, dtype=torch.bool)
+        for r, (job, length) in enumerate(zip(jobs, lengths)):
+            ids[r, width - length:] = torch.tensor(job.ids, dtype=torch.long)
+            pos[r, width - length:] = torch.arange(length)
+            real[r, width - length:] = True
+        kv = self.kv
+        cols = (kv.col - width + torch.arange(width)) % kv.capacity
+        kv.valid[slots] = False
+        kv.valid[slots[:, None], cols[None, :]] = real
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        # a padding position attends to itself only (its output is never used; no row is all -inf)
+        kv.mask = ((causal & real[:, None, :]) | torch.eye(width, dtype=torch.bool))[:, None].to(dev)
+        kv.rows, kv.cols = slots.to(dev), cols.to(dev)
+        logits = self._forward(ids.to(dev), pos.to(dev), real.to(dev))
+        kv.rows = kv.cols = None
+        for s, job in zip(slots.tolist(), jobs):
+            self.job[s] = job
+        self.uniforms[slots] = torch.as_tensor(np.stack([j.uniforms for j in jobs]), dtype=torch.float32).to(dev)
+        self.count[slots] = 0
+        self.pos[slots] = torch.tensor(lengths)
+        self.active[slots] = True
+        yield from self._take(slots, logits)
+
+    def _decode(self):
+        import torch
+        kv = self.kv
+        kv.valid[:, kv.col] = True
+        # every column is read (a slice of them would make a strided batch, slower to multiply on a CPU)
+        kv.mask = ~kv.valid[:, None, None, :].to(self.device)
+        logits = self._forward(self.last[:, None], self.pos[:, None].to(self.device), torch.ones_like(self.last[:, None]))
+        kv.col = (kv.col + 1) % kv.capacity
+        self.pos += self.active  # a free slot stays where it was (never past the model's range)
+        rows = self.active.nonzero().flatten()
+        yield from self._take(rows, logits if len(rows) == len(logits) else logits[rows.to(self.device)])
+
+    def _forward(self, ids, pos, mask):
+        # `mask` (the real tokens of `ids`) is not used by the slot attention, which has its own; it
+        # only tells transformers that a padded input is known to be padded
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask.long(), use_cache=False,
+                         logits_to_keep=1, dnli_slots=self.kv)
+        return out.logits[:, -1]
+
+    def _take(self, slots, logits):
+        """Sample the next token of each of ``slots`` from its ``logits``; yield the samples that ended."""
+        step = self.count[slots]
+        new = self._pick(logits, self.uniforms[slots.to(self.device), step.to(self.device)]).cpu()
+        self.tokens[slots, step] = new
+        self.count[slots] = step + 1
+        self.last[slots.to(self.device)] = new.to(self.device)
+        ended = (self.count[slots] >= self.max_new)
+        if self.eos is not None:
+            ended |= new == self.eos
+        for s in slots[ended].tolist():
+            self.active[s] = False
+            job, self.job[s] = self.job[s], None
+            yield job, self.tokens[s, : int(self.count[s])].tolist()
+
+    def _pick(self, logits, u):
+        """Token t of each row: the inverse CDF of softmax(warped logits) at ``u``, i.e. the t where
+        cdf[t-1] <= u * total < cdf[t] (rows taken 32 at a time: their float32 copies stay small)."""
+        import torch
+        out = []
+        for k in range(0, len(logits), 32):
+            scores = logits[k:k + 32].float()
+            for warp in self.warpers:
+                scores = warp(None, scores)
+            out.append(inverse_cdf(scores, u[k:k + 32]))
+        return torch.cat(out)
+
+    def _keep(self, slots) -> None:
+        """Drop every slot but ``slots`` (the batch shrinks once no prompt is left to fill them)."""
+        dev = slots.to(self.device)
+        self.kv.keep(slots)
+        self.job = [self.job[s] for s in slots.tolist()]
+        self.active, self.count, self.tokens = self.active[slots], self.count[slots], self.tokens[slots]
+        self.pos, self.last, self.uniforms = self.pos[slots], self.last[dev], self.uniforms[dev]
 
 
 def load_generated(out_dir: str, kind: str = "shard"):

@@ -102,7 +102,7 @@ def generate_step(ds, task, params: dict, *, show_values: bool = False):
         shard_size=v["shard_size"], seed=v["seed"], batch_size=v["batch_size"], top_p=v["top_p"],
         temperature=v["temperature"], max_new_tokens=v["max_new_tokens"], condition=condition,
         premises=premises, cpu=_p(params, "cpu", False), dtype=params.get("dtype"),
-        progress=_p(params, "progress", True))
+        progress=_p(params, "progress", True), engine=_p(params, "engine", "fast"))
     rows = load_generated(params["out"])
     rejects = load_generated(params["out"], "rejects")
     return rows, rejects, report
