@@ -246,6 +246,10 @@ def dequantize(gguf: Path, out: Path, dtype: str = "float32", tokenizer_fallback
     so its dequantized weights are copied into a plain one). The tokenizer is built from the GGUF's
     metadata; if this transformers cannot, from ``tokenizer_fallback`` (the same tokenizer, made here
     from the same GGUF by prepare_offline_models.py, carried by the kit)."""
+    if out.is_symlink() or out.exists() and not (out / ".complete").is_file():
+        # it replaces only a folder it wrote itself (its .complete record), never a user's --out
+        raise SystemExit(f"dequantize: {out} exists and is not a model folder this kit wrote (no .complete); "
+                         f"give another --out")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -278,7 +282,7 @@ def dequantize(gguf: Path, out: Path, dtype: str = "float32", tokenizer_fallback
             "architecture": config.architectures, "bos": tok.bos_token, "eos": tok.eos_token, "pad": tok.pad_token,
             "tokenizer": tokenizer_from, "vocab": len(tok)}
     _write_json(partial / ".complete", info)
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)  # a model folder this function wrote (checked at the start)
     os.replace(partial, out)
     return info
 

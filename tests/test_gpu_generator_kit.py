@@ -219,3 +219,17 @@ def test_dry_run_runs_the_whole_chain_on_the_cpu(tmp_path):
     assert s["filter"]["report"]["rows"] == s["sampling"]["parsed"] > 0
     assert s["M"]["dev_accuracy"] is not None and s["G"]["final"]["epochs_trained"] == gg.PLAN_DRY["g"]["epochs"]
     assert (tmp_path / "dry" / "results" / "gpu_generator_dry.md").is_file()
+
+
+def test_dequantize_never_replaces_a_folder_it_did_not_write(tmp_path):
+    """`dequantize --out` replaces only a model folder it wrote (its .complete record): a user's folder given
+    by mistake, or a link, is refused before any work, and left as it was."""
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("not made by the kit")
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    for out in (mine, link):
+        with pytest.raises(SystemExit, match="not a model folder this kit wrote"):
+            gg.dequantize(tmp_path / "absent.gguf", out)
+    assert (mine / "keep.txt").read_text() == "not made by the kit" and link.is_symlink()
