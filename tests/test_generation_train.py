@@ -11,7 +11,7 @@ from debiased_nli.data.loading import new_rows
 from debiased_nli.data.tasks import get_task
 from debiased_nli.methods.generation.models import LoraOptions, load_generator, merge_adapter
 from debiased_nli.methods.generation.train import (REJECTED_COLUMN, debias_training_set, encode_dataset,
-                                                   perturbed_labels, train_generator)
+                                                   epoch_order, perturbed_labels, train_generator)
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 
@@ -93,6 +93,44 @@ def test_training_lowers_the_loss_and_a_killed_run_resumes_to_the_same_weights(t
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
     # only the last keep_checkpoints (2) checkpoints are kept
     assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+
+def test_epoch_order_without_grouping_is_the_datasets_shuffle():
+    import datasets
+    ds = datasets.Dataset.from_dict({"i": list(range(103))})
+    assert epoch_order([5] * 103, 7, 4, False) == ds.shuffle(seed=7)["i"]
+
+
+def test_grouped_epoch_order_is_a_permutation_of_length_homogeneous_batches():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 60, size=1003).tolist()
+    order = epoch_order(lengths, 3, 8, True)
+    assert sorted(order) == list(range(1003))            # every row once
+    assert order == epoch_order(lengths, 3, 8, True)      # seeded
+    assert order != epoch_order(lengths, 4, 8, True)
+    batches = [order[i:i + 8] for i in range(0, 1003, 8)]
+    assert len(batches[-1]) == 1003 % 8                   # the shorter batch stays last
+    padded = lambda order: sum(max(lengths[i] for i in order[j:j + 8]) * len(order[j:j + 8])
+                               for j in range(0, len(order), 8))
+    plain = epoch_order(lengths, 3, 8, False)
+    # the padded tokens computed: grouped batches need far fewer than the plain shuffle's
+    assert padded(order) < 0.8 * padded(plain)
+    assert padded(order) - sum(lengths) < 0.2 * (padded(plain) - sum(lengths))
+    # the batches' order is shuffled, not sorted by length
+    firsts = [lengths[b[0]] for b in batches[:-1]]
+    assert firsts != sorted(firsts) and firsts != sorted(firsts, reverse=True)
+
+
+def test_grouped_training_resumes_to_the_same_weights(tiny_gpt2, tmp_path):
+    kw = dict(max_steps=5, batch_size=3, lr=1e-2, checkpoint_every=2, seed=0, cpu=True, log_every=1, progress=False,
+              group_by_length=True)
+    full = train_generator(rows(24), "snli", tiny_gpt2, str(tmp_path / "a"), **kw)
+    assert full["group_by_length"] is True
+    assert train_generator(rows(24), "snli", tiny_gpt2, str(tmp_path / "b"), stop_after=3, **kw) == {"stopped_at": 3}
+    train_generator(rows(24), "snli", tiny_gpt2, str(tmp_path / "b"), **kw)
+    wa, wb = weights(str(tmp_path / "a")), weights(str(tmp_path / "b"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
 
 
 def test_llama_lora_adapter_is_saved_and_merges_to_the_same_model(tiny_llama, tmp_path):

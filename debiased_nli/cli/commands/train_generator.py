@@ -70,6 +70,9 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=POSITIVE_INT, help="biased features per label for the z-filter, --mode debias (default 20)")
     p.add_argument("--z-batch-size", type=POSITIVE_INT, help="z-filter batch size, --mode debias (default 1000)")
     p.add_argument("--checkpoint-every", type=POSITIVE_INT, help="optimizer steps between checkpoints (default 500)")
+    p.add_argument("--group-by-length", action="store_true", default=None,
+                   help="batch rows of similar length together (less padding computed: about 0.57x the time "
+                        "per step on SNLI, batch 24); the rows per epoch are the same, their batches differ")
     p.add_argument("--seed", type=SEED, help="default 0")
     p.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"],
                    help="override accelerate's setting (default: what `accelerate launch`/`accelerate config` say)")
@@ -104,7 +107,8 @@ def run(args) -> int:
                                             "lora_targets", "merge", "max_steps", "epochs", "batch_size",
                                             "grad_accum", "lr", "eps", "betas", "weight_decay", "scheduler",
                                             "warmup_steps", "lam", "alpha", "max_length", "top_k", "z_batch_size",
-                                            "checkpoint_every", "seed", "mixed_precision", "cpu", "log_every")}
+                                            "checkpoint_every", "seed", "mixed_precision", "cpu", "log_every",
+                                            "group_by_length")}
     params["lora"] = args.lora
     _, _, report = train_generator_step(ds, task, params, show_values=True)
     if PartialState(cpu=args.cpu).is_main_process:  # one report, not one per process

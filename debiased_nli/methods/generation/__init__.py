@@ -61,6 +61,8 @@ GENERATOR_TRAINING: dict[str, tuple[Any, str]] = {
     "top_k": (20, f'{WU}, Table 8: "z-filtering number of biased features 20" (G*: Z(D0) and Z-(D0))'),
     "z_batch_size": (1000, f"{PROJECT}: Algorithm 1's batch size is not given in the paper"),
     "checkpoint_every": (500, f"{PROJECT}"),
+    "group_by_length": (False, f"{PROJECT}: off, so the batches are the plain shuffle's; on, rows of similar length "
+                               f"share a batch and less padding is computed (the paper says nothing of batching)"),
     "seed": (0, f"{PROJECT}"),
     "mixed_precision": (None, f"{PROJECT}: accelerate's setting (accelerate launch/config), else none; "
                               f'the paper gives only "device Nvidia A100"'),

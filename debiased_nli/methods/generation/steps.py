@@ -74,6 +74,7 @@ def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
         grad_accum=v["grad_accum"], lr=v["lr"], eps=v["eps"], betas=tuple(v["betas"]), scheduler=v["scheduler"],
         warmup_steps=v["warmup_steps"], weight_decay=v["weight_decay"], lam=v["lam"], alpha=v["alpha"],
         max_length=v["max_length"], checkpoint_every=v["checkpoint_every"], seed=v["seed"],
+        group_by_length=bool(v["group_by_length"]),
         mixed_precision=v["mixed_precision"], cpu=_p(params, "cpu", False),
         merge=_p(params, "merge", False), log_every=_p(params, "log_every", 10),
         progress=_p(params, "progress", True))

@@ -11,9 +11,10 @@ states, plus the trainable weights (``trainable.pt``, the LoRA weights alone for
 ``state.json`` (the step), to ``<out>/checkpoints/step-<N>`` (a temporary folder renamed when complete;
 the last ``keep_checkpoints`` are kept). A rerun with the same output folder restores all of it with
 ``accelerator.load_state`` and skips the batches already seen, so killing and relaunching is the same
-run. The data order of epoch e is ``ds.shuffle(seed + e)``, and the perturbed label l' of a row is drawn
-once from ``seed`` (``l' = (l + u) mod K``, u uniform in 1..K-1), so neither depends on when the run
-was resumed.
+run. The data order of epoch e is ``ds.shuffle(seed + e)`` (with ``group_by_length``, the same shuffle
+with rows of similar length batched together: :func:`epoch_order`), and the perturbed label l' of a row
+is drawn once from ``seed`` (``l' = (l + u) mod K``, u uniform in 1..K-1), so neither depends on when
+the run was resumed.
 
 The optimiser is Adam(W) with ``betas``, ``eps`` and ``weight_decay`` (0: Adam), the schedule one of
 ``transformers.get_scheduler``'s (``constant``, ``constant_with_warmup``, ``linear``, ``cosine``). The
@@ -138,6 +139,37 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int):
     return out
 
 
+GROUP_MEGABATCH = 50  # the project's choice (as transformers' LengthGroupedSampler): batches sorted within 50
+
+
+def epoch_order(lengths: Sequence[int], seed: int, batch_size: int, group_by_length: bool) -> list[int]:
+    """The rows of one epoch in training order.
+
+    Without grouping: the permutation of ``datasets``' ``shuffle(seed=seed)``. With grouping (the
+    project's choice, as ``transformers``' ``LengthGroupedSampler``): that permutation cut into
+    mega-batches of ``GROUP_MEGABATCH * batch_size`` rows, each sorted by length (longest first, ties
+    in shuffled order) and cut into batches, and the batches put in a seeded random order (the last,
+    shorter batch stays last). A batch then holds rows of similar length, so right padding, which the
+    model computes for nothing, shrinks: on SNLI (mean 28 tokens, batch 24) a step costs about 0.57 of
+    an ungrouped one. The rows seen per epoch, and the losses per row, are the same; only which rows
+    share a batch changes.
+    """
+    n = len(lengths)
+    perm = np.random.default_rng(seed).permutation(n)  # what datasets.Dataset.shuffle(seed=seed) draws
+    if not group_by_length or n <= batch_size:
+        return perm.tolist()
+    lengths = np.asarray(lengths)
+    mega = GROUP_MEGABATCH * batch_size
+    batches: list[list[int]] = []
+    for start in range(0, n, mega):
+        chunk = np.asarray(perm[start:start + mega])
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        batches.extend(chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
+    tail = [batches.pop()] if len(batches[-1]) < batch_size else []
+    rng = np.random.default_rng([seed, 1])  # a stream apart from the row permutation's
+    return [i for b in [batches[j] for j in rng.permutation(len(batches))] + tail for i in b]
+
+
 def batch_loss(model, batch, *, mode: str, lam: float, alpha: float):
     """The objective of ``mode`` on one collated batch -> (loss, parts)."""
     from .losses import debias_loss, generator_loss
@@ -255,7 +287,8 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
                     weight_decay: float = 0.0, lam: float = 0.5, alpha: float = 1.0, max_length: int = 128,
                     checkpoint_every: int = 500, keep_checkpoints: int = 2, seed: int = 0,
                     mixed_precision: str | None = None, cpu: bool = False, merge: bool = False,
-                    log_every: int = 10, progress: bool = True, stop_after: int | None = None) -> dict:
+                    group_by_length: bool = False, log_every: int = 10, progress: bool = True,
+                    stop_after: int | None = None) -> dict:
     """Train G (``mode="generator"``: MLE + lam * L_LC) or G* (``mode="debias"``: MLE on Z(D0) +
     alpha * L_UL on Z-(D0)) from ``model`` (Hub id or folder; a LoRA adapter folder continues it).
 
@@ -264,6 +297,7 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
     accelerate (``accelerate launch --mixed_precision`` / ``accelerate config``).
     Saves the adapter (LoRA) or full model and the tokenizer to ``out_dir`` (``merged/`` too with
     ``merge``) and returns a report (steps, losses, seconds per step, parameter counts).
+    ``group_by_length`` batches rows of similar length together (:func:`epoch_order`).
     ``stop_after`` ends the process's work after that many optimizer steps without the final save
     (what a kill does; used to test resuming).
     """
@@ -299,7 +333,7 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
     run = _optimizer_steps(accelerator, net, optim, sched, data, tok.pad_token_id, bar, out, step=step, total=total,
                            steps_per_epoch=steps_per_epoch, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                            mode=mode, lam=lam, alpha=alpha, log_every=log_every, checkpoint_every=checkpoint_every,
-                           keep_checkpoints=keep_checkpoints, stop_after=stop_after)
+                           keep_checkpoints=keep_checkpoints, stop_after=stop_after, group_by_length=group_by_length)
     bar.close()
     if run.stopped:
         return {"stopped_at": run.step}
@@ -311,7 +345,7 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
               "grad_accum": grad_accum, "processes": accelerator.num_processes, "lr": lr, "eps": eps,
               "betas": list(betas), "scheduler": scheduler, "warmup_steps": warmup_steps,
               "weight_decay": weight_decay, "epochs": epochs, "lambda": lam,
-              "alpha": alpha, "max_length": max_length, "seed": seed,
+              "alpha": alpha, "max_length": max_length, "seed": seed, "group_by_length": group_by_length,
               "mixed_precision": str(accelerator.mixed_precision),
               "lora": None if lora is None else {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
                                                    "target_modules": lora.target_modules},
@@ -359,8 +393,8 @@ class _StepsRun:
 def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out: Path, *, step: int, total: int,
                      steps_per_epoch: int, batch_size: int, grad_accum: int, seed: int, mode: str, lam: float,
                      alpha: float, log_every: int, checkpoint_every: int, keep_checkpoints: int,
-                     stop_after: int | None) -> _StepsRun:
-    """The training loop from optimizer step ``step`` to ``total``: epoch e reads ``data.shuffle(seed + e)``
+                     stop_after: int | None, group_by_length: bool = False) -> _StepsRun:
+    """The training loop from optimizer step ``step`` to ``total``: epoch e reads :func:`epoch_order` (``seed + e``)
     (skipping the batches of a resumed epoch already seen), logs every ``log_every`` steps and saves a
     checkpoint every ``checkpoint_every``; ``stop_after`` steps of this call end it as a kill would."""
     from torch.utils.data import DataLoader
@@ -370,8 +404,10 @@ def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out
     running: list[float] = []
     epoch, done = divmod(step, steps_per_epoch)
     skip = done * grad_accum
+    lengths = [len(x) for x in data["input_ids"]] if group_by_length else [0] * len(data)
     while step < total:
-        order = data.shuffle(seed=seed + epoch)
+        # one batch per process per micro-step: grouping blocks of batch_size keeps each process's batch even
+        order = data.select(epoch_order(lengths, seed + epoch, batch_size, group_by_length))
         dl = accelerator.prepare(DataLoader(order, batch_size=batch_size, shuffle=False,
                                             collate_fn=lambda rows: collate(rows, pad_id)))
         if skip:
