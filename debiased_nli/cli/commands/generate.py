@@ -26,8 +26,8 @@ length 128") is not cut and rejected. The values used and their sources are prin
 The default engine keeps --batch-size sequences in flight: a sample that reaches its end marker frees
 its slot for the next prompt at once, and each sample draws its tokens with its own random numbers
 (from --seed, its shard and its index), so the samples do not depend on the batch size or the number
-of processes. On a CPU, --dtype auto (bfloat16 where the CPU has AMX or AVX512-BF16) and a batch of
-128-256 give the most samples per second (benchmarks/results/generate_cpu.md).
+of processes. On a CPU, --dtype auto (bfloat16 where the CPU has AMX or AVX512-BF16) and a batch of a
+few hundred give the most samples per second (benchmarks/results/generate_cpu.md: --batch-size 256).
 
 On GPUs: `accelerate launch -m debiased_nli.cli generate ...` (see `accelerate config`).
 On CPU with 2 processes: `torchrun --nproc_per_node 2 -m debiased_nli.cli generate ... --cpu`
@@ -45,7 +45,8 @@ def register(sub) -> None:
     p.add_argument("--num-shards", type=POSITIVE_INT, help="default: num-samples / shard-size (at least one per process)")
     p.add_argument("--shard-size", type=POSITIVE_INT, default=1000)
     p.add_argument("--seed", type=SEED, default=0)
-    p.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts per generate call (left-padded)")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=16,
+                   help="sequences in flight (engine fast) or prompts per generate call (engine generate)")
     p.add_argument("--top-p", type=number(float, low=0, high=1, low_open=True), default=1.0,
                    help="nucleus sampling mass (default 1.0: plain sampling, as the paper's 'randomly sample')")
     p.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)

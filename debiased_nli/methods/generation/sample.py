@@ -443,7 +443,7 @@ def fast_engine_unsupported(model) -> str | None:
     """Why :class:`SlotSampler` cannot sample from ``model`` the way ``model.generate`` would, or None."""
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
-    if not getattr(model, "_supports_attention_backend", False):
+    if not getattr(model, "_supports_attention_backend", False) or not hasattr(model, "set_attn_implementation"):
         return f"{type(model).__name__} does not take a custom attention function"
     cfg = model.config
     # the slot attention is full causal attention: no sliding window, no capped attention logits
@@ -487,6 +487,10 @@ class _Slots:
         self.values: dict[int, Any] = {}
         self.valid = torch.zeros(n, capacity, dtype=torch.bool)
         self.rows = self.cols = self.mask = None  # set for each forward pass (prefill: rows; decode: None)
+        # a prompt prefix shared by the prompts (e.g. the format's start): its keys and values, computed
+        # once (`capture`) and copied into the slots of later prompts, which run only what follows it
+        self.prefix: dict[int, tuple] = {}
+        self.prefix_cols = self.window = None  # prefill with a prefix: its columns per row; all columns
 
     def attend(self, layer: int, q, k, v, scale: float):
         import torch
@@ -506,6 +510,12 @@ class _Slots:
         # prefill of new prompts (left-padded, `length` positions) into slots `rows`
         keys[self.rows[:, None], :, self.cols[None, :]] = k.transpose(1, 2)
         values[self.rows[:, None], :, self.cols[None, :]] = v.transpose(1, 2)
+        if self.prefix_cols is not None:  # the shared prefix, then every column of these rows' prompts
+            p = self.prefix_cols.shape[1]
+            for store, (pk, pv), t in ((keys, self.prefix[layer], 0), (values, self.prefix[layer], 1)):
+                store[self.rows[:, None], :, self.prefix_cols] = (pk, pv)[t][:, :p].transpose(0, 1)
+            k = keys[self.rows[:, None], :, self.window[None, :]].transpose(1, 2)
+            v = values[self.rows[:, None], :, self.window[None, :]].transpose(1, 2)
         if k.shape[1] != heads:
             k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scale)
@@ -525,6 +535,12 @@ class _Slots:
         valid = self.valid.new_zeros(self.n, capacity)
         valid[:, dst] = self.valid[:, src]
         self.valid, self.capacity, self.col = valid, capacity, col % capacity
+
+    def capture(self, slot: int, cols) -> None:
+        """Keep the keys and values of columns ``cols`` of ``slot`` as the shared prefix."""
+        for layer, t in self.keys.items():
+            self.prefix[layer] = (t[slot][:, cols.to(t.device)].clone(),
+                                  self.values[layer][slot][:, cols.to(t.device)].clone())
 
     def keep(self, slots) -> None:
         """Keep only ``slots`` (a LongTensor), in that order."""
@@ -604,6 +620,7 @@ class SlotSampler:
                        ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
         self.refill_at = max(1, int(self.slots * refill_fraction))
         self.prefill_tokens = prefill_tokens
+        self.prefix: tuple[int, ...] = ()  # the prompt prefix whose keys and values the slots keep
 
     def run(self, jobs):
         """Yield ``(job, new token ids)`` for every :class:`SlotJob` of ``jobs``, as each finishes (an end
@@ -669,27 +686,40 @@ class SlotSampler:
         return rows
 
     def _prefill(self, slots, jobs):
+        """Run the prompts of ``jobs`` into ``slots`` (right-aligned, ending just before the write column)
+        and sample their first tokens. Their first ``shared`` tokens, the captured prefix, are copied in
+        rather than run again."""
         import torch
-        dev, rows = self.device, len(jobs)
+        dev, rows, kv = self.device, len(jobs), self.kv
         lengths = [len(j.ids) for j in jobs]
-        width = max(lengths)
+        shared = self._shared_prefix(jobs)
+        total = max(lengths)  # columns of the longest prompt; the model runs the last `width` of them
+        width = total - shared
         ids = torch.full((rows, width), self.pad, dtype=torch.long)
         pos = torch.zeros(rows, width, dtype=torch.long)
-        real = torch.zeros(rows, width, dtype=torch.bool)
+        real = torch.zeros(rows, total, dtype=torch.bool)
         for r, (job, length) in enumerate(zip(jobs, lengths)):
-            ids[r, width - length:] = torch.tensor(job.ids, dtype=torch.long)
-            pos[r, width - length:] = torch.arange(length)
-            real[r, width - length:] = True
-        kv = self.kv
-        cols = (kv.col - width + torch.arange(width)) % kv.capacity
+            ids[r, total - length:] = torch.tensor(job.ids[shared:], dtype=torch.long)
+            pos[r, total - length:] = torch.arange(shared, length)
+            real[r, total - length:] = True
+        window = (kv.col - total + torch.arange(total)) % kv.capacity
         kv.valid[slots] = False
-        kv.valid[slots[:, None], cols[None, :]] = real
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        kv.valid[slots[:, None], window[None, :]] = real
+        # input position i is window column shared + i: it sees the real columns up to its own
+        causal = torch.ones(width, total, dtype=torch.bool).tril(diagonal=shared)
+        itself = torch.zeros(width, total, dtype=torch.bool)
+        itself[torch.arange(width), shared + torch.arange(width)] = True
         # a padding position attends to itself only (its output is never used; no row is all -inf)
-        kv.mask = ((causal & real[:, None, :]) | torch.eye(width, dtype=torch.bool))[:, None].to(dev)
-        kv.rows, kv.cols = slots.to(dev), cols.to(dev)
-        logits = self._forward(ids.to(dev), pos.to(dev), real.to(dev))
-        kv.rows = kv.cols = None
+        kv.mask = ((causal & real[:, None, :]) | itself)[:, None].to(dev)
+        kv.rows, kv.cols = slots.to(dev), window[shared:].to(dev)
+        if shared:
+            starts = total - torch.tensor(lengths)
+            kv.prefix_cols = window[starts[:, None] + torch.arange(shared)].to(dev)
+            kv.window = window.to(dev)
+        logits = self._forward(ids.to(dev), pos.to(dev), real[:, shared:].to(dev))
+        kv.rows = kv.cols = kv.prefix_cols = kv.window = None
+        if not self.prefix:
+            self._capture_prefix(jobs, slots, window, total - lengths[0])
         for s, job in zip(slots.tolist(), jobs):
             self.job[s] = job
         self.uniforms[slots] = torch.as_tensor(np.stack([j.uniforms for j in jobs]), dtype=torch.float32).to(dev)
@@ -697,6 +727,29 @@ class SlotSampler:
         self.pos[slots] = torch.tensor(lengths)
         self.active[slots] = True
         yield from self._take(slots, logits)
+
+    def _shared_prefix(self, jobs) -> int:
+        """How many first tokens of every prompt of ``jobs`` are the captured prefix's (at least one token
+        of each prompt is run: its logits give the first new token)."""
+        n = len(self.prefix)
+        for job in jobs:
+            n = min(n, len(job.ids) - 1)
+            while n and tuple(job.ids[:n]) != self.prefix[:n]:
+                n -= 1
+        return n
+
+    def _capture_prefix(self, jobs, slots, window, start: int) -> None:
+        """The first tokens all prompts of ``jobs`` share (all but the last of the shortest, at most) become
+        the prefix: their keys and values are read from the first job's slot, where they start at column
+        ``window[start]``."""
+        n = min(len(j.ids) for j in jobs) - 1
+        first = jobs[0].ids
+        for job in jobs[1:]:
+            while n and job.ids[:n] != first[:n]:
+                n -= 1
+        if n > 0:
+            self.kv.capture(int(slots[0]), window[start:start + n])
+            self.prefix = tuple(first[:n])
 
     def _decode(self):
         import torch
@@ -734,14 +787,16 @@ class SlotSampler:
 
     def _pick(self, logits, u):
         """Token t of each row: the inverse CDF of softmax(warped logits) at ``u``, i.e. the t where
-        cdf[t-1] <= u * total < cdf[t] (rows taken 32 at a time: their float32 copies stay small)."""
+        cdf[t-1] <= u * total < cdf[t] (on a CPU rows are taken 32 at a time: their float32 copies stay
+        in cache, and a fresh 50 MB buffer per step would cost more in page faults than the rest)."""
         import torch
+        chunk = 32 if logits.device.type == "cpu" else len(logits)
         out = []
-        for k in range(0, len(logits), 32):
-            scores = logits[k:k + 32].float()
+        for k in range(0, len(logits), chunk):
+            scores = logits[k:k + chunk].float()
             for warp in self.warpers:
                 scores = warp(None, scores)
-            out.append(inverse_cdf(scores, u[k:k + 32]))
+            out.append(inverse_cdf(scores, u[k:k + chunk]))
         return torch.cat(out)
 
     def _keep(self, slots) -> None:
