@@ -46,6 +46,8 @@ class ConfigData:
     # the train split's features as parts (matrix, labels, rows or None) of matrices sharing one
     # vocabulary, for its z-statistics; without them they are read from the split's feat_* columns
     features: list | None = None
+    # a filter step's decision record (release.decisions.Record): written to decisions/<config>/
+    decisions: Any = None
 
 
 def canonical_only(ds, extra: Sequence[str] = ()):

@@ -4,6 +4,8 @@
     <release>/data/<config>/<split>-00000-of-0000N.parquet
     <release>/rejected/<config>/train-*.parquet  the rows a stage dropped, with the reason
     <release>/images/zstats_<config>.png         the z-statistics picture of each config
+    <release>/decisions/<config>/*.parquet       a filter step's decisions and scores, for exact rebuilds
+                                                 (release.decisions: `build --replay`)
     <release>/manifest.json                      recipe, seeds, versions, input and output sha256, counts,
                                                  label distribution, version history (machine-readable)
 
@@ -48,9 +50,11 @@ from ..utils.outputs import (
     temp_folder,
     write_error,
 )
+from ..utils.provenance import file_sha256
 from ..utils.processes import freeze_gc, return_free_memory, unfreeze_gc
 from .card import dataset_card_yaml, label_distribution, public_paths, render_card
 from .configs import ROWS_PER_SHARD, ConfigData, canonical_only, data_extra_columns
+from .decisions import write_record
 
 
 def _config_split(ds, extra: Sequence[str], like=None):
@@ -127,17 +131,8 @@ def zstats_summary(ds, task: TaskSpec, reference: ZStats | None = None, top_k: i
 
 
 # the output files a build writes (push deletes those of an older release that this one lacks)
-RELEASE_FILE_PATTERNS = (r"data/[^/]+/[^/]+-\d{5}-of-\d{5}\.parquet", r"rejected/.+\.parquet", r"images/[^/]+\.png")
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+RELEASE_FILE_PATTERNS = (r"data/[^/]+/[^/]+-\d{5}-of-\d{5}\.parquet", r"rejected/.+\.parquet", r"images/[^/]+\.png",
+                         r"decisions/[^/]+/[^/]+\.parquet")
 
 
 def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[ConfigData], *, default: str,
@@ -174,6 +169,9 @@ def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[Confi
         wall = time.perf_counter() - writing  # the parts overlap when the statistics run in their own process
         if set_aside is not None and len(set_aside):
             _write_set_aside(tmp, set_aside)
+        decisions = {c.name: write_record(tmp, c.name, c.decisions) for c in configs if c.decisions is not None}
+        if decisions:  # after rejected/: each record names the sha256 of its config's dropped rows too
+            manifest = {**manifest, "decisions": decisions}
         manifest = _release_manifest(manifest, meta, labels, written,
                                      stage={"stage": "write release",
                                             "detail": "Parquet of every config; z-statistics and plots",
@@ -260,7 +258,7 @@ def _write_config(tmp: Path, c: ConfigData, task: TaskSpec, new_rows: dict) -> t
         new_rows["rows"] = max(new_rows["rows"], seen["new"])
         for f in files:
             f["path"] = Path(f["path"]).relative_to(tmp).as_posix()
-            f["sha256"] = _sha256(tmp / f["path"])
+            f["sha256"] = file_sha256(tmp / f["path"])
         written[split] = files
         labels[split] = label_distribution(ds, task.labels)
     if c.rejected is not None and len(c.rejected):  # already in its columns (release.steps.Rejects)

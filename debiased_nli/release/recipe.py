@@ -260,11 +260,13 @@ class BuildResult:
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
           max_rows: int | None = None, profile: str | None = None, efficacy=None,
-          timings: bool = False) -> BuildResult:
+          timings: bool = False, replay: "str | Path | None" = None) -> BuildResult:
     """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
     (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs.
     ``timings`` adds each stage's wall-clock ``seconds`` to the manifest's stages (then the release
-    is no longer the same byte for byte from run to run).
+    is no longer the same byte for byte from run to run). ``replay``: an earlier release folder whose
+    recorded filter-step decisions are reused where the step, its parameters and its input rows are the same
+    (:mod:`.decisions`), so the neural steps give that release's rows on any machine.
 
     The target is checked before any work (see :func:`debiased_nli.utils.outputs.check_target`: never the
     current or home folder, a parent of an input, a file, or a folder that is not a release of this
@@ -279,10 +281,14 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         from .efficacy import load_table
 
         load_table(efficacy)
+    if replay is not None:  # likewise a --replay that is not a release
+        from .decisions import Replay
+
+        replay = Replay(replay)
     if not is_main_rank():  # under `accelerate launch` / torchrun: rank 0 checks, locks and writes
         return _build(recipe, out_dir, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy, timings=timings)
+                      efficacy=efficacy, timings=timings, replay=replay)
     rec = load_recipe(recipe, profile)
     inputs: list[Any] = [] if isinstance(recipe, Mapping) else [recipe]
     for spec in [data_files if data_files is not None else rec["data"]["data_files"], new_rows_files] + \
@@ -296,7 +302,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         check_target(target, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
         return _build(recipe, target, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy, timings=timings)
+                      efficacy=efficacy, timings=timings, replay=replay)
     finally:
         unlock()
 
@@ -322,10 +328,11 @@ def _cuda_available() -> bool:
 def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
            new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
            max_rows: int | None = None, profile: str | None = None, efficacy=None,
-           timings: bool = False) -> BuildResult:
+           timings: bool = False, replay=None) -> BuildResult:
     recipe = _effective_recipe(recipe, profile=profile, data_files=data_files, new_rows_files=new_rows_files,
                                seed=seed, max_rows=max_rows)
-    run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=progress, timings=timings)
+    run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=progress, timings=timings,
+               replay=replay)
     loaded, eval_splits = _load_inputs(run)
     dg = _run_source_steps(run)
     if world_size() > 1:
@@ -361,6 +368,7 @@ class _Run:
     context: dict = dataclasses.field(init=False)  # every key of .steps.CONTEXT
     stages: list = dataclasses.field(default_factory=list)
     reports: dict = dataclasses.field(default_factory=dict)
+    replay: Any = None  # release.decisions.Replay of `--replay OLD`, or None
     loaded_rows: int = 0  # rows read from every input, for the terminal's set-aside line
     duplicates: dict = dataclasses.field(default_factory=dict)  # D0's repeated rows (data/duplicates.py)
 
@@ -566,6 +574,7 @@ def _run_filter_steps(run: _Run, d0, eval_splits: dict) -> list:
     from ..bias.features import FEATURE_PREFIX
     from ..bias.featurize import add_features
     from .configs import ConfigData
+    from .decisions import record as decision_record
 
     configs, d0_filters = [], None
     for spec in run.recipe["filters"]:
@@ -585,12 +594,19 @@ def _run_filter_steps(run: _Run, d0, eval_splits: dict) -> list:
                 feat_cfg = run.recipe["features"]
                 d0_filters, _ = add_features(d0, run.task, hypothesis_only=feat_cfg["hypothesis_only"],
                                              hypo_only_folds=feat_cfg["folds"], seed=run.seed, progress=run.progress)
-        kept, dropped, report = step.run(d0_filters, run.task, params, context=run.context)
-        configs.append(ConfigData(name, {"train": kept, **eval_splits}, step.rejects.table(dropped, step.name),
-                                  card_section=step.section(report)))
+        replayed = run.replay.lookup(name, spec["step"], params, d0_filters) if run.replay is not None else None
+        kept, dropped, report = replayed or step.run(d0_filters, run.task, params, context=run.context)
+        rejected = step.rejects.table(dropped, step.name)
+        # what the step decided and from which scores, so that `build --replay` reproduces it (release.decisions)
+        record = decision_record(spec["step"], params, d0_filters, kept, rejected, step.rejects.extra,
+                                 reason=step.rejects.reason)
+        configs.append(ConfigData(name, {"train": kept, **eval_splits}, rejected,
+                                  card_section=step.section(report), decisions=record))
         run.reports[f"{name}: {spec['step']}"] = report
+        replay = {"replay": run.replay.used[name]} if run.replay is not None else {}
         run.stage(f"{name}: {spec['step']}", clock,
-                  counts={"kept": len(kept), "removed": len(dropped) if dropped is not None else 0}, report=report)
+                  counts={"kept": len(kept), "removed": len(dropped) if dropped is not None else 0}, report=report,
+                  **replay)
     return configs
 
 

@@ -10,6 +10,17 @@ PACKAGES = ("debiased-nli", "numpy", "scipy", "pyarrow", "datasets", "huggingfac
             "transformers", "accelerate", "peft", "torch")
 
 
+def file_sha256(path: "str | os.PathLike") -> str:
+    """The sha256 of a file's bytes (read in blocks of 1 MiB)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def library_versions() -> dict[str, str]:
     """Python and the installed versions of the libraries a result depends on (read from package
     metadata, so nothing heavy is imported)."""

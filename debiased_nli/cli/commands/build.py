@@ -35,6 +35,11 @@ def register(sub) -> None:
     p.add_argument("--efficacy", metavar="FILE",
                    help="the efficacy table (benchmarks/results/efficacy.json): the card shows the measured "
                         "accuracy of a model trained on each config that has a row in it")
+    p.add_argument("--replay", metavar="OLD_RELEASE",
+                   help="an earlier release folder: reuse the decisions its filter steps recorded (AFLite, PDD, "
+                        "IBADR: decisions/<config>/) where the step, its parameters and its input rows are the same, "
+                        "so the neural steps give that release's rows exactly on any CPU; a step whose record does "
+                        "not fit runs, and the build says why")
     p.add_argument("--timings", action="store_true",
                    help="record each stage's seconds in manifest.json (the release is then no longer the same "
                         "byte for byte from run to run)")
@@ -51,7 +56,8 @@ def run(args) -> int:
         print(f"recipe: {recipe}", file=sys.stderr)
     result = build(recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
                    overwrite=args.overwrite, seed=args.seed, progress=not args.quiet and main,
-                   max_rows=args.max_rows, profile=args.profile, efficacy=args.efficacy, timings=args.timings)
+                   max_rows=args.max_rows, profile=args.profile, efficacy=args.efficacy, timings=args.timings,
+                   replay=args.replay)
     if not main:
         return 0
     from ...utils.cache import prune_cache
@@ -62,8 +68,10 @@ def run(args) -> int:
     print(f"wrote {result.out_dir}", file=sys.stderr)
     if result.set_aside_note:
         print(result.set_aside_note, file=sys.stderr)
+    replays = {s["stage"].split(":")[0]: s["replay"] for s in result.manifest.get("stages", []) if "replay" in s}
     for name, n in result.configs.items():
-        print(f"  {name}: {n:,} train rows", file=sys.stderr)
+        print(f"  {name}: {n:,} train rows" + (f" ({replays[name]} from {args.replay})" if name in replays else ""),
+              file=sys.stderr)
     for split, record in (result.manifest.get("duplicates") or {}).items():
         if record["rows"]:
             from ...data.duplicates import duplicates_line

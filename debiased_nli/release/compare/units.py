@@ -266,14 +266,6 @@ def eval_config(plan: Plan, progress: bool = True):
                       device="cpu" if plan.device == "cpu" else None)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_predictions(path: Path, arrays: dict, meta: dict) -> str:
     """One compressed ``.npz`` per unit: for each set ``<set>/predicted`` and ``<set>/gold`` (int8 set label ids)
     and ``<set>/gold_probability`` (float16), plus ``meta`` (JSON: the schema, the row and seed, the content

@@ -1,0 +1,192 @@
+"""How many rows a neural step decides differently on another CPU (issue 32, item 2).
+
+The z-path of a release is bit-identical across CPUs and thread counts (``bias/logreg.py``,
+``tests/test_determinism.py``). The neural steps compute in float32 with kernels that depend on the
+instruction set and the number of threads, so a score near a threshold can land on the other side.
+This script runs one step twice on the same inputs, from fresh caches:
+
+  native2   the machine's own kernels (AVX-512 here), 2 torch threads
+  avx2_1    the kernels an AVX2-only machine would run, 1 thread: OPENBLAS_CORETYPE=Haswell (numpy,
+            scipy), MKL_ENABLE_INSTRUCTIONS=AVX2 and ONEDNN_MAX_CPU_ISA=AVX2 (torch's BLAS and oneDNN),
+            ATEN_CPU_CAPABILITY=avx2 (torch's own vectorised kernels)
+
+and counts the rows whose keep/drop decision differs, with the scores on both sides.
+
+    python benchmarks/neural_determinism.py aflite      # both settings (a finished one is skipped), then compare
+    python benchmarks/neural_determinism.py confidence --model M --rows 'samples/shard-*.parquet'
+    python benchmarks/neural_determinism.py report      # benchmarks/results/neural_determinism.{json,md}
+
+Outputs under ``$NEURAL_DET_RUN`` (default /work/runs/neural_det); one result file per step and
+setting, so a killed run continues where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUN = Path(os.environ.get("NEURAL_DET_RUN", "/work/runs/neural_det"))
+MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SNLI = SHARED / "snli" / "train_sample.parquet"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+SETTINGS = {
+    "native2": {"threads": 2, "env": {}},
+    "avx2_1": {"threads": 1, "env": {"OPENBLAS_CORETYPE": "Haswell", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                                     "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}},
+}
+
+# the committed AFLite run's settings (benchmarks/results/aflite_snli.md): MiniLM, warm-up 1 epoch, batch 16,
+# lr 5e-5, pairs cut at 64 tokens, seed 0; the audit is skipped (it decides nothing)
+AFLITE_ARGS = ["--encoder", str(MODELS / "all-minilm-l6-v2"), "--warmup-epochs", "1", "--warmup-batch-size", "16",
+               "--warmup-lr", "5e-5", "--max-length", "64", "--seed", "0", "--no-audit"]
+
+
+def env_for(setting: str) -> dict:
+    s = SETTINGS[setting]
+    env = {**os.environ, **s["env"], "OMP_NUM_THREADS": str(s["threads"]), "MKL_NUM_THREADS": str(s["threads"]),
+           "OPENBLAS_NUM_THREADS": str(s["threads"]), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false",
+           "DEBIASED_NLI_CACHE": str(RUN / setting / "cache")}  # a fresh cache per setting: nothing is shared
+    return env
+
+
+def run_setting(step: str, setting: str, cmd: list[str], done: Path) -> None:
+    if done.exists():
+        print(f"{step} {setting}: done before ({done})", flush=True)
+        return
+    print(f"+ [{setting}] {' '.join(cmd)}", flush=True)
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env_for(setting))
+    (RUN / step / f"{setting}.seconds").write_text(f"{time.perf_counter() - t:.1f}\n")
+
+
+def check_settings_apply() -> dict:
+    """What each setting's torch reports (the capability torch dispatches to, its threads)."""
+    out = {}
+    code = "import torch, json; print(json.dumps({'cpu_capability': torch.backends.cpu.get_cpu_capability(), " \
+           "'threads': torch.get_num_threads()}))"
+    for setting in SETTINGS:
+        res = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                             env=env_for(setting))
+        out[setting] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def aflite() -> dict:
+    import datasets
+    import numpy as np
+    for setting, s in SETTINGS.items():
+        out = RUN / "aflite" / setting
+        cmd = ["debiased-nli", "aflite", "snli", "--data-files", str(SNLI), *AFLITE_ARGS, "--threads", str(s["threads"]),
+               "--out", str(out)]
+        run_setting("aflite", setting, cmd, out / "removed.parquet")
+    sides = {}
+    for setting in SETTINGS:
+        rem = datasets.Dataset.from_parquet(str(RUN / "aflite" / setting / "removed.parquet"))
+        sides[setting] = {u: (r, s, k) for u, r, s, k in zip(rem["uid"], rem["reason"], rem["aflite_score"],
+                                                           rem["aflite_round"])}
+    a, b = (sides[s] for s in SETTINGS)
+    warm_a = {u for u, v in a.items() if v[0] == "warm-up"}
+    warm_b = {u for u, v in b.items() if v[0] == "warm-up"}
+    rem_a = {u for u, v in a.items() if v[0] != "warm-up"}
+    rem_b = {u for u, v in b.items() if v[0] != "warm-up"}
+    both = rem_a & rem_b
+    same_round = sum(a[u][2] == b[u][2] for u in both)
+    score_diff = [abs(a[u][1] - b[u][1]) for u in both if a[u][2] == b[u][2]]
+    result = {
+        "step": "aflite", "rows": 20000, "command_args": AFLITE_ARGS,
+        "warm_up_rows_same": warm_a == warm_b,
+        "removed": {s: len(x) for s, x in zip(SETTINGS, (rem_a, rem_b))},
+        "removed_by_one_setting_only": len(rem_a ^ rem_b),
+        "decisions_differing_share": round(len(rem_a ^ rem_b) / 20000, 5),
+        "removed_by_both_in_the_same_round": int(same_round),
+        "score_difference_same_round": {"max": float(np.max(score_diff)) if score_diff else None,
+                                        "mean": float(np.mean(score_diff)) if score_diff else None},
+        "seconds": {s: float((RUN / "aflite" / f"{s}.seconds").read_text()) for s in SETTINGS
+                    if (RUN / "aflite" / f"{s}.seconds").exists()},
+    }
+    (RUN / "aflite" / "compare.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def confidence(model: str, rows: str) -> dict:
+    """M's confidence on the same rows under both settings: rows whose keep/drop at tau flips."""
+    import numpy as np
+    import pandas as pd
+    code = ("import sys, json, numpy as np, datasets, torch\n"
+            "from debiased_nli.methods.confidence import confidence_filter\n"
+            "torch.set_num_threads(int(sys.argv[3]))\n"
+            "ds = datasets.Dataset.from_parquet(sorted(__import__('glob').glob(sys.argv[2])))\n"
+            "k, r = confidence_filter(ds, sys.argv[1], 'snli', tau=0.95, progress=False)\n"
+            "conf = dict(zip(k['uid'] + r['uid'], k['confidence'] + r['confidence']))\n"
+            "np.save(sys.argv[4], np.array([conf[u] for u in ds['uid']]))\n")
+    for setting, s in SETTINGS.items():
+        out = RUN / "confidence" / f"{setting}.npy"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        run_setting("confidence", setting, [sys.executable, "-c", code, model, rows, str(s["threads"]), str(out)], out)
+    a, b = (np.load(RUN / "confidence" / f"{s}.npy") for s in SETTINGS)
+    result = {"step": "confidence", "rows": int(len(a)), "model": model, "files": rows,
+              "max_abs_difference": float(np.max(np.abs(a - b))) if len(a) else None,
+              "flips_at_tau": {str(t): int(np.sum((a > t) != (b > t))) for t in (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)},
+              "seconds": {s: float((RUN / "confidence" / f"{s}.seconds").read_text()) for s in SETTINGS
+                          if (RUN / "confidence" / f"{s}.seconds").exists()}}
+    del pd
+    (RUN / "confidence" / "compare.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def report() -> None:
+    results = {"settings": SETTINGS, "torch_sees": check_settings_apply(), "steps": {}}
+    for step in ("aflite", "confidence", "pdd", "ibadr"):
+        f = RUN / step / "compare.json"
+        if f.exists():
+            results["steps"][step] = json.loads(f.read_text())
+    (RESULTS / "neural_determinism.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = ["# Neural steps on two kernels: how many decisions change (issue 32, item 2)", "",
+             "Command: `python benchmarks/neural_determinism.py <step>` then `... report`. Settings:", ""]
+    for s, v in SETTINGS.items():
+        lines.append(f"* `{s}`: {v['threads']} thread(s), env {v['env'] or '(none)'}; torch reports "
+                     f"{results['torch_sees'][s]}")
+    lines += ["", "| step | rows | decisions that differ | detail |", "|---|---|---|---|"]
+    for step, r in results["steps"].items():
+        if step == "aflite":
+            lines.append(f"| AFLite (20k SNLI, the committed run's settings) | {r['rows']:,} | "
+                         f"{r['removed_by_one_setting_only']:,} ({r['decisions_differing_share']:.2%}) | removed "
+                         f"{r['removed']}; warm-up rows the same: {r['warm_up_rows_same']}; score difference of rows "
+                         f"removed in the same round by both: {r['score_difference_same_round']} |")
+        elif step == "confidence":
+            lines.append(f"| confidence filter (M = `{Path(r['model']).name}`) | {r['rows']:,} | "
+                         f"{r['flips_at_tau']['0.95']:,} at tau 0.95 | flips by tau {r['flips_at_tau']}; largest "
+                         f"|p difference| {r['max_abs_difference']:.3g} |")
+    lines += ["", "A rebuild reproduces the release exactly anyway: the build records every filter step's "
+              "decisions and scores (`decisions/<config>/` in the release, their sha256 in the manifest), and "
+              "`debiased-nli build ... --replay OLD_RELEASE` reuses them when the step, its parameters and its "
+              "input rows are the same (docs/reproducibility.md)."]
+    (RESULTS / "neural_determinism.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["aflite", "confidence", "report", "check"])
+    ap.add_argument("--model", help="confidence: the classifier M")
+    ap.add_argument("--rows", help="confidence: parquet files (glob) of the rows to score")
+    a = ap.parse_args()
+    (RUN).mkdir(parents=True, exist_ok=True)
+    if a.what == "aflite":
+        print(json.dumps(aflite(), indent=2))
+    elif a.what == "confidence":
+        if not (a.model and a.rows and glob.glob(a.rows)):
+            ap.error("confidence needs --model and --rows matching files")
+        print(json.dumps(confidence(a.model, a.rows), indent=2))
+    elif a.what == "check":
+        print(json.dumps(check_settings_apply(), indent=2))
+    else:
+        report()
