@@ -27,6 +27,7 @@ def registry(monkeypatch):
     monkeypatch.setattr(steps, "_STEPS", dict(steps._STEPS))
     CALLS.update(n=0, noise=0.0)
     declare(Step("noisy", "filter", noisy_filter, rejects=Rejects(extra=("noisy_score",))))
+    declare(Step("noisy_rows", "source", noisy_rows))
 
 
 def noisy_filter(ds, task, params, ctx):
@@ -50,6 +51,20 @@ def noisy_filter(ds, task, params, ctx):
     dropped = dropped.add_column("noisy_score", score[~keep].tolist())
     dropped = dropped.add_column("reason", ["noisy"] * len(dropped))
     return kept, dropped, {"kept": len(kept), "threshold": params["threshold"]}
+
+
+def noisy_rows(task, params, ctx):
+    """A stand-in for the generator step: made rows, those scoring under ``tau`` dropped with their score
+    (like M's confidence); the scores move with ``CALLS["noise"]``."""
+    CALLS["n"] += 1
+    hyps = [f"A person is doing thing number {i}." for i in range(40)]
+    rows = new_rows(task, ["Someone does something."] * 40, hyps, ["entailment", "neutral", "contradiction", "neutral"] * 10,
+                    origin="generated", method="noisy_rows")
+    conf = (np.arange(40) % 7) / 7 + CALLS["noise"]
+    keep = conf > params["tau"]
+    dropped = rows.select(np.nonzero(~keep)[0]).add_column("confidence", conf[~keep].tolist())
+    dropped = dropped.add_column("rejected_by", [f"confidence<={params['tau']}"] * len(dropped))
+    return rows.select(np.nonzero(keep)[0]), dropped, {"kept": int(keep.sum())}
 
 
 RECIPE = {**DEMO, "filters": [{"step": "noisy", "config": "noisy", "threshold": 0.6}]}
@@ -137,3 +152,22 @@ def test_replay_from_the_command_line_and_a_folder_that_is_no_release(tmp_path, 
     assert main(["build", str(recipe), "--out", str(tmp_path / "c"), "--max-rows", "300", "-q",
                  "--replay", str(tmp_path / "empty")]) == 2
     assert "no manifest.json there" in capsys.readouterr().err
+
+
+def test_new_rows_made_in_the_build_are_recorded_and_replayed(tmp_path):
+    recipe = {**DEMO, "new_rows": [{"step": "noisy_rows", "tau": 0.5}]}
+    build(recipe, tmp_path / "a", max_rows=300, progress=False)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    rec = manifest["decisions"]["new_rows/0-noisy_rows"]
+    assert rec["counts"] == {"rows": 16, "dropped": 24} and rec["report"] == {"kept": 16}
+    dropped = datasets.Dataset.from_parquet(str(tmp_path / "a" / "decisions/new_rows/0-noisy_rows/dropped.parquet"))
+    assert len(dropped) == 24 and max(dropped["confidence"]) <= 0.5 and set(dropped["rejected_by"]) == {"confidence<=0.5"}
+    CALLS["noise"] = 0.1  # other kernels: other confidences, other rows kept
+    build(recipe, tmp_path / "b", max_rows=300, progress=False)
+    calls = CALLS["n"]
+    res = build(recipe, tmp_path / "c", max_rows=300, progress=False, replay=tmp_path / "a")
+    assert CALLS["n"] == calls
+    assert next(s for s in res.manifest["stages"] if s["stage"] == "new rows: noisy_rows")["replay"] == "replayed"
+    for config in ("z_aug", "par_z", "seq_z"):
+        assert files_of(tmp_path / "b", config) != files_of(tmp_path / "a", config)
+        assert files_of(tmp_path / "c", config) == files_of(tmp_path / "a", config)

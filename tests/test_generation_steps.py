@@ -93,7 +93,9 @@ def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path, capsys
                      "max_new_tokens": 6, "condition": "premise+label", "cpu": True, "progress": False},
         "confidence": {"model": str(tiny / "clf"), "tau": 0.0, "progress": False},
     }, ctx)
-    assert dropped is None  # the confidence filter's drops are counted in its report, not published
+    # the confidence filter's drops come back with M's confidence and the reason (tau 0: none here)
+    assert len(dropped) == reports["confidence"]["rejected"] == 0
+    assert {"confidence", "rejected_by"} <= set(dropped.column_names)
     assert set(reports) == {"train", "generate", "confidence"} and reports["train"]["steps"] == 1
     assert len(rows) == reports["generate"]["parsed"] == reports["confidence"]["kept"] > 0
     assert rows.column_names == ["premise", "hypothesis", "label", "uid", "origin", "method"]

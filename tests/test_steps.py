@@ -123,8 +123,13 @@ def test_dropped_rows_without_their_reason_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="step 'silent_drop' dropped 10 rows without their reason"):
         build({**DEMO, "filters": [{"step": "silent_drop"}]}, tmp_path / "rel", max_rows=300, progress=False)
     assert not (tmp_path / "rel").exists()
-    # a source step's rows feed three configs: it publishes no dropped rows and no card section of its own
+    # a source step's rows feed three configs: no rejected/ config and no card section of its own; the rows
+    # it drops are recorded beside its new rows (decisions/new_rows/), each with its reason
     with pytest.raises(ConfigError, match="only a filter step"):
         Step("x", "source", _keep_all, rejects=Rejects())
-    with pytest.raises(ConfigError, match="returned 1 dropped rows"):
-        Step("x", "source", lambda task, params, ctx: ([], [1], {})).run("demo", {}, context={})
+    dropped = datasets.Dataset.from_dict({"premise": ["p"], "hypothesis": ["h"], "label": [0]})
+    with pytest.raises(ConfigError, match="source step 'x' dropped 1 rows without their reason"):
+        Step("x", "source", lambda task, params, ctx: ([], dropped, {})).run("demo", {}, context={})
+    with_reason = dropped.add_column("rejected_by", ["confidence<=0.95"])
+    assert Step("x", "source", lambda task, params, ctx: ([], with_reason, {})).run(
+        "demo", {}, context={}).rejected is with_reason

@@ -23,6 +23,12 @@ What a build writes for every filter config ``<c>`` (AFLite, PDD, IBADR, a plugi
   :func:`debiased_nli.data.loading.content_fingerprint`), the counts, the train split's features, and the
   sha256 of the two files and of ``rejected/<c>/``'s.
 
+New rows made during the build (the ``generator`` and ``ibadr_rows`` source steps: G's samples kept by
+the confidence filter, IBADR's pseudo samples) are recorded too, in ``decisions/new_rows/<k>-<step>/``:
+``rows.parquet`` (the rows, every column), ``dropped.parquet`` (the rows the step dropped, with the reason
+and score it gives, e.g. M's ``confidence``) and, in the manifest, the step, the sha256 of its parameters
+and of D0's rows, and its report. (``files`` steps read their rows from files: those are their record.)
+
 Replay (``debiased-nli build ... --replay OLD``, OLD a release folder). For each filter config, OLD's
 record is used when its step, parameters and input rows are this build's, and its files are the ones its
 manifest names: the train split is rebuilt from the input rows kept (by uid, in the recorded order) and
@@ -135,6 +141,43 @@ def write_record(folder: Path, name: str, rec: Record) -> dict:
     return entry
 
 
+@dataclasses.dataclass
+class RowsRecord:
+    """The record of a source step (new rows made in the build): its rows, the rows it dropped, the entry."""
+
+    rows: Any
+    dropped: Any
+    entry: dict
+
+
+ROWS_FILE, DROPPED_FILE = "rows.parquet", "dropped.parquet"
+
+
+def new_rows_key(index: int, step: str) -> str:
+    """The record name of the ``index``-th source step of a recipe's ``new_rows``."""
+    return f"new_rows/{index}-{step}"
+
+
+def rows_record(step: str, params: Mapping[str, Any], input_hash: str, rows, dropped, report) -> RowsRecord:
+    entry = {"step": step, "params_sha256": params_sha256(params), "input_sha256": input_hash,
+             "counts": {"rows": len(rows), "dropped": 0 if dropped is None else len(dropped)},
+             "rows_features": rows.features.to_dict(), "rows_columns": list(rows.column_names),
+             "report": json.loads(json.dumps(report, default=str))}
+    return RowsRecord(rows, dropped, entry)
+
+
+def write_rows_record(folder: Path, key: str, rec: RowsRecord) -> dict:
+    """``decisions/<key>/`` under the release folder being written; the manifest entry with the files' sha256."""
+    out = folder / DECISIONS_DIR / key
+    out.mkdir(parents=True, exist_ok=True)
+    rec.rows.to_parquet(str(out / ROWS_FILE))
+    written = [out / ROWS_FILE]
+    if rec.dropped is not None and len(rec.dropped):
+        rec.dropped.to_parquet(str(out / DROPPED_FILE))
+        written.append(out / DROPPED_FILE)
+    return {**rec.entry, "files": {p.relative_to(folder).as_posix(): file_sha256(p) for p in written}}
+
+
 class Replay:
     """The decision records of an earlier release (``--replay OLD``), looked up per filter config."""
 
@@ -154,28 +197,48 @@ class Replay:
     def lookup(self, name: str, step: str, params: Mapping[str, Any], inputs):
         """(kept, dropped, report) from the record of config ``name``, or None (the reason is logged and
         kept in :attr:`used`)."""
+        rec = self._fitting(name, step, params, lambda: input_sha256(inputs), what=f"config {name!r}")
+        return None if rec is None else self._outputs(name, rec, inputs)
+
+    def lookup_rows(self, key: str, step: str, params: Mapping[str, Any], input_hash: str):
+        """(rows, dropped, report) from the record of the source step ``key`` (:func:`new_rows_key`), or None."""
+        import datasets
+
+        rec = self._fitting(key, step, params, lambda: input_hash, what=f"new rows {key.split('/', 1)[1]!r}")
+        if rec is None:
+            return None
+        folder = self.root / DECISIONS_DIR / key
+        recorded = datasets.Features.from_dict(rec["rows_features"])
+        features = datasets.Features({c: recorded[c] for c in rec["rows_columns"]})
+        rows = datasets.Dataset.from_parquet(str(folder / ROWS_FILE)).select_columns(rec["rows_columns"]).cast(features)
+        dropped = (datasets.Dataset.from_parquet(str(folder / DROPPED_FILE)) if (folder / DROPPED_FILE).is_file()
+                   else None)
+        return rows, dropped, rec.get("report") or {}
+
+    def _fitting(self, name: str, step: str, params: Mapping[str, Any], input_hash, what: str):
+        """The record ``name`` when it fits this step, its parameters and its input (``input_hash()``), else
+        None, with the reason logged and kept in :attr:`used`."""
         rec = self.records.get(name)
         why = None
         if rec is None:
-            why = "no record of this config"
+            why = "no record of it"
         elif rec["step"] != step:
             why = f"it was made by step {rec['step']!r}, not {step!r}"
         elif rec["params_sha256"] != params_sha256(params):
             why = "the step's parameters differ"
         else:
-            have = input_sha256(inputs)
+            have = input_hash()
             if rec["input_sha256"] != have:
                 why = f"the step's input rows differ (sha256 {rec['input_sha256'][:12]} recorded, {have[:12]} now)"
             else:
                 why = self._files_changed(rec)
         if why is not None:
             self.used[name] = f"not replayed: {why}"
-            log.warning("config %r: the decisions recorded in %s are not used (%s); step %r runs", name, self.root,
-                        why, step)
+            log.warning("%s: the decisions recorded in %s are not used (%s); step %r runs", what, self.root, why, step)
             return None
         self.used[name] = "replayed"
-        log.info("config %r: step %r replayed from the decisions recorded in %s", name, step, self.root)
-        return self._outputs(name, rec, inputs)
+        log.info("%s: step %r replayed from the decisions recorded in %s", what, step, self.root)
+        return rec
 
     def _files_changed(self, rec: Mapping[str, Any]) -> str | None:
         for rel, sha in {**rec["files"], **rec.get("rejected_files", {})}.items():

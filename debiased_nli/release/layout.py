@@ -54,7 +54,7 @@ from ..utils.provenance import file_sha256
 from ..utils.processes import freeze_gc, return_free_memory, unfreeze_gc
 from .card import dataset_card_yaml, label_distribution, public_paths, render_card
 from .configs import ROWS_PER_SHARD, ConfigData, canonical_only, data_extra_columns
-from .decisions import write_record
+from .decisions import write_record, write_rows_record
 
 
 def _config_split(ds, extra: Sequence[str], like=None):
@@ -132,13 +132,14 @@ def zstats_summary(ds, task: TaskSpec, reference: ZStats | None = None, top_k: i
 
 # the output files a build writes (push deletes those of an older release that this one lacks)
 RELEASE_FILE_PATTERNS = (r"data/[^/]+/[^/]+-\d{5}-of-\d{5}\.parquet", r"rejected/.+\.parquet", r"images/[^/]+\.png",
-                         r"decisions/[^/]+/[^/]+\.parquet")
+                         r"decisions/.+\.parquet")
 
 
 def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[ConfigData], *, default: str,
                   manifest: Mapping[str, Any], meta: Mapping[str, Any], original=None, overwrite: bool = False,
                   top_k_card: int = 10, set_aside=None, original_features: list | None = None,
-                  timings: bool = False, num_proc: "int | str | None" = "auto") -> Path:
+                  timings: bool = False, num_proc: "int | str | None" = "auto",
+                  row_records: "Mapping[str, Any] | None" = None) -> Path:
     """Write a Hub-layout release folder atomically (temporary name, then rename).
 
     ``original_features``: the original's features as (matrix, labels, rows) parts, for its
@@ -146,7 +147,8 @@ def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[Confi
     config are computed in a forked process while this one writes the Parquet files (``num_proc``:
     ``"auto"``, see :func:`worker_processes`; 1: one after the other, here); the files are the same either way.
     ``timings`` adds a ``write release`` stage with its seconds (Parquet; z-statistics and plots, which
-    overlap when they run at once) to the manifest."""
+    overlap when they run at once) to the manifest. ``row_records``: the source steps' records of the new rows
+    they made (:mod:`.decisions`), written to ``decisions/<key>/``."""
     out = Path(out_dir).resolve()
     _check_configs(configs, default)
     tmp, unlock = _open_target(out, overwrite)
@@ -170,6 +172,7 @@ def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[Confi
         if set_aside is not None and len(set_aside):
             _write_set_aside(tmp, set_aside)
         decisions = {c.name: write_record(tmp, c.name, c.decisions) for c in configs if c.decisions is not None}
+        decisions.update({key: write_rows_record(tmp, key, rec) for key, rec in (row_records or {}).items()})
         if decisions:  # after rejected/: each record names the sha256 of its config's dropped rows too
             manifest = {**manifest, "decisions": decisions}
         manifest = _release_manifest(manifest, meta, labels, written,

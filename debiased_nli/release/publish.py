@@ -141,7 +141,7 @@ def stale_files(remote: Sequence[str], local: Sequence[str]) -> tuple[list[str],
     local_set = set(local)
     gone = [p for p in remote if p not in local_set]
     return ([p for p in gone if _RELEASE_FILE_RE.fullmatch(p)],
-            [p for p in gone if not _RELEASE_FILE_RE.fullmatch(p) and p.split("/")[0] in ("data", "rejected", "images")])
+            [p for p in gone if not _RELEASE_FILE_RE.fullmatch(p) and p.split("/")[0] in ("data", "rejected", "images", "decisions")])
 
 
 def env_seconds(env: str, default: float) -> float:

@@ -34,7 +34,7 @@ from ..data.tasks import get_task
 from ..utils.errors import ConfigError, EmptyResultError, did_you_mean, excerpt
 from ..utils.provenance import library_versions
 from ..utils.safe_yaml import read_yaml_file
-from .steps import Rejects, get_step, known_steps, register_filter_step, register_source_step
+from .steps import Rejects, StepResult, get_step, known_steps, register_filter_step, register_source_step
 
 __all__ = ["DEFAULTS", "SCHEMA", "Z_CONFIGS", "BuildResult", "build", "check_recipe_types", "known_steps",
            "load_recipe", "register_filter_step", "register_source_step"]
@@ -334,7 +334,7 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=progress, timings=timings,
                replay=replay)
     loaded, eval_splits = _load_inputs(run)
-    dg = _run_source_steps(run)
+    dg = _run_source_steps(run, loaded.dataset)
     if world_size() > 1:
         # under `accelerate launch` / torchrun the new-row steps share their work over the ranks; the rest
         # (features, filtering, writing the release) runs once, on the main process, after every rank's share
@@ -369,6 +369,7 @@ class _Run:
     stages: list = dataclasses.field(default_factory=list)
     reports: dict = dataclasses.field(default_factory=dict)
     replay: Any = None  # release.decisions.Replay of `--replay OLD`, or None
+    row_records: dict = dataclasses.field(default_factory=dict)  # source steps' records (release.decisions)
     loaded_rows: int = 0  # rows read from every input, for the terminal's set-aside line
     duplicates: dict = dataclasses.field(default_factory=dict)  # D0's repeated rows (data/duplicates.py)
 
@@ -442,22 +443,38 @@ def _load_inputs(run: _Run):
     return loaded, eval_splits
 
 
-def _run_source_steps(run: _Run):
-    """D_G: the new rows of every source step of ``new_rows``, in order (None without any)."""
+def _run_source_steps(run: _Run, d0):
+    """D_G: the new rows of every source step of ``new_rows``, in order (None without any). The rows a step
+    makes (not a ``files`` step, whose files are their own record) are recorded with the rows it dropped, and
+    replayed from ``--replay``'s record when the step, its parameters and D0's rows are the same
+    (:mod:`.decisions`)."""
     import datasets
 
-    sources = []
-    for spec in run.recipe["new_rows"]:
+    from .decisions import new_rows_key, rows_record
+
+    sources, d0_hash = [], None
+    for k, spec in enumerate(run.recipe["new_rows"]):
         clock = time.perf_counter()
         step = get_step("source", spec["step"])
+        params = {key: v for key, v in spec.items() if key != "step"}
+        key, made = new_rows_key(k, spec["step"]), spec["step"] != "files"
+        if made and d0_hash is None:
+            from .decisions import input_sha256
+            d0_hash = input_sha256(d0)
+        replayed = (run.replay.lookup_rows(key, spec["step"], params, d0_hash)
+                    if made and run.replay is not None else None)
         before = len(run.context["set_aside"])
-        result = step.run(run.task, {k: v for k, v in spec.items() if k != "step"}, context=run.context)
+        result = StepResult(*replayed) if replayed else step.run(run.task, params, context=run.context)
         loads = run.context["set_aside"][before:]
         if loads:  # a step that read files (and recorded what it set aside): its rows were loaded, not made
             run.loaded_rows += len(result.rows) + sum(len(rows) for _, rows in loads if rows is not None)
+        if made:
+            run.row_records[key] = rows_record(spec["step"], params, d0_hash, result.rows, result.rejected,
+                                               result.report)
         sources.append(result.rows)
         run.reports[f"new rows: {spec['step']}"] = result.report
-        run.stage(f"new rows: {spec['step']}", clock, counts={"rows": len(result.rows)})
+        replay = {"replay": run.replay.used[key]} if made and run.replay is not None else {}
+        run.stage(f"new rows: {spec['step']}", clock, counts={"rows": len(result.rows)}, **replay)
     if not sources:
         return None
     return sources[0] if len(sources) == 1 else datasets.concatenate_datasets(sources)
@@ -658,6 +675,7 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
         meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name,
                                             sizes={c.name: len(c.splits["train"]) for c in configs})
     out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=feats.d0,
+                        row_records=run.row_records,
                         overwrite=overwrite, set_aside=set_aside, original_features=feats.parts(all0=True),
                         timings=run.timings, num_proc=recipe["z_filter"]["num_proc"])
     return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest, run.reports,

@@ -1,13 +1,14 @@
 """The steps a recipe runs, each declared once here: its name, its kind, its function, what it needs from
 the build, its card section and how the rows it drops are written.
 
-    source step   function(task, params, ctx) -> (new rows, None, report)       rows for D_G (``new_rows``)
+    source step   function(task, params, ctx) -> (new rows, dropped, report)   rows for D_G (``new_rows``)
     filter step   function(ds, task, params, ctx) -> (kept, dropped, report)    one extra config (``filters``)
 
 ``ctx`` holds exactly the keys the step declares in ``needs`` (see :data:`CONTEXT`), nothing else. A step
 never writes the rows it drops: it returns them with their reason column, and the build writes them to
 ``rejected/<config>/`` in the columns its :class:`Rejects` declares, beside the z-filter's (as datatrove's
-filters hand theirs to an exclusion writer). Its card section is the markdown its declared renderer makes
+filters hand theirs to an exclusion writer); a source step's dropped rows (e.g. the generator's confidence
+filter's, with M's confidence) are recorded beside its new rows in ``decisions/new_rows/`` (``release.decisions``). Its card section is the markdown its declared renderer makes
 of its report. A function is named by ``"module:attr"`` and imported only when a recipe runs it: the
 methods import heavy libraries, and they never import this stage.
 
@@ -101,9 +102,11 @@ class Step:
         if self.kind == "source" and not isinstance(out, tuple):
             out = (out,)  # a source step may return its new rows alone
         result = StepResult(*out)
-        if self.kind == "source" and result.rejected is not None and len(result.rejected):
-            raise ConfigError(f"source step {self.name!r} returned {len(result.rejected):,} dropped rows, which "
-                              f"no config publishes; drop them inside the step and count them in its report")
+        if self.kind == "source" and result.rejected is not None and len(result.rejected) and \
+                not {"reason", "rejected_by"} & set(getattr(result.rejected, "column_names", ())):
+            # they are recorded beside the new rows (decisions/new_rows/..., release.decisions): each says why
+            raise ConfigError(f"source step {self.name!r} dropped {len(result.rejected):,} rows without their reason "
+                              f"(a 'reason' or 'rejected_by' column; columns: {result.rejected.column_names})")
         return result
 
     def section(self, report) -> str | None:

@@ -229,6 +229,10 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
         _open_run(out, config)
     state.wait_for_everyone()
     shards = [(i, shard_seed(seed, i), range(starts[i], starts[i + 1])) for i in todo]
+    if stop_after_shards is not None:
+        # only those shards' prompts enter the sampler: the fast engine refills a finished slot from the next
+        # prompt at once, so with the later shards queued it would sample (and then lose) part of shard K+1
+        shards, todo = shards[:stop_after_shards], todo[:stop_after_shards]
     bar = tqdm(total=int(sum(sizes[i] for i in todo)), unit="sample", desc=f"generate (rank {state.process_index})",
                disable=not progress, position=state.process_index)
     t0, made, done_now = time.perf_counter(), 0, 0

@@ -126,7 +126,9 @@ def generator_source(task, params: dict, ctx: dict | None = None):
     and confidence-filter (``confidence``). Each sub-dict holds that step's params; ``generator`` names an
     already trained G and skips ``train``. D0 is read from ``params["data_files"]`` or ``ctx["recipe"]``'s
     data; G* learns from the Z(D0) of ``ctx["seed"]``. The reports are returned by part (``train``,
-    ``debias``, ``generate``, ``confidence``: its counts; the rows it drops are not published)."""
+    ``debias``, ``generate``, ``confidence``: its counts). The rows the confidence filter drops are
+    returned as the step's dropped rows, each with M's ``confidence`` and its ``rejected_by``: the build
+    records them beside the new rows (``decisions/new_rows/...``, :mod:`debiased_nli.release.decisions`)."""
     from ...data.loading import load_task
 
     task = get_task(task)
@@ -157,7 +159,8 @@ def generator_source(task, params: dict, ctx: dict | None = None):
         generator = debias["out"]
     rows, rejects, reports["generate"] = generate_step(d0, task, {**params["generate"], "generator": generator},
                                                        show_values=True)
+    dropped = None
     if params.get("confidence"):
-        rows, _, reports["confidence"] = confidence_filter_step(rows, task, dict(params["confidence"]))
+        rows, dropped, reports["confidence"] = confidence_filter_step(rows, task, dict(params["confidence"]))
     keep = ["premise", "hypothesis", "label", "uid", "origin", "method"]
-    return rows.select_columns(keep), None, reports
+    return rows.select_columns(keep), dropped, reports
