@@ -14,6 +14,7 @@ and counts the rows whose keep/drop decision differs, with the scores on both si
 
     python benchmarks/neural_determinism.py aflite      # both settings (a finished one is skipped), then compare
     python benchmarks/neural_determinism.py confidence --model M --rows 'samples/shard-*.parquet'
+    python benchmarks/neural_determinism.py pdd         # the teacher and masked LM trained once (native), then PDD
     python benchmarks/neural_determinism.py report      # benchmarks/results/neural_determinism.{json,md}
 
 Outputs under ``$NEURAL_DET_RUN`` (default /work/runs/neural_det); one result file per step and
@@ -116,6 +117,47 @@ def aflite() -> dict:
     return result
 
 
+PDD_TAU = 4.52  # the committed PDD run's tau' (benchmarks/pdd_run.py: the paper's 20 scaled to the 20k sample)
+
+
+def pdd() -> dict:
+    """PDD on the 20k sample under both settings with the same teacher and masked LM (trained once, natively, as
+    benchmarks/pdd_run.py trains its stand-ins): what the inference kernels alone change. A rebuild that also
+    retrains the models on the other machine differs more; the decision records make both exact."""
+    import datasets
+    teacher, mlm = RUN / "pdd" / "teacher", MODELS / "minilm-mlm-pdd-standin"
+    (RUN / "pdd").mkdir(parents=True, exist_ok=True)
+    if not (teacher / "debiased_nli_train.json").exists():
+        subprocess.run(["debiased-nli", "train", "snli", "--data-files", f"train={SNLI}", "--dev-files",
+                        str(SHARED / "snli" / "dev.parquet"), "--model", str(MODELS / "all-minilm-l6-v2"), "--out",
+                        str(teacher), "--epochs", "1", "--max-length", "64", "--batch-size", "16", "--lr", "5e-5",
+                        "--max-train-rows", "6000", "--max-dev-rows", "1000", "--eval-steps", "50", "--threads", "2"],
+                       check=True, env=env_for("native2"))
+    while not (mlm / "config.json").exists():  # the stand-in trains in resumable stages of --stage-minutes
+        subprocess.run([sys.executable, str(Path(__file__).with_name("pdd_mlm_standin.py")), "--steps", "600",
+                        "--threads", "2"], check=True, env=env_for("native2"))
+    for setting, s in SETTINGS.items():
+        out = RUN / "pdd" / setting
+        cmd = ["debiased-nli", "pdd", "snli", "--data-files", str(SNLI), "--mlm", str(mlm), "--teacher", str(teacher),
+               "--tau", str(PDD_TAU), "--threads", str(s["threads"]), "--no-progress", "--out", str(out)]
+        run_setting("pdd", setting, cmd, out / "debiased.parquet")
+    sides = {}
+    for setting in SETTINGS:
+        d = datasets.Dataset.from_parquet(str(RUN / "pdd" / setting / "debiased.parquet"))
+        r = datasets.Dataset.from_parquet(str(RUN / "pdd" / setting / "removed.parquet"))
+        sides[setting] = {"rows": set(zip(d["premise"], d["hypothesis"], d["label"])), "removed": set(r["uid"]),
+                          "n": len(d)}
+    a, b = (sides[s] for s in SETTINGS)
+    result = {"step": "pdd", "rows": 20000, "tau": PDD_TAU, "teacher": str(teacher), "mlm": str(mlm),
+              "output_rows": {s: sides[s]["n"] for s in SETTINGS},
+              "output_rows_in_one_setting_only": len(a["rows"] ^ b["rows"]),
+              "originals_replaced_in_one_setting_only": len(a["removed"] ^ b["removed"]),
+              "seconds": {s: float((RUN / "pdd" / f"{s}.seconds").read_text()) for s in SETTINGS
+                          if (RUN / "pdd" / f"{s}.seconds").exists()}}
+    (RUN / "pdd" / "compare.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
 def confidence(model: str, rows: str) -> dict:
     """M's confidence on the same rows under both settings: rows whose keep/drop at tau flips."""
     import numpy as np
@@ -161,6 +203,11 @@ def report() -> None:
                          f"{r['removed_by_one_setting_only']:,} ({r['decisions_differing_share']:.2%}) | removed "
                          f"{r['removed']}; warm-up rows the same: {r['warm_up_rows_same']}; score difference of rows "
                          f"removed in the same round by both: {r['score_difference_same_round']} |")
+        elif step == "pdd":
+            lines.append(f"| PDD (20k SNLI, tau' {r['tau']}; teacher and masked LM trained once) | {r['rows']:,} | "
+                         f"{r['output_rows_in_one_setting_only']:,} output rows in one setting only | rows out "
+                         f"{r['output_rows']}; originals replaced in one setting only: "
+                         f"{r['originals_replaced_in_one_setting_only']:,} |")
         elif step == "confidence":
             lines.append(f"| confidence filter (M = `{Path(r['model']).name}`) | {r['rows']:,} | "
                          f"{r['flips_at_tau']['0.95']:,} at tau 0.95 | flips by tau {r['flips_at_tau']}; largest "
@@ -175,13 +222,15 @@ def report() -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["aflite", "confidence", "report", "check"])
+    ap.add_argument("what", choices=["aflite", "pdd", "confidence", "report", "check"])
     ap.add_argument("--model", help="confidence: the classifier M")
     ap.add_argument("--rows", help="confidence: parquet files (glob) of the rows to score")
     a = ap.parse_args()
     (RUN).mkdir(parents=True, exist_ok=True)
     if a.what == "aflite":
         print(json.dumps(aflite(), indent=2))
+    elif a.what == "pdd":
+        print(json.dumps(pdd(), indent=2))
     elif a.what == "confidence":
         if not (a.model and a.rows and glob.glob(a.rows)):
             ap.error("confidence needs --model and --rows matching files")
