@@ -81,6 +81,13 @@ def test_training_lowers_the_loss_and_a_killed_run_resumes_to_the_same_weights(t
     kw = dict(max_steps=6, batch_size=4, lr=1e-2, checkpoint_every=2, seed=0, cpu=True, log_every=1, progress=False)
     full = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "a"), **kw)
     assert full["history"][-1]["loss"] < full["history"][0]["loss"]
+    # 6 steps of 4 rows of 16: each row's sequence and its perturbed-label copy, no padding counted
+    from debiased_nli.methods.generation.models import load_tokenizer
+    enc = encode_dataset(rows(), get_task("snli"), load_tokenizer(tiny_gpt2), seed=0, progress=False)
+    per_row = [len(r["input_ids"]) + len(r["p_input_ids"]) for r in enc]
+    second_epoch = epoch_order([0] * 16, 1, 4, False)[:8]  # steps 5-6 read the first 8 rows of epoch 1's order
+    assert full["tokens_this_run"] == sum(per_row) + sum(per_row[i] for i in second_epoch)
+    assert full["tokens_per_s"] > 0
     assert full["history"][0]["label_consistency"] > 0
     # "kill" after 3 steps: the last checkpoint is step 2; the rerun resumes there
     assert train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), stop_after=3, **kw) == {"stopped_at": 3}

@@ -339,9 +339,13 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
         return {"stopped_at": run.step}
     seconds = time.perf_counter() - t0
     accelerator.wait_for_everyone()
+    import torch
+    tokens = int(accelerator.reduce(torch.tensor(run.tokens, device=accelerator.device), reduction="sum"))
     report = {"mode": mode, "model": model, "task": task.name, "rows": len(ds), "steps": run.step,
               "steps_this_run": run.steps_run, "seconds": round(seconds, 2),
               "seconds_per_step": round(seconds / max(run.steps_run, 1), 3), "batch_size": batch_size,
+              # real tokens (no padding) through forward and backward, every process, this run (G: both sequences)
+              "tokens_this_run": tokens, "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
               "grad_accum": grad_accum, "processes": accelerator.num_processes, "lr": lr, "eps": eps,
               "betas": list(betas), "scheduler": scheduler, "warmup_steps": warmup_steps,
               "weight_decay": weight_decay, "epochs": epochs, "lambda": lam,
@@ -388,6 +392,7 @@ class _StepsRun:
     steps_run: int            # optimizer steps taken by this call
     history: list[dict]       # the logged losses
     stopped: bool             # ended by ``stop_after`` (no final save)
+    tokens: int = 0           # real (unpadded) tokens this process ran forward and backward (both sequences of G)
 
 
 def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out: Path, *, step: int, total: int,
@@ -400,7 +405,7 @@ def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out
     from torch.utils.data import DataLoader
 
     history: list[dict] = []
-    steps_run = 0
+    steps_run, tokens = 0, 0
     running: list[float] = []
     epoch, done = divmod(step, steps_per_epoch)
     skip = done * grad_accum
@@ -421,6 +426,7 @@ def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out
                 sched.step()
                 optim.zero_grad(set_to_none=True)
             running.append(float(loss.detach()))
+            tokens += int(batch["mask"].sum()) + (int(batch["p_mask"].sum()) if "p_mask" in batch else 0)
             if not accelerator.sync_gradients:
                 continue
             step += 1
@@ -434,11 +440,11 @@ def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out
             if checkpoint_every and step % checkpoint_every == 0 and step < total:
                 save_checkpoint(accelerator, out, step, keep_checkpoints)
             if stop_after is not None and steps_run >= stop_after:
-                return _StepsRun(step, steps_run, history, stopped=True)
+                return _StepsRun(step, steps_run, history, stopped=True, tokens=tokens)
             if step >= total:
                 break
         epoch, skip = epoch + 1, 0
-    return _StepsRun(step, steps_run, history, stopped=False)
+    return _StepsRun(step, steps_run, history, stopped=False, tokens=tokens)
 
 
 def _save_trained(unwrapped, tok, out: Path, report: dict, task: TaskSpec, *, merge: bool) -> None:
