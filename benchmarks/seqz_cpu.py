@@ -34,13 +34,8 @@ committed: copy the folder; a LoRA adapter's adapter_config.json names the base 
 trained from).
 
 `generate --units K`: the CLI cannot stop after K shards, so the stage calls the library's
-generate_samples(..., stop_after_shards=K) with the CLI's values (GENERATE; same shards, same config). Its
-fast engine keeps every slot busy across shard boundaries and writes shards in order, so when the K-th
-shard ends part of the next one is already sampled, and a stopped session drops it. Measured with a tiny
-random generator (3 shards of 200, 64 slots): shard 0 was written after 557 of the 600 samples. With the
-real G a stop loses the samples finished while the K-th shard's last sample ran (at most 128 steps of 256
-slots: about 256 x 128 / the mean sample length, some 800 for 40-token rows, plus the 256 in flight), about
-one shard; use K >= 10 to keep the loss near 10% or under.
+generate_samples(..., stop_after_shards=K) with the CLI's values (GENERATE; same shards, same config). Only
+those K shards' prompts enter the sampler, so a bounded session loses no sample it made.
 
 Deviations from the paper are listed in DEVIATIONS (and in the report); each value that is the paper's
 quotes it.
@@ -532,7 +527,7 @@ def log_session(L: Layout, n: int, k: int | None, before: list[Path], seconds: f
                "machine": {"cpu": cpu_name(), "threads": THREADS,
                            "dtype": sampling_dtype(GENERATE["dtype"], torch.device("cpu"))},
                "note": "samples in the shards this call finished / its wall time (model loading included); a "
-                       "--units session also sampled part of the next shard, which it dropped"}
+                       "--units session samples only the shards it writes"}
     L.sessions.parent.mkdir(parents=True, exist_ok=True)
     with open(L.sessions, "a") as f:
         f.write(json.dumps(session) + "\n")
