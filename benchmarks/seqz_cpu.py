@@ -29,9 +29,9 @@ Resuming the sampling elsewhere: the shard files are named after the number of s
 generate refuses a folder whose generate_config.json differs from its own parameters, so N is fixed for a
 run folder (another N needs another SEQZ_RUN_DIR), and so is the dtype that `--dtype auto` resolves to
 (bfloat16 on a CPU with AMX/AVX512-BF16, else the checkpoint's float32): the committed shards continue only
-on a CPU of the same kind (the stage says so before it starts). The other machine needs RUN/G too (not
-committed: copy the folder; a LoRA adapter's adapter_config.json names the base model by the path it was
-trained from).
+on a CPU of the same kind (the stage says so before it starts). The other machine needs RUN/G too: the
+finished adapter is committed (benchmarks/results/seqz_cpu/G, restored into RUN/G when missing; its
+adapter_config.json names the base model by the path it was trained from).
 
 `generate --units K`: the CLI cannot stop after K shards, so the stage calls the library's
 generate_samples(..., stop_after_shards=K) with the CLI's values (GENERATE; same shards, same config). Only
@@ -146,6 +146,7 @@ class Layout:
     audits = property(lambda self: self.run / "audits")
     audits_json = property(lambda self: self.run / "audits.json")
     committed = property(lambda self: self.results / "seqz_cpu" / "samples")
+    committed_G = property(lambda self: self.results / "seqz_cpu" / "G")
     sessions = property(lambda self: self.results / "seqz_cpu" / "generate_sessions.jsonl")
     report_json = property(lambda self: self.results / "seqz_cpu.json")
     report_md = property(lambda self: self.results / "seqz_cpu.md")
@@ -326,12 +327,42 @@ def g_checkpoint_step(L: Layout) -> int | None:
     return max(steps) if steps else None
 
 
+# the trained G as committed (a LoRA adapter of ~10 MB, its tokenizer, card and training report; not the
+# checkpoints): another machine samples from it without training again
+G_FILES = ("adapter_config.json", "adapter_model.safetensors", "train_report.json", "README.md", "tokenizer.json",
+           "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def commit_g(L: Layout) -> None:
+    """Copy the finished G's files (G_FILES) to benchmarks/results/seqz_cpu/G once."""
+    if not (L.G / "train_report.json").exists() or (L.committed_G / "train_report.json").exists():
+        return
+    L.committed_G.mkdir(parents=True, exist_ok=True)
+    for name in G_FILES:
+        if (L.G / name).is_file():
+            shutil.copy2(L.G / name, L.committed_G / name)
+
+
+def restore_g(L: Layout) -> None:
+    """RUN/G from the committed copy when this machine has none (the adapter names its base model by path:
+    the base must be at the same place, ~/.cache/debiased-nli/models/smollm2-135m-instruct by default)."""
+    if (L.G / "train_report.json").exists() or not (L.committed_G / "train_report.json").exists():
+        return
+    L.G.mkdir(parents=True, exist_ok=True)
+    for p in L.committed_G.iterdir():
+        shutil.copy2(p, L.G / p.name)
+    print(f"train_g: G restored from {L.committed_G}")
+
+
 def train_g(L: Layout, args) -> bool:
+    restore_g(L)
     if (L.G / "train_report.json").exists():
+        commit_g(L)
         print(f"train_g: done ({L.G / 'train_report.json'})")
         return True
     refuse_if_busy("train-generator", L.G)
     sh(cmd_train_g(L))
+    commit_g(L)
     return (L.G / "train_report.json").exists()
 
 
@@ -468,6 +499,7 @@ def check_resumable(L: Layout, n: int) -> None:
 
 def generate(L: Layout, args) -> bool:
     n, k = args.num_samples, args.units
+    restore_g(L)
     if not (L.G / "train_report.json").exists():
         raise StageError(f"no trained G in {L.G}: run train_g first")
     seed_from_committed(L)

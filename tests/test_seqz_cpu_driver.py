@@ -188,3 +188,22 @@ def test_a_stage_without_its_inputs_stops_with_a_reason(tmp_path, monkeypatch, c
     assert "run generate first" in capsys.readouterr().err
     with sc.driver_lock(L), pytest.raises(sc.StageError, match="holds"), sc.driver_lock(L):
         pass
+
+
+def test_the_finished_g_is_committed_once_and_restored_on_a_machine_without_it(tmp_path):
+    L = layout(tmp_path)
+    L.G.mkdir(parents=True)
+    (L.G / "adapter_model.safetensors").write_bytes(b"weights")
+    (L.G / "adapter_config.json").write_text("{}")
+    (L.G / "checkpoints").mkdir()  # never committed
+    sc.commit_g(L)
+    assert not L.committed_G.exists()  # not finished: nothing to commit
+    (L.G / "train_report.json").write_text(json.dumps({"steps": 834}))
+    sc.commit_g(L)
+    assert sorted(p.name for p in L.committed_G.iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
+                                                               "train_report.json"]
+    import shutil
+    shutil.rmtree(L.G)  # another machine
+    sc.restore_g(L)
+    assert (L.G / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert json.loads((L.G / "train_report.json").read_text()) == {"steps": 834}
