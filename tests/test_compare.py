@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from debiased_nli.utils.provenance import file_sha256
 from debiased_nli.models.significance import correct, paired_bootstrap
 from debiased_nli.release.compare import load_plan, run
 from debiased_nli.release.compare import report as report_module
@@ -83,7 +84,7 @@ def test_every_unit_stores_compact_predictions_with_the_fingerprints_of_the_rows
             assert unit["schema"] == units.SCHEMA
             path = plan.results_dir / unit["predictions"]["file"]
             assert path == plan.predictions_file(row, seed) and path.suffix == ".npz"
-            assert unit["predictions"]["sha256"] == units._sha256(path)
+            assert unit["predictions"]["sha256"] == file_sha256(path)
             meta, arrays = units.read_predictions(path)
             assert meta["train_fingerprint"] == unit["data"]["content_fingerprint"] == unit["predictions"]["train_fingerprint"]
             for s in SETS:
