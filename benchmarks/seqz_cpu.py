@@ -79,7 +79,8 @@ PAPER_PAR_Z = 933_085       # Table 1: "Par-Z Z(D0 ) ∪ Z(D̂G∗ )"
 TAUS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)   # the acceptance curve
 MIN_KEPT = 5000     # below this many rows kept at 0.95, the largest tau of TAUS keeping >= MIN_KEPT is used too
 DEV_REFERENCE_ROWS = 1000
-DEFAULT_SAMPLES = 30_000
+DEFAULT_SAMPLES = 60_000   # 3 per original row (the paper: ~9). The first 2 shards of a 30k run made 21 samples/s here, so
+                           # 60k is ~50 min; the floor is 30k, and seq_z >= 5,000 generated rows needs more
 AUDIT_CONFIGS = ("original", "z_filtered", "z_aug", "par_z", "seq_z")
 RELEASE_CONFIGS = ("z_filtered", "z_aug", "par_z", "seq_z")
 EXAMPLES = 20

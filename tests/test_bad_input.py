@@ -1119,7 +1119,8 @@ def test_the_push_command_exits_at_its_deadline_against_a_trickling_hub(world):
     took = float(proc.stderr.strip().splitlines()[-1].split()[1])
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "deadline of 3 s" in errors[0], proc.stderr[-2000:]
-    assert took < 3 + 2 and wall - took < 30, (took, wall)  # and the process ends with it (no join on exit)
+    # 3 s of deadline plus slack for a loaded machine (the trickle alone would hold it past the 60 s timeout)
+    assert took < 3 + 5 and wall - took < 30, (took, wall)  # and the process ends with it (no join on exit)
 
 
 def test_push_to_a_closed_port_is_one_line(world, capsys, online):
