@@ -75,6 +75,22 @@ def test_the_paper_s_tau_unless_it_keeps_too_few_rows():
     assert tau == 0.5 and "no tau" in note
 
 
+def test_a_tau_that_keeps_no_row_of_one_label_is_passed_over():
+    """The 60k CPU run: M is never 0.95-sure of a neutral sample (7,500 kept, none neutral)."""
+    labels = ["entailment", "neutral", "contradiction"]
+    conf = [0.96, 0.96, 0.91, 0.93, 0.93, 0.81, 0.85, 0.6]
+    lab = [0, 2, 0, 1, 2, 1, 1, 1]
+    curve = sc.acceptance_curve(conf, taus=(0.5, 0.8, 0.9, 0.95), labels=lab, label_names=labels)
+    assert curve[3] == {"tau": 0.95, "kept": 2, "rate": 0.25,
+                        "kept_by_label": {"entailment": 1, "neutral": 0, "contradiction": 1}}
+    assert curve[1]["kept_by_label"] == {"entailment": 2, "neutral": 3, "contradiction": 2}
+    tau, note = sc.choose_tau(curve, min_kept=3)    # every label needs >= 1 row
+    assert tau == 0.9 and "'neutral': 0" in note and ">= 1 of every label" in note
+    tau, note = sc.choose_tau(curve, min_kept=6)    # >= 2 of every label: only 0.8 and 0.5; the largest
+    assert tau == 0.8 and "(7 rows" in note
+    assert sc.choose_tau(curve, min_kept=2, paper=0.9) == (0.9, None)
+
+
 def test_a_lower_tau_splits_the_scores_the_filter_already_wrote(tmp_path):
     L = layout(tmp_path)
     write_shard(L.samples, 0, 1, rows=6, rejects=0)
@@ -141,7 +157,7 @@ def test_status_and_report_of_a_half_done_run(tmp_path):
     curve = sc.acceptance_curve([0.99, 0.3, 0.97, 0.5])
     tau, note = sc.choose_tau(curve)
     (L.run / "filter.json").write_text(json.dumps({
-        "inputs": ["shard-00000-of-00002.parquet"], "rows": 4, "tau_paper": 0.95, "min_kept": sc.MIN_KEPT,
+        "inputs": ["shard-00000-of-00002.parquet"], "rule": sc.TAU_RULE, "rows": 4, "tau_paper": 0.95, "min_kept": sc.MIN_KEPT,
         "acceptance_curve": curve, "tau_used": tau, "confident_dir": str(L.confident), "note": note}))
 
     st = sc.status_of(L, 2000)
