@@ -171,3 +171,14 @@ def test_new_rows_made_in_the_build_are_recorded_and_replayed(tmp_path):
     for config in ("z_aug", "par_z", "seq_z"):
         assert files_of(tmp_path / "b", config) != files_of(tmp_path / "a", config)
         assert files_of(tmp_path / "c", config) == files_of(tmp_path / "a", config)
+
+
+def test_a_recorded_report_keeps_what_the_rows_are_not_how_long_they_took():
+    from debiased_nli.release.decisions import stable_report
+
+    report = {"generate": {"samples": 24, "parsed": 12, "labels": {"neutral": 5},
+                           "this_run": {"processes": 2, "seconds": 0.07, "samples_per_s_rank0": 182.5},
+                           "tokens_per_s": 9.0, "seconds": 1.2},
+              "filter": [{"kept": 3, "seconds": 0.5}]}
+    assert stable_report(report) == {"generate": {"samples": 24, "parsed": 12, "labels": {"neutral": 5}},
+                                     "filter": [{"kept": 3}]}

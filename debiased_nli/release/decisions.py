@@ -158,11 +158,27 @@ def new_rows_key(index: int, step: str) -> str:
     return f"new_rows/{index}-{step}"
 
 
+# What a step's report says about this run rather than its rows (wall time, throughput, the number of processes):
+# left out of the recorded report, so that the manifest stays byte-identical across runs, machines and
+# process counts (`build` under torchrun gives the one-process release).
+RUN_ONLY_KEYS = frozenset({"this_run", "seconds", "seconds_by_part"})
+
+
+def stable_report(report: Any) -> Any:
+    """``report`` without the keys that describe the run, not the rows (RUN_ONLY_KEYS, and ``*_per_s``)."""
+    if isinstance(report, Mapping):
+        return {k: stable_report(v) for k, v in report.items()
+                if k not in RUN_ONLY_KEYS and not str(k).endswith("_per_s")}
+    if isinstance(report, (list, tuple)):
+        return [stable_report(v) for v in report]
+    return report
+
+
 def rows_record(step: str, params: Mapping[str, Any], input_hash: str, rows, dropped, report) -> RowsRecord:
     entry = {"step": step, "params_sha256": params_sha256(params), "input_sha256": input_hash,
              "counts": {"rows": len(rows), "dropped": 0 if dropped is None else len(dropped)},
              "rows_features": rows.features.to_dict(), "rows_columns": list(rows.column_names),
-             "report": json.loads(json.dumps(report, default=str))}
+             "report": stable_report(json.loads(json.dumps(report, default=str)))}
     return RowsRecord(rows, dropped, entry)
 
 
