@@ -118,7 +118,7 @@ def _float16_model(src: Path, dst: Path) -> dict:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from debiased_nli.release.layout import _sha256 as file_sha256
+    from debiased_nli.utils.provenance import file_sha256
 
     dst.mkdir(parents=True, exist_ok=True)
     info = {"source": str(src), "weights": {}}
