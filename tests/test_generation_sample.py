@@ -108,6 +108,42 @@ def test_rerun_with_other_parameters_into_the_same_folder_is_refused(generator, 
         generate_samples(generator, str(tmp_path / "g"), "snli", 4, **{**KW, "num_shards": 1, "seed": 8})
 
 
+def test_extend_grows_a_run_into_the_run_a_fresh_command_makes(generator, tmp_path):
+    kw = {**KW, "num_shards": None, "shard_size": 3}
+    grown, fresh = tmp_path / "grown", tmp_path / "fresh"
+    generate_samples(generator, str(grown), "snli", 6, **kw)                # 2 shards of 3
+    generate_samples(generator, str(fresh), "snli", 12, **kw)               # 4 shards of 3, from scratch
+    with pytest.raises(ConfigError, match="--extend grows that run"):
+        generate_samples(generator, str(grown), "snli", 12, **kw)
+    before = (grown / "shard-00000-of-00002.parquet").read_bytes()
+    rep = generate_samples(generator, str(grown), "snli", 12, extend=True, **kw)
+    names = sorted(p.name for p in fresh.glob("*-of-*.parquet"))
+    assert names == sorted(p.name for p in grown.glob("*-of-*.parquet")) and len(names) == 8
+    for name in names:
+        assert table(fresh, name) == table(grown, name), name
+    assert (grown / "shard-00000-of-00004.parquet").read_bytes() == before   # kept (renamed), not sampled again
+    cfg = json.loads((grown / "generate_config.json").read_text())
+    assert cfg["num_samples"] == 12 and cfg["extended_from"] == [{"num_samples": 6, "num_shards": 2}]
+    assert rep["samples"] == 12 and rep["config"]["extended_from"] == cfg["extended_from"]
+    # the same command again, with or without --extend, resumes (nothing to do) rather than refusing
+    generate_samples(generator, str(grown), "snli", 12, extend=True, **kw)
+    generate_samples(generator, str(grown), "snli", 12, **kw)
+    assert json.loads((grown / "generate_config.json").read_text()) == cfg
+
+
+def test_extend_refuses_what_would_not_be_the_fresh_run(generator, tmp_path):
+    kw = {**KW, "num_shards": None, "shard_size": 3}
+    generate_samples(generator, str(tmp_path / "g"), "snli", 7, **kw)       # shards of 3, 2 and 2 samples
+    with pytest.raises(ConfigError, match="not the first shards of 12 samples"):
+        generate_samples(generator, str(tmp_path / "g"), "snli", 12, extend=True, **kw)
+    with pytest.raises(ConfigError, match="only --num-samples may change"):
+        generate_samples(generator, str(tmp_path / "g"), "snli", 12, extend=True, **{**kw, "seed": 8})
+    with pytest.raises(ConfigError, match="does not grow it"):
+        generate_samples(generator, str(tmp_path / "g"), "snli", 5, extend=True, **kw)
+    assert sorted(p.name for p in (tmp_path / "g").glob("shard-*")) == [f"shard-0000{i}-of-00003.parquet"
+                                                                        for i in range(3)]
+
+
 def test_two_processes_write_disjoint_shards_whose_union_is_the_one_process_run(generator, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     args = ["generate", "snli", "--generator", generator, "--num-samples", "13", "--num-shards", "4",

@@ -126,12 +126,40 @@ def test_finished_shards_are_committed_and_seed_a_fresh_run_folder(tmp_path):
     assert sc.seed_from_committed(other) == 1
     for name in ("generate_config.json", "rejects-00000-of-00002.parquet", "shard-00000-of-00002.parquet"):
         assert (other.samples / name).read_bytes() == (L.committed / name).read_bytes()
-    assert sc.run_num_samples(other, 30_000) == 2000
+    assert sc.run_num_samples(other, 1000) == 2000 and sc.run_num_samples(other, 30_000) == 30_000  # grown to it
     # a run folder of another run is not mixed with the committed shards, nor they with it
     third = sc.Layout(run=tmp_path / "third", models=L.models, data=L.data, release=L.release, results=L.results)
     write_shard(third.samples, 0, 3, rows=2, rejects=0, config={**CONFIG, "num_samples": 3000, "num_shards": 3})
     assert sc.seed_from_committed(third) == 0 and sc.copy_back(third) == 0
     assert not (third.samples / "shard-00000-of-00002.parquet").exists()
+
+
+def test_a_grown_run_renames_the_committed_shards_and_grows_another_machine_s_copy(tmp_path):
+    """generate --extend grows RUN/samples from 2,000 to 3,000 samples: copy_back renames the committed shards (their
+    bytes kept) and adds the new one; a machine still holding the 2,000-sample run is grown from the commit."""
+    L = layout(tmp_path)
+    write_shard(L.samples, 0, 2, rows=4, rejects=1, config=CONFIG)
+    assert sc.copy_back(L) == 1
+    first = (L.committed / "shard-00000-of-00002.parquet").read_bytes()
+    grown = {**CONFIG, "num_samples": 3000, "num_shards": 3, "extended_from": [{"num_samples": 2000, "num_shards": 2}]}
+    for kind in ("shard", "rejects"):   # what generate --extend leaves in RUN/samples
+        (L.samples / f"{kind}-00000-of-00002.parquet").rename(L.samples / f"{kind}-00000-of-00003.parquet")
+    write_shard(L.samples, 2, 3, rows=3, rejects=0, config=grown)
+    assert sc.grew_from(grown, CONFIG) and not sc.grew_from(CONFIG, grown)
+    assert not sc.grew_from({**grown, "seed": 1}, CONFIG)
+    assert sc.copy_back(L) == 1
+    names = ["generate_config.json", "rejects-00000-of-00003.parquet", "rejects-00002-of-00003.parquet",
+             "shard-00000-of-00003.parquet", "shard-00002-of-00003.parquet"]
+    assert sorted(p.name for p in L.committed.iterdir()) == names
+    assert (L.committed / "shard-00000-of-00003.parquet").read_bytes() == first
+    assert json.loads((L.committed / "generate_config.json").read_text()) == grown
+    other = sc.Layout(run=tmp_path / "elsewhere", models=L.models, data=L.data, release=L.release, results=L.results)
+    write_shard(other.samples, 0, 2, rows=4, rejects=1, config=CONFIG)
+    assert sc.seed_from_committed(other) == 1
+    assert sorted(p.name for p in other.samples.iterdir()) == names
+    assert json.loads((other.samples / "generate_config.json").read_text()) == grown
+    with pytest.raises(sc.StageError, match="more than 2000"):
+        sc.check_resumable(other, 2000)
 
 
 def test_status_and_report_of_a_half_done_run(tmp_path):

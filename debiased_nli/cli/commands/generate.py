@@ -15,8 +15,9 @@ The samples are split into shards (--num-shards, or one per --shard-size samples
 `accelerate launch` or `torchrun` each process takes every world_size-th shard. Shard i has its own
 seed (from --seed and i), so the result does not depend on the number of processes. Each shard is one
 Parquet file, written under a temporary name and renamed when complete; rerunning the same command
-skips complete shards (a killed run resumes). Unparseable samples go to rejects-*.parquet with their
-text and reason; generate_report.json has the parse rate, label counts and distinct-2.
+skips complete shards (a killed run resumes), and --extend grows a run to more samples, keeping its
+shards. Unparseable samples go to rejects-*.parquet with their text and reason; generate_report.json
+has the parse rate, label counts and distinct-2.
 
 By default it samples plainly (top-p 1.0, temperature 1.0): Wu et al. (2022, Sec. 2.1) "randomly sample
 from the trained generator" and give no nucleus mass; --top-p 0.9 gives nucleus sampling. Up to
@@ -63,6 +64,10 @@ def register(sub) -> None:
                         "drawn with its own random numbers (the same samples at any batch size or process count); "
                         "generate: transformers' model.generate on fixed batches of prompts (other samples than fast's "
                         "for the same seed)")
+    p.add_argument("--extend", action="store_true",
+                   help="grow the run in --out (same parameters, fewer samples) to --num-samples: its shards are kept "
+                        "and only the new ones sampled, giving the shards a fresh run of --num-samples gives (both "
+                        "counts multiples of --shard-size)")
     p.add_argument("--cpu", action="store_true", help="run on CPU (gloo between processes)")
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads per process")
     p.set_defaults(func=run)
@@ -101,7 +106,7 @@ def run(args) -> int:
                               shard_size=args.shard_size, seed=args.seed, batch_size=args.batch_size, top_p=args.top_p,
                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               condition=args.condition, premises=premises, cpu=args.cpu, dtype=args.dtype,
-                              engine=args.engine)
+                              engine=args.engine, extend=args.extend)
     if report and PartialState(cpu=args.cpu).is_main_process:  # one report, not one per process
         print(json.dumps(report, indent=2))
     return 0

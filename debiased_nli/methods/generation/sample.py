@@ -175,8 +175,15 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
                      top_p: float = 1.0, temperature: float = 1.0, max_new_tokens: int = 128,
                      condition: str = "none", premises: Sequence[str] | None = None, cpu: bool = False,
                      dtype: str | None = None, progress: bool = True, stop_after_shards: int | None = None,
-                     prompts: Sequence[str] | None = None, parse=None, engine: str = "fast") -> dict:
+                     prompts: Sequence[str] | None = None, parse=None, engine: str = "fast",
+                     extend: bool = False) -> dict:
     """Sample ``num_samples`` rows from ``generator`` into ``out_dir`` (shards + rejects + report).
+
+    ``extend=True`` grows a finished or partial run in ``out_dir`` that differs only in ``num_samples`` (and
+    so the number of shards) to ``num_samples``: its shards are kept (renamed to the new shard count) and only
+    the new ones are sampled. Shard i's samples depend on the seed, i and its sample indices only, so the
+    extended run is the one a fresh run of ``num_samples`` makes, provided the old shards' index ranges are the
+    first ones of the new split (:func:`extension_of` checks it; both sizes a multiple of ``shard_size``).
 
     ``condition="prompts"`` samples from ``prompts[i]`` for sample i (one per sample) and parses
     prompt + continuation with ``parse`` (text -> (row, None) or (None, reason)), e.g. a
@@ -210,8 +217,11 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     if prompts is not None:
         import hashlib
         config["prompts"] = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()
+    old = extension_of(out, config, starts) if extend else None
+    old_n = old["num_shards"] if old else None
     mine = [i for i in range(n_shards) if i % state.num_processes == state.process_index]
-    todo = [i for i in mine if not (out / shard_name(i, n_shards)).exists()]
+    todo = [i for i in mine if not (out / shard_name(i, n_shards)).exists()
+            and not (old_n and i < old_n and (out / shard_name(i, old_n)).exists())]
     model = tok = fmt = None
     if todo:  # the generator is loaded and checked before anything is written
         model, tok = _load_for_sampling(generator, dtype, state.device)
@@ -226,7 +236,7 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
         first = list(range(starts[todo[0]], min(starts[todo[0]] + batch_size, starts[todo[0] + 1])))
         check_context(model, tok, prompts_for(fmt, first, condition, premises, order), max_new_tokens, generator)
     if state.is_main_process:
-        _open_run(out, config)
+        _open_run(out, config, extends=old)
     state.wait_for_everyone()
     shards = [(i, shard_seed(seed, i), range(starts[i], starts[i + 1])) for i in todo]
     if stop_after_shards is not None:
@@ -282,13 +292,73 @@ def _check_request(num_samples, condition, premises, prompts, parse, top_p, temp
         raise ConfigError(f"dtype must be one of {DTYPES}, not {dtype!r}")
 
 
-def _open_run(out: Path, config: dict) -> None:
+GROWABLE = ("num_samples", "num_shards")  # what --extend may change; "extended_from" records the earlier sizes
+
+
+def _read_config(out: Path) -> dict:
+    try:
+        return json.loads((out / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def extension_of(out: Path, config: dict, starts) -> dict | None:
+    """The run in ``out`` that ``config`` extends (its config), or None when ``out`` holds no run or already this
+    one. Refused with the reason: parameters other than the sample count differ, the count does not grow, or
+    the old shards' sample-index ranges are not the first ones of the new split (shard i's samples depend on
+    its index range, so the kept shards would not be those of a fresh run)."""
+    old = _read_config(out)
+    if not old or not (any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))):
+        return None
+    if _same_run(old, config):
+        return None
+    other = {k: (old.get(k), config.get(k)) for k in set(old) | set(config)
+             if k not in (*GROWABLE, "extended_from") and old.get(k) != config.get(k)}
+    if other:
+        raise ConfigError(f"--extend: {out} holds a run with other parameters (old -> new: {other}); only "
+                          f"--num-samples may change")
+    if config["num_samples"] <= old["num_samples"]:
+        raise ConfigError(f"--extend: {out} holds {old['num_samples']:,} samples; --num-samples "
+                          f"{config['num_samples']:,} does not grow it")
+    old_starts = np.concatenate([[0], np.cumsum(shard_sizes(old["num_samples"], old["num_shards"]))])
+    if len(old_starts) > len(starts) or not np.array_equal(old_starts, starts[:len(old_starts)]):
+        raise ConfigError(f"--extend: the {old['num_shards']} shards of {out} ({old['num_samples']:,} samples) are "
+                          f"not the first shards of {config['num_samples']:,} samples in {config['num_shards']} shards "
+                          f"(shard i's samples depend on its sample indices): it extends when both counts are "
+                          f"multiples of --shard-size")
+    return old
+
+
+def _same_run(old: dict, config: dict) -> bool:
+    return {k: v for k, v in old.items() if k != "extended_from"} == config
+
+
+def _open_run(out: Path, config: dict, extends: dict | None = None) -> None:
     """Write the run's config, or check that the shards already in ``out`` come from the same parameters.
+
+    ``extends``: the config of the run in ``out`` that this one grows (:func:`extension_of`): its shard and
+    reject files are renamed to the new shard count first, the new config (with ``extended_from``) written
+    last, so a run killed in between resumes with the same ``--extend`` command.
 
     A config without ``engine`` was written before there was a choice: its shards came from
     ``model.generate``, so it resumes with ``engine="generate"`` only (its dtype was not recorded)."""
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / CONFIG_FILE
+    if extends is not None:
+        n_old, n_new = extends["num_shards"], config["num_shards"]
+        for kind in ("shard", "rejects"):
+            for i in range(n_old):
+                src = out / shard_name(i, n_old, kind)
+                if src.exists():
+                    os.replace(src, out / shard_name(i, n_new, kind))
+        grown = {**config, "extended_from": [*extends.get("extended_from", []),
+                                             {k: extends[k] for k in GROWABLE}]}
+        tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
+        tmp_cfg.write_text(json.dumps(grown, indent=2))
+        os.replace(tmp_cfg, cfg_path)
+        log.info("extended %s from %s to %s samples (%s -> %s shards)", out, f"{extends['num_samples']:,}",
+                 f"{config['num_samples']:,}", n_old, n_new)
+        return
     # a config with no shard beside it is what a failed run left (e.g. a generator that did not
     # load): nothing to protect, so it is replaced rather than refusing every later run
     has_shards = any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))
@@ -300,10 +370,12 @@ def _open_run(out: Path, config: dict) -> None:
         if old and "engine" not in old:  # written before engines and dtypes were recorded
             old.setdefault("engine", "generate")
             old.setdefault("dtype", config["dtype"])
-        if old != config:
+        if not _same_run(old, config):
             diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
+            grow = (set(diff) <= set(GROWABLE) and config["num_samples"] > old.get("num_samples", 0))
             raise ConfigError(f"{out} holds shards of another run (differences, old -> new: {diff}); "
-                              f"use another --out folder or the same parameters to resume")
+                              f"use another --out folder or the same parameters to resume"
+                              + ("; --extend grows that run to the new number of samples" if grow else ""))
     else:
         tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
         tmp_cfg.write_text(json.dumps(config, indent=2))
