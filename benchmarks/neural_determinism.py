@@ -15,6 +15,7 @@ and counts the rows whose keep/drop decision differs, with the scores on both si
     python benchmarks/neural_determinism.py aflite      # both settings (a finished one is skipped), then compare
     python benchmarks/neural_determinism.py confidence --model M --rows 'samples/shard-*.parquet'
     python benchmarks/neural_determinism.py pdd         # the teacher and masked LM trained once (native), then PDD
+    python benchmarks/neural_determinism.py ibadr       # theta_s trained under each setting, beta and indicator groups
     python benchmarks/neural_determinism.py report      # benchmarks/results/neural_determinism.{json,md}
 
 Outputs under ``$NEURAL_DET_RUN`` (default /work/runs/neural_det); one result file per step and
@@ -158,6 +159,55 @@ def pdd() -> dict:
     return result
 
 
+# the committed IBADR run's theta_s (benchmarks/results/ibadr_snli.md): MiniLM + a new head on 2,000 random rows of D0,
+# 3 epochs, lr 5e-5 (Wang et al. 2023, section 3.1), batch 16, max length 64, iteration 1's sample seed (seed 0 + 1)
+IBADR_SHALLOW = {"rows": 2000, "epochs": 3.0, "lr": 5e-5, "seed": 1, "batch_size": 16, "max_length": 64}
+IBADR_N_BI = 5  # the committed run's N_bi
+
+
+def ibadr() -> dict:
+    """IBADR's neural decisions under both settings: theta_s is trained from the same rows and seed under each
+    setting, every row of D0 gets its bias degree beta = p(y | x; theta_s), and the rows are cut into the N_bi
+    indicator groups that condition the generator (the groups decide which rows train theta_g and with which
+    indicator). The other neural decision, the confidence filter of the samples, is the ``confidence`` step."""
+    import numpy as np
+    code = ("import sys, json, numpy as np, torch\n"
+            "from debiased_nli.data.loading import load_task\n"
+            "from debiased_nli.data.tasks import get_task\n"
+            "from debiased_nli.methods.ibadr.shallow import train_shallow, bias_degree\n"
+            "torch.set_num_threads(int(sys.argv[2]))\n"
+            "cfg = json.loads(sys.argv[4])\n"
+            "task = get_task('snli')\n"
+            "pool = load_task(task, data_files=sys.argv[1]).dataset\n"
+            "train_shallow(pool, task, sys.argv[5], sys.argv[3] + '/theta_s', rows=cfg['rows'], epochs=cfg['epochs'],\n"
+            "              lr=cfg['lr'], seed=cfg['seed'], batch_size=cfg['batch_size'], max_length=cfg['max_length'],\n"
+            "              progress=False)\n"
+            "beta = bias_degree(pool, sys.argv[3] + '/theta_s', task, max_length=cfg['max_length'], progress=False)\n"
+            "np.save(sys.argv[3] + '/beta.npy', np.asarray(beta, dtype=np.float64))\n"
+            "json.dump(list(pool['uid']), open(sys.argv[3] + '/uids.json', 'w'))\n")
+    for setting, s in SETTINGS.items():
+        out = RUN / "ibadr" / setting
+        out.mkdir(parents=True, exist_ok=True)
+        run_setting("ibadr", setting, [sys.executable, "-c", code, str(SNLI), str(s["threads"]), str(out),
+                                       json.dumps(IBADR_SHALLOW), str(MODELS / "all-minilm-l6-v2")], out / "beta.npy")
+    from debiased_nli.methods.ibadr.indicators import assign_indicators
+    beta = {s: np.load(RUN / "ibadr" / s / "beta.npy") for s in SETTINGS}
+    uids = {s: json.loads((RUN / "ibadr" / s / "uids.json").read_text()) for s in SETTINGS}
+    a, b = SETTINGS
+    if uids[a] != uids[b]:
+        raise SystemExit("ibadr: the two settings scored different rows")
+    groups = {s: assign_indicators(beta[s], uids[s], IBADR_N_BI) for s in SETTINGS}
+    diff = np.abs(beta[a] - beta[b])
+    result = {"step": "ibadr", "rows": int(len(beta[a])), "shallow": IBADR_SHALLOW, "n_bi": IBADR_N_BI,
+              "indicator_differs": int(np.sum(groups[a] != groups[b])),
+              "indicator_differs_by_more_than_one_group": int(np.sum(np.abs(groups[a] - groups[b]) > 1)),
+              "beta_max_abs_difference": float(diff.max()), "beta_mean_abs_difference": float(diff.mean()),
+              "seconds": {s: float((RUN / "ibadr" / f"{s}.seconds").read_text()) for s in SETTINGS
+                          if (RUN / "ibadr" / f"{s}.seconds").exists()}}
+    (RUN / "ibadr" / "compare.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
 def confidence(model: str, rows: str) -> dict:
     """M's confidence on the same rows under both settings: rows whose keep/drop at tau flips."""
     import numpy as np
@@ -167,7 +217,7 @@ def confidence(model: str, rows: str) -> dict:
             "torch.set_num_threads(int(sys.argv[3]))\n"
             "ds = datasets.Dataset.from_parquet(sorted(__import__('glob').glob(sys.argv[2])))\n"
             "k, r = confidence_filter(ds, sys.argv[1], 'snli', tau=0.95, progress=False)\n"
-            "conf = dict(zip(k['uid'] + r['uid'], k['confidence'] + r['confidence']))\n"
+            "conf = dict(zip(list(k['uid']) + list(r['uid']), list(k['confidence']) + list(r['confidence'])))\n"
             "np.save(sys.argv[4], np.array([conf[u] for u in ds['uid']]))\n")
     for setting, s in SETTINGS.items():
         out = RUN / "confidence" / f"{setting}.npy"
@@ -212,6 +262,12 @@ def report() -> None:
             lines.append(f"| confidence filter (M = `{Path(r['model']).name}`) | {r['rows']:,} | "
                          f"{r['flips_at_tau']['0.9']:,} at tau 0.9 (the Seq-Z run's), {r['flips_at_tau']['0.95']:,} at 0.95 | flips by tau {r['flips_at_tau']}; largest "
                          f"|p difference| {r['max_abs_difference']:.3g} |")
+        elif step == "ibadr":
+            lines.append(f"| IBADR bias-degree indicators (theta_s retrained under each setting: {r['shallow']['rows']:,} "
+                         f"rows, {r['shallow']['epochs']:g} epochs) | {r['rows']:,} | {r['indicator_differs']:,} rows in "
+                         f"another of the {r['n_bi']} groups | {r['indicator_differs_by_more_than_one_group']:,} moved by "
+                         f"more than one group; largest |beta difference| {r['beta_max_abs_difference']:.3g}, mean "
+                         f"{r['beta_mean_abs_difference']:.3g} |")
     lines += ["", "A rebuild reproduces the release exactly anyway: the build records every filter step's "
               "decisions and scores (`decisions/<config>/` in the release, their sha256 in the manifest), and "
               "`debiased-nli build ... --replay OLD_RELEASE` reuses them when the step, its parameters and its "
@@ -222,7 +278,7 @@ def report() -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["aflite", "pdd", "confidence", "report", "check"])
+    ap.add_argument("what", choices=["aflite", "pdd", "ibadr", "confidence", "report", "check"])
     ap.add_argument("--model", help="confidence: the classifier M")
     ap.add_argument("--rows", help="confidence: parquet files (glob) of the rows to score")
     a = ap.parse_args()
@@ -231,6 +287,8 @@ if __name__ == "__main__":
         print(json.dumps(aflite(), indent=2))
     elif a.what == "pdd":
         print(json.dumps(pdd(), indent=2))
+    elif a.what == "ibadr":
+        print(json.dumps(ibadr(), indent=2))
     elif a.what == "confidence":
         if not (a.model and a.rows and glob.glob(a.rows)):
             ap.error("confidence needs --model and --rows matching files")
