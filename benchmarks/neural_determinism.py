@@ -147,12 +147,15 @@ def pdd() -> dict:
         d = datasets.Dataset.from_parquet(str(RUN / "pdd" / setting / "debiased.parquet"))
         r = datasets.Dataset.from_parquet(str(RUN / "pdd" / setting / "removed.parquet"))
         sides[setting] = {"rows": set(zip(d["premise"], d["hypothesis"], d["label"])), "removed": set(r["uid"]),
-                          "n": len(d)}
+                          "n": len(d), "perturbed": sum(o == "perturbed" for o in d["origin"])}
     a, b = (sides[s] for s in SETTINGS)
     result = {"step": "pdd", "rows": 20000, "tau": PDD_TAU, "teacher": str(teacher), "mlm": str(mlm),
               "output_rows": {s: sides[s]["n"] for s in SETTINGS},
+              "perturbed_rows": {s: sides[s]["perturbed"] for s in SETTINGS},
               "output_rows_in_one_setting_only": len(a["rows"] ^ b["rows"]),
               "originals_replaced_in_one_setting_only": len(a["removed"] ^ b["removed"]),
+              "examples_in_one_setting_only": {s: [list(r) for r in sorted(sides[s]["rows"] - sides[o]["rows"])[:5]]
+                                               for s, o in zip(SETTINGS, list(SETTINGS)[::-1])},
               "seconds": {s: float((RUN / "pdd" / f"{s}.seconds").read_text()) for s in SETTINGS
                           if (RUN / "pdd" / f"{s}.seconds").exists()}}
     (RUN / "pdd" / "compare.json").write_text(json.dumps(result, indent=2))
@@ -208,6 +211,64 @@ def ibadr() -> dict:
     return result
 
 
+def replay_marks(node, where: str = "stages") -> dict:
+    """Every ``replay`` entry of the manifest's stages (``replayed`` or why the record was not used), by place."""
+    out = {}
+    if isinstance(node, dict):
+        if "replay" in node:
+            out[f"{where}/{node.get('step') or node.get('name') or ''}".rstrip("/")] = node["replay"]
+        for k, v in node.items():
+            out.update(replay_marks(v, f"{where}/{k}"))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out.update(replay_marks(v, f"{where}/{i}"))
+    return out
+
+
+def replay() -> dict:
+    """The decision records at work on the step that differed: the SNLI release with PDD (the ``pdd`` step's
+    models and tau') built under ``native2``, then under ``avx2_1`` twice: with ``--replay`` of the native build
+    (PDD does not run; its recorded decisions and rows are reused) and without (PDD runs on the AVX2 kernels).
+    Every file of the release is compared byte for byte with the native build."""
+    import hashlib
+    teacher, mlm = RUN / "pdd" / "teacher", MODELS / "minilm-mlm-pdd-standin"
+    if not (teacher / "debiased_nli_train.json").exists() or not (mlm / "config.json").exists():
+        raise SystemExit("replay: run `neural_determinism.py pdd` first (it trains the teacher and the masked LM)")
+    base = RUN / "replay"
+    base.mkdir(parents=True, exist_ok=True)
+    recipe = base / "recipe.yaml"
+    recipe.write_text(
+        "# builders/snli.yaml's z-path with the PDD step of benchmarks/neural_determinism.py (stand-in models, tau' 4.52)\n"
+        "name: debiased-snli-pdd\ntask: snli\nrelease_version: 1.0.0\npretty_name: Debiased SNLI sample (PDD)\n"
+        "repo_id: debiased-nli/debiased-snli-pdd\nsummary: The 20k SNLI sample with PDD perturbations.\nseed: 42\n"
+        "data: {split: train, on_invalid: set_aside, eval_splits: []}\nfeatures: {hypothesis_only: tfidf, folds: 5}\n"
+        "z_filter: {top_k: 20, batch_size: 1000, p0: uniform}\n"
+        f"filters:\n  - {{step: pdd, config: pdd, mlm: {mlm}, teacher: {teacher}, tau: {PDD_TAU}, progress: false}}\n"
+        "configs: auto\nhistory:\n  - {version: 1.0.0, notes: first release}\n")
+    builds = {"native2": ("native2", []), "avx2_1_replay": ("avx2_1", ["--replay", str(base / "native2")]),
+              "avx2_1": ("avx2_1", [])}
+    for name, (setting, extra) in builds.items():
+        out = base / name
+        cmd = ["debiased-nli", "build", str(recipe), "--data-files", f"train={SNLI}", *extra, "--out", str(out)]
+        run_setting("replay", setting, cmd, out / "manifest.json")
+        if (RUN / "replay" / f"{setting}.seconds").exists():
+            os.replace(RUN / "replay" / f"{setting}.seconds", RUN / "replay" / f"{name}.seconds")
+
+    def files(root: Path) -> dict:
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*.parquet"))}
+    ref = files(base / "native2")
+    result = {"step": "replay", "recipe": str(recipe), "data_files": len(ref)}
+    for name in ("avx2_1_replay", "avx2_1"):
+        other = files(base / name)
+        differ = sorted(k for k in set(ref) | set(other) if ref.get(k) != other.get(k))
+        result[name] = {"parquet_files_differing": differ, "identical": not differ,
+                        "replay": replay_marks(json.loads((base / name / "manifest.json").read_text()).get("stages"))}
+    result["seconds"] = {n: float((base / f"{n}.seconds").read_text()) for n in builds if (base / f"{n}.seconds").exists()}
+    (base / "compare.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
 def confidence(model: str, rows: str) -> dict:
     """M's confidence on the same rows under both settings: rows whose keep/drop at tau flips."""
     import numpy as np
@@ -236,7 +297,7 @@ def confidence(model: str, rows: str) -> dict:
 
 def report() -> None:
     results = {"settings": SETTINGS, "torch_sees": check_settings_apply(), "steps": {}}
-    for step in ("aflite", "confidence", "pdd", "ibadr"):
+    for step in ("aflite", "confidence", "pdd", "ibadr", "replay"):
         f = RUN / step / "compare.json"
         if f.exists():
             results["steps"][step] = json.loads(f.read_text())
@@ -256,12 +317,21 @@ def report() -> None:
         elif step == "pdd":
             lines.append(f"| PDD (20k SNLI, tau' {r['tau']}; teacher and masked LM trained once) | {r['rows']:,} | "
                          f"{r['output_rows_in_one_setting_only']:,} output rows in one setting only | rows out "
-                         f"{r['output_rows']}; originals replaced in one setting only: "
-                         f"{r['originals_replaced_in_one_setting_only']:,} |")
+                         f"{r['output_rows']}, perturbed {r.get('perturbed_rows')}; originals replaced in one setting only: "
+                         f"{r['originals_replaced_in_one_setting_only']:,}; "
+                         + "; ".join(f"{k} only: " + ", ".join(f"{x[0]!r} / {x[1]!r}" for x in v)
+                                     for k, v in r.get("examples_in_one_setting_only", {}).items() if v) + " |")
         elif step == "confidence":
             lines.append(f"| confidence filter (M = `{Path(r['model']).name}`) | {r['rows']:,} | "
                          f"{r['flips_at_tau']['0.9']:,} at tau 0.9 (the Seq-Z run's), {r['flips_at_tau']['0.95']:,} at 0.95 | flips by tau {r['flips_at_tau']}; largest "
                          f"|p difference| {r['max_abs_difference']:.3g} |")
+        elif step == "replay":
+            rp, fresh = r["avx2_1_replay"], r["avx2_1"]
+            lines.append(f"| the SNLI release with PDD rebuilt on `avx2_1` (native build first) | 20,000 | with "
+                         f"`--replay` of the native build: {len(rp['parquet_files_differing'])} of {r['data_files']} "
+                         f"Parquet files differ; without: {len(fresh['parquet_files_differing'])} | differing without "
+                         f"replay: {', '.join(fresh['parquet_files_differing']) or 'none'}; replay marks "
+                         f"{sorted(set(map(str, rp['replay'].values())))} |")
         elif step == "ibadr":
             lines.append(f"| IBADR bias-degree indicators (theta_s retrained under each setting: {r['shallow']['rows']:,} "
                          f"rows, {r['shallow']['epochs']:g} epochs) | {r['rows']:,} | {r['indicator_differs']:,} rows in "
@@ -278,7 +348,7 @@ def report() -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["aflite", "pdd", "ibadr", "confidence", "report", "check"])
+    ap.add_argument("what", choices=["aflite", "pdd", "ibadr", "confidence", "replay", "report", "check"])
     ap.add_argument("--model", help="confidence: the classifier M")
     ap.add_argument("--rows", help="confidence: parquet files (glob) of the rows to score")
     a = ap.parse_args()
@@ -289,6 +359,8 @@ if __name__ == "__main__":
         print(json.dumps(pdd(), indent=2))
     elif a.what == "ibadr":
         print(json.dumps(ibadr(), indent=2))
+    elif a.what == "replay":
+        print(json.dumps(replay(), indent=2))
     elif a.what == "confidence":
         if not (a.model and a.rows and glob.glob(a.rows)):
             ap.error("confidence needs --model and --rows matching files")
