@@ -59,14 +59,16 @@ def env_for(setting: str) -> dict:
     return env
 
 
-def run_setting(step: str, setting: str, cmd: list[str], done: Path) -> None:
+def run_setting(step: str, setting: str, cmd: list[str], done: Path, label: str | None = None) -> None:
+    """Run ``cmd`` under ``setting`` unless ``done`` exists; its wall time goes to RUN/step/<label>.seconds
+    (``label``: the setting's name by default)."""
     if done.exists():
-        print(f"{step} {setting}: done before ({done})", flush=True)
+        print(f"{step} {label or setting}: done before ({done})", flush=True)
         return
     print(f"+ [{setting}] {' '.join(cmd)}", flush=True)
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env_for(setting))
-    (RUN / step / f"{setting}.seconds").write_text(f"{time.perf_counter() - t:.1f}\n")
+    (RUN / step / f"{label or setting}.seconds").write_text(f"{time.perf_counter() - t:.1f}\n")
 
 
 def check_settings_apply() -> dict:
@@ -250,9 +252,7 @@ def replay() -> dict:
     for name, (setting, extra) in builds.items():
         out = base / name
         cmd = ["debiased-nli", "build", str(recipe), "--data-files", f"train={SNLI}", *extra, "--out", str(out)]
-        run_setting("replay", setting, cmd, out / "manifest.json")
-        if (RUN / "replay" / f"{setting}.seconds").exists():
-            os.replace(RUN / "replay" / f"{setting}.seconds", RUN / "replay" / f"{name}.seconds")
+        run_setting("replay", setting, cmd, out / "manifest.json", label=name)
 
     def files(root: Path) -> dict:
         return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -431,10 +431,9 @@ def grew_from(new: dict | None, old: dict | None) -> bool:
 def grow_folder(folder: Path, old: dict, new: dict) -> None:
     """Rename ``folder``'s shards of run ``old`` to those of ``new`` (which grew from it) and write ``new``'s config:
     what generate --extend does to its own folder, for the other copy of the samples."""
-    from debiased_nli.methods.generation.sample import _open_run
-    _open_run(folder, {k: v for k, v in new.items() if k != "extended_from"}, extends=old)
-    if read_json(folder / "generate_config.json") != new:   # a chain of extensions recorded otherwise: take new's
-        write_json(folder / "generate_config.json", new)
+    from debiased_nli.methods.generation.sample import rename_shards
+    rename_shards(folder, old["num_shards"], new["num_shards"])
+    write_json(folder / "generate_config.json", new)   # last: a copy killed mid-rename is grown again
 
 
 def _copy(src: Path, dst: Path) -> None:

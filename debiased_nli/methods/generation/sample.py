@@ -302,13 +302,33 @@ def _read_config(out: Path) -> dict:
         return {}
 
 
+def _write_config(out: Path, config: dict) -> None:
+    tmp_cfg = out / f".{CONFIG_FILE}.tmp"
+    tmp_cfg.write_text(json.dumps(config, indent=2))
+    os.replace(tmp_cfg, out / CONFIG_FILE)
+
+
+def _has_shards(out: Path) -> bool:
+    return any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))
+
+
+def rename_shards(out: Path, n_old: int, n_new: int) -> None:
+    """Rename the shard and reject files of a run of ``n_old`` shards in ``out`` to those of ``n_new`` shards
+    (their bytes unchanged): what ``extend`` does before sampling the new shards."""
+    for kind in ("shard", "rejects"):
+        for i in range(n_old):
+            src = out / shard_name(i, n_old, kind)
+            if src.exists():
+                os.replace(src, out / shard_name(i, n_new, kind))
+
+
 def extension_of(out: Path, config: dict, starts) -> dict | None:
     """The run in ``out`` that ``config`` extends (its config), or None when ``out`` holds no run or already this
     one. Refused with the reason: parameters other than the sample count differ, the count does not grow, or
     the old shards' sample-index ranges are not the first ones of the new split (shard i's samples depend on
     its index range, so the kept shards would not be those of a fresh run)."""
     old = _read_config(out)
-    if not old or not (any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))):
+    if not old or not _has_shards(out):
         return None
     if _same_run(old, config):
         return None
@@ -346,27 +366,16 @@ def _open_run(out: Path, config: dict, extends: dict | None = None) -> None:
     cfg_path = out / CONFIG_FILE
     if extends is not None:
         n_old, n_new = extends["num_shards"], config["num_shards"]
-        for kind in ("shard", "rejects"):
-            for i in range(n_old):
-                src = out / shard_name(i, n_old, kind)
-                if src.exists():
-                    os.replace(src, out / shard_name(i, n_new, kind))
-        grown = {**config, "extended_from": [*extends.get("extended_from", []),
-                                             {k: extends[k] for k in GROWABLE}]}
-        tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
-        tmp_cfg.write_text(json.dumps(grown, indent=2))
-        os.replace(tmp_cfg, cfg_path)
+        rename_shards(out, n_old, n_new)
+        _write_config(out, {**config, "extended_from": [*extends.get("extended_from", []),
+                                                        {k: extends[k] for k in GROWABLE}]})
         log.info("extended %s from %s to %s samples (%s -> %s shards)", out, f"{extends['num_samples']:,}",
                  f"{config['num_samples']:,}", n_old, n_new)
         return
     # a config with no shard beside it is what a failed run left (e.g. a generator that did not
     # load): nothing to protect, so it is replaced rather than refusing every later run
-    has_shards = any(out.glob("shard-*-of-*.parquet")) or any(out.glob("rejects-*-of-*.parquet"))
-    if cfg_path.exists() and has_shards:
-        try:
-            old = json.loads(cfg_path.read_text())
-        except (OSError, ValueError):
-            old = {}
+    if cfg_path.exists() and _has_shards(out):
+        old = _read_config(out)
         if old and "engine" not in old:  # written before engines and dtypes were recorded
             old.setdefault("engine", "generate")
             old.setdefault("dtype", config["dtype"])
@@ -377,9 +386,7 @@ def _open_run(out: Path, config: dict, extends: dict | None = None) -> None:
                               f"use another --out folder or the same parameters to resume"
                               + ("; --extend grows that run to the new number of samples" if grow else ""))
     else:
-        tmp_cfg = cfg_path.with_name(f".{CONFIG_FILE}.tmp")
-        tmp_cfg.write_text(json.dumps(config, indent=2))
-        os.replace(tmp_cfg, cfg_path)
+        _write_config(out, config)
 
 
 def sampling_dtype(dtype: str | None, device) -> str | None:
