@@ -1199,7 +1199,7 @@ def markdown(s: dict) -> str:
     out += ["", "## Audits (top |z| and hypothesis-only accuracy)", ""]
     a = s.get("audits")
     if a:
-        out += ["| config | rows | max abs z | features above threshold | hypothesis-only accuracy | top feature per label |",
+        out += ["| config | rows | max abs z | features with abs z above the threshold | hypothesis-only accuracy | top feature per label |",
                 "|---|---|---|---|---|---|"]
         for c, v in a.items():
             top = "; ".join(f"{lab}: {fs[0]['feature']} (z {fs[0]['z']})" for lab, fs in v["top_features"].items() if fs)
