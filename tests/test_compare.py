@@ -253,6 +253,11 @@ def test_the_cli_status_and_report(done, capsys):
     assert "report: 6 of 6 units finished" in capsys.readouterr().out
     assert main(["compare", "--help"]) == 0
     assert "primary comparisons" in capsys.readouterr().out
+    # --out into a folder that does not exist yet: made, not a failure after the bootstrap
+    stem = done.path.parent / "new" / "deeper" / "report"
+    assert main(["compare", "report", str(done.path), "--out", str(stem), "--quiet"]) == 0
+    capsys.readouterr()
+    assert all(stem.with_suffix(x).is_file() for x in (".md", ".json", ".png"))
 
 
 def test_the_evaluation_report_goes_beside_the_release_on_the_hub(done, tmp_path, monkeypatch):

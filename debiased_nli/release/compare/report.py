@@ -664,6 +664,8 @@ def report(plan: Plan, out_stem: Path | None = None, *, replicates_of=None, **ma
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>.png`` (default stem: the results folder's path) and
     return the table. ``replicates_of``: see :func:`summarise`."""
     stem = out_stem or plan.results_dir.parent / plan.results_dir.name
+    # the folder first: the bootstrap before the writing can take minutes
+    stem.parent.mkdir(parents=True, exist_ok=True)
     share_sets = markdown_options.get("share_sets", SHARE_SETS)
     table = summarise(plan, share_sets=share_sets, replicates_of=replicates_of)
     fig = plot(table, stem.with_suffix(".png"))
