@@ -136,7 +136,7 @@ def time_batch(model, batch: int, length: int, prompt_ids, *, eos_id, pad_id, de
 
 
 def bench_sampling(model, hist: dict, prompt_ids: list[int], *, eos_id: int, pad_id: int, device, batches,
-                   width: int = 8, deadline: float | None = None) -> dict:
+                   width: int = 8, deadline: float | None = None, peak: float | None = None) -> dict:
     """The batch-size sweep at the median bucket, then every bucket at the best batch size; the
     distribution-weighted samples/s, tokens/s and roofline fraction."""
     import torch
@@ -198,7 +198,7 @@ def bench_sampling(model, hist: dict, prompt_ids: list[int], *, eos_id: int, pad
         read += share * by / bs
     sps = 1.0 / sec_per_sample
     name = torch.cuda.get_device_name(0) if str(device).startswith("cuda") else "cpu"
-    peak = peak_bandwidth(name)
+    peak = peak or peak_bandwidth(name)
     bw = read * sps  # bytes read per sample x samples per second
     return {"device": name, "batch_sweep": sweep, "best_batch": best, "median_length": median, "buckets": per_bucket,
             "mean_length": round(tokens, 2), "samples_per_s": round(sps, 1), "tokens_per_s": round(sps * tokens, 1),
@@ -208,7 +208,7 @@ def bench_sampling(model, hist: dict, prompt_ids: list[int], *, eos_id: int, pad
 
 
 def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8, warmup: int = 3,
-                   lam: float = 0.5, seed: int = 0) -> dict:
+                   lam: float = 0.5, seed: int = 0, cpu_bf16: bool = False) -> dict:
     """Optimizer steps of the generator objective (MLE + lam * label-consistency unlikelihood) on
     random rows of the SNLI length distribution: seconds per step and tokens/s (one copy of each row;
     the perturbed-label copy doubles the forward tokens)."""
@@ -222,7 +222,8 @@ def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8
     vocab = model.config.vocab_size
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=1e-6, weight_decay=0.0)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else torch.autocast("cpu", enabled=False)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else \
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_bf16)
     times, tokens = [], 0
     for i in range(warmup + steps):
         ls = rng.choice(lengths, size=batch, p=probs) + 3  # + the prompt
@@ -280,20 +281,50 @@ def bench_classifier(model, hist: dict, *, device, batch: int = 512, batches: in
 
 
 
+def copy_bandwidth(gib: float = 0.5, repeats: int = 5) -> float:
+    """This machine's measured memory bandwidth in bytes/s (a STREAM-like copy: ``b.copy_(a)`` of ``gib``
+    GiB, which reads and writes each byte once; best of ``repeats``). The CPU roofline's ceiling: there is
+    no datasheet figure for a shared virtual machine's share of its host's memory system."""
+    import torch
+
+    n = int(gib * 2**30) // 4
+    a, b = torch.ones(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32)
+    b.copy_(a)
+    best = min(_timed(lambda: b.copy_(a)) for _ in range(repeats))
+    return 2 * n * 4 / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float | None = None,
-             batches: list[int] | None = None) -> dict:
+             batches: list[int] | None = None, cpu_full: bool = False, cpu_dtype: str = "bfloat16",
+             train_steps: int | None = None, classifier_batch: int | None = None) -> dict:
+    """GPT-2 large sampling (and a training step, and RoBERTa-large inference) on the GPU; ``tiny``: tiny
+    configs on the CPU (dry run); ``cpu_full``: the full-size models on the CPU in ``cpu_dtype`` (issue 31's
+    CPU fallback), the roofline against this machine's measured copy bandwidth (:func:`copy_bandwidth`)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, RobertaConfig, RobertaForSequenceClassification
 
+    if tiny and cpu_full:
+        raise ValueError("tiny and cpu_full exclude each other")
     t0 = time.monotonic()
     deadline = t0 + deadline_s if deadline_s else None
-    cuda = torch.cuda.is_available() and not tiny
+    cuda = torch.cuda.is_available() and not tiny and not cpu_full
     device = "cuda" if cuda else "cpu"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    batches = batches or ([128, 256, 512, 1024, 2048, 4096] if cuda else [2, 4])
+    dtype = torch.bfloat16 if cuda else getattr(torch, cpu_dtype) if cpu_full else torch.float32
+    batches = batches or ([128, 256, 512, 1024, 2048, 4096] if cuda else [16, 32, 64] if cpu_full else [2, 4])
+    peak = None
+    if cpu_full:
+        peak = copy_bandwidth()
+        log(f"copy bandwidth of this machine: {peak / 1e9:.1f} GB/s")
     eos = int(lengths["eos_id_gpt2"])
     prompt = [int(x) for x in lengths["prompt_ids_gpt2"]]
     result = {"model": "gpt2-large (random weights, GPT2Config)" if not tiny else "gpt2-tiny (CPU dry run)",
+              "device_kind": "cuda" if cuda else "cpu (full-size models)" if cpu_full else "cpu (tiny dry run)",
               "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": len(prompt),
               "lengths": "whole row after the prompt (premise, label, hypothesis, end marker), GPT-2 tokens"}
     torch.manual_seed(0)
@@ -304,11 +335,11 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     result["sampling"] = bench_sampling(model, lengths["row_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos,
-                                        device=device, batches=batches,
+                                        device=device, batches=batches, peak=peak,
                                         deadline=deadline and deadline - (30 if cuda else 0))
     result["sampling"].update(_memory(device))
     hyp = bench_sampling(model, lengths["hypothesis_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos, device=device,
-                         batches=[result["sampling"]["best_batch"]], deadline=deadline and deadline - 25) \
+                         batches=[result["sampling"]["best_batch"]], peak=peak, deadline=deadline and deadline - 25) \
         if not deadline or time.monotonic() < deadline - 40 else None
     if hyp:
         result["sampling_hypothesis_lengths_only"] = {k: hyp[k] for k in ("mean_length", "samples_per_s", "tokens_per_s",
@@ -324,7 +355,8 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         result["training"] = bench_training(model, lengths["row_lengths_gpt2"], device=device,
-                                            steps=8 if cuda else 2, warmup=3 if cuda else 1)
+                                            steps=train_steps or (8 if cuda else 2), warmup=3 if cuda else 1,
+                                            cpu_bf16=cpu_full and dtype == torch.bfloat16)
         del model
         if cuda:
             torch.cuda.empty_cache()
@@ -338,7 +370,8 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
         result["classifier"] = {"model": "roberta-large (random weights)" if not tiny else "roberta-tiny",
                                 "dtype": str(dtype).replace("torch.", ""),
                                 **bench_classifier(clf, lengths["pair_lengths_gpt2"], device=device,
-                                                   batch=512 if cuda else 8, batches=8 if cuda else 2,
+                                                   batch=classifier_batch or (512 if cuda else 8),
+                                                   batches=8 if cuda else 3 if cpu_full else 2,
                                                    warmup=2 if cuda else 1)}
     result["seconds"] = round(time.monotonic() - t0, 1)
     _write(out, result)

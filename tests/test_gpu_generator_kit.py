@@ -189,6 +189,29 @@ def test_rows_over_the_per_file_limit_are_sampled_and_say_so(tmp_path):
     assert "extra" not in f.schema_arrow.names and "confidence" in f.schema_arrow.names
 
 
+def test_a_cpu_roofline_uses_the_given_ceiling_and_the_copy_bandwidth_is_measured():
+    model, eos = eos_heavy_gpt2()
+    hist = {9: 10}
+    r = gt.bench_sampling(model, hist, [eos, 31605], eos_id=eos, pad_id=eos, device="cpu", batches=[2], peak=1e9)
+    assert r["peak_bandwidth_tb_s"] == pytest.approx(1e-3)
+    assert r["roofline_fraction"] > 0  # bytes read per second over the ceiling given (a GPU's comes from its name)
+    bw = gt.copy_bandwidth(gib=1 / 64, repeats=2)
+    assert 1e8 < bw < 1e13  # bytes/s: between 0.1 GB/s and 10 TB/s on any machine this runs on
+
+
+def test_the_cpu_fallback_projects_from_the_seqz_cpu_run():
+    from benchmarks import paper_models_cpu as pmc
+
+    seqz = {"generator": {"rows": 20_000, "seconds": 1000.0, "tokens": {"sequence_tokens": 800_000}},
+            "generation": {"this_run": {"samples_per_s_rank0": 20.0}}}
+    s = pmc.this_run_inputs(seqz, {"rows_per_s": 100.0})
+    assert s["G"]["tokens_per_s"] == 800.0 and s["kit"]["data"]["train_rows"] == 20_000
+    z = {"featurise_rows_per_s": 1e9, "seq_z_seconds": 0.0, "seq_z_rows": 1, "cpus": 2}
+    p = gg.project({**s, "gpt2": {}}, rows=20_000, epochs=1, samples=72_000, gpus=(1,), z=z)["this_run_models"]["1_gpu"]
+    assert p["train_g_h"] == pytest.approx(1000 / 3600, abs=1e-3)  # one epoch of the same rows: the run's own time
+    assert p["sample_h"] == pytest.approx(1.0) and p["confidence_filter_h"] == pytest.approx(0.2)
+
+
 def test_projection_scales_the_measured_rates():
     summary = {"gpt2": {"sampling": {"samples_per_s": 1000.0, "device": "H100"},
                         "training": {"batch": 24, "seconds_per_step": 0.1},
