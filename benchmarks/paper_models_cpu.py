@@ -25,7 +25,6 @@ Writes ``benchmarks/results/paper_models_cpu.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -42,12 +41,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import gpu_generator as gg  # noqa: E402
+from benchmarks import gpu_throughput as tp  # noqa: E402
+
+
+def _num(x, spec=",.1f") -> str:
+    return "n/a" if x is None else format(x, spec)
 
 
 def m_rows_per_s(m_dir: Path, pair_hist: dict, *, batch: int = 64, batches: int = 4) -> dict | None:
@@ -58,7 +57,6 @@ def m_rows_per_s(m_dir: Path, pair_hist: dict, *, batch: int = 64, batches: int 
 
     if not (m_dir / "config.json").is_file():
         return None
-    tp = _load("gpu_throughput")
     model = AutoModelForSequenceClassification.from_pretrained(str(m_dir), dtype=torch.float32)
     r = tp.bench_classifier(model, pair_hist, device="cpu", batch=batch, batches=batches, warmup=1)
     return {"model": str(m_dir), "dtype": "float32", **r}
@@ -129,15 +127,13 @@ def render(r: dict) -> str:
                        ("this_run_models", "this run's SmolLM2-135M + LoRA G and MiniLM M")):
         t = (P.get(key) or {}).get("1_gpu")
         if t:
-            def f(x, spec=",.1f"):
-                return "n/a" if x is None else format(x, spec)
             tot = t["total_h"]
-            L.append(f"| {title} | {f(t['train_g_h'])} | {f(t['sample_h'])} | {f(t['confidence_filter_h'], ',.2f')} | "
-                     f"{f(t['z_filter_h'], ',.2f')} | {f(tot)} | {f(tot and tot / 24)} | {f(tot and 59.0 / tot, '.2g')} |")
+            L.append(f"| {title} | {_num(t['train_g_h'])} | {_num(t['sample_h'])} | {_num(t['confidence_filter_h'], ',.2f')} | "
+                     f"{_num(t['z_filter_h'], ',.2f')} | {_num(tot)} | {_num(tot and tot / 24)} | {_num(tot and 59.0 / tot, '.2g')} |")
     if P.get("this_run_models"):
         i = P["this_run_models"]["inputs"]
         L += ["", f"This run's inputs: G {i['g_tokens_per_s']} row tokens/s ({i['g_tokens_per_row']} tokens per row, "
-              f"`seqz_cpu.json`), {i['g_samples_per_s']} samples/s (its last full sampling run), M {i['m_rows_per_s']} rows/s."]
+              f"`seqz_cpu.json`), {i['g_samples_per_s']} samples/s (its last full sampling run), M {_num(i['m_rows_per_s'])} rows/s."]
     return "\n".join(L) + "\n"
 
 
@@ -158,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     from debiased_nli.utils.precision import cpu_description, native_bfloat16_cpu
 
-    gg, tp = _load("gpu_generator"), _load("gpu_throughput")
     t0 = time.monotonic()
     out = Path(a.out)
     work = Path(a.work).expanduser()
