@@ -212,6 +212,21 @@ def test_the_cpu_fallback_projects_from_the_seqz_cpu_run():
     assert p["sample_h"] == pytest.approx(1.0) and p["confidence_filter_h"] == pytest.approx(0.2)
 
 
+def test_m_rate_falls_back_to_ms_architecture_when_the_trained_m_is_elsewhere(tmp_path, monkeypatch):
+    from transformers import BertConfig, BertModel
+
+    from benchmarks import paper_models_cpu as pmc
+
+    monkeypatch.setattr(pmc.gg, "MODELS", tmp_path / "models")
+    hist = {"12": 3, "20": 1}
+    assert pmc.m_rows_per_s(tmp_path / "no-M", hist, batch=2, batches=1) is None  # neither M nor its base encoder
+    base = tmp_path / "models" / "all-minilm-l6-v2"
+    BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(base)
+    r = pmc.m_rows_per_s(tmp_path / "no-M", hist, batch=2, batches=1)
+    assert r["stand_in"] is True and r["model"] == str(base) and r["rows_per_s"] > 0 and r["batch"] == 2
+
+
 def test_projection_scales_the_measured_rates():
     summary = {"gpt2": {"sampling": {"samples_per_s": 1000.0, "device": "H100"},
                         "training": {"batch": 24, "seconds_per_step": 0.1},
