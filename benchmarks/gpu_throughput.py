@@ -161,14 +161,14 @@ def bench_sampling(model, hist: dict, prompt_ids: list[int], *, eos_id: int, pad
             sweep.append({"batch": bs, "error": "out of memory"})
             torch.cuda.empty_cache()
             break
-        sweep.append({"batch": bs, "length": median, "seconds": round(dt, 4), "samples_per_s": round(bs / dt, 1),
-                      "tokens_per_s": round(bs * median / dt, 1)})
+        sweep.append({"batch": bs, "length": median, "seconds": round(dt, 4), "samples_per_s": _fig(bs / dt),
+                      "tokens_per_s": _fig(bs * median / dt)})
         log(f"sampling: batch {bs} x {median} tokens: {bs / dt:,.0f} samples/s")
         if len(sweep) >= 2 and "samples_per_s" in sweep[-2] and bs / dt < 1.02 * sweep[-2]["samples_per_s"]:
             break  # no longer pays: a larger batch would only cost memory
     ok = [s for s in sweep if "samples_per_s" in s]
     best = max(ok, key=lambda s: s["samples_per_s"])["batch"]
-    per_bucket, sec_per_sample, tokens, read = [], 0.0, 0.0, 0.0
+    per_bucket = []
     for b, share in buckets:
         if deadline and time.monotonic() > deadline and per_bucket:
             # out of time: the remaining buckets scaled from the longest one timed (time ~ length)
@@ -191,27 +191,43 @@ def bench_sampling(model, hist: dict, prompt_ids: list[int], *, eos_id: int, pad
             measured = True
         by = decode_bytes(wbytes, kvpt, bs, p, b)
         per_bucket.append({"length": b, "share": round(share, 5), "batch": bs, "seconds": round(dt, 4),
-                           "measured": measured, "samples_per_s": round(bs / dt, 1),
-                           "bandwidth_tb_s": round(by / dt / 1e12, 3)})
-        sec_per_sample += share * dt / bs
-        tokens += share * b
-        read += share * by / bs
-    sps = 1.0 / sec_per_sample
+                           "measured": measured, "samples_per_s": _fig(bs / dt),
+                           "bandwidth_tb_s": float(f"{by / dt / 1e12:.4g}")})
     name = torch.cuda.get_device_name(0) if str(device).startswith("cuda") else "cpu"
-    peak = peak or peak_bandwidth(name)
-    bw = read * sps  # bytes read per sample x samples per second
     return {"device": name, "batch_sweep": sweep, "best_batch": best, "median_length": median, "buckets": per_bucket,
-            "mean_length": round(tokens, 2), "samples_per_s": round(sps, 1), "tokens_per_s": round(sps * tokens, 1),
-            "x_paper": round(sps / PAPER_SAMPLES_PER_S, 1), "weight_bytes": wbytes, "kv_bytes_per_token": kvpt,
-            "bandwidth_tb_s": round(bw / 1e12, 3), "peak_bandwidth_tb_s": peak and peak / 1e12,
-            "roofline_fraction": round(bw / peak, 3) if peak else None}
+            **summarise_sampling(per_bucket, weight_bytes=wbytes, kv_bytes_per_token=kvpt, prompt_tokens=p,
+                                 peak=peak or peak_bandwidth(name))}
+
+
+def _fig(x: float) -> float:
+    """A rate as reported: one decimal from 10 up, three significant digits below (a CPU's 0.84 samples/s)."""
+    return round(x, 1) if abs(x) >= 10 else float(f"{x:.3g}")
+
+
+def summarise_sampling(buckets: list[dict], *, weight_bytes: int, kv_bytes_per_token: int, prompt_tokens: int,
+                       peak: float | None) -> dict:
+    """The distribution-weighted figures of timed length buckets (each ``length``, ``share``, ``batch``,
+    ``seconds``): samples/s, tokens/s, the paper multiple and the bytes read per second against ``peak``."""
+    total = sum(k["share"] for k in buckets)
+    sec_per_sample = sum(k["share"] * k["seconds"] / k["batch"] for k in buckets) / total
+    tokens = sum(k["share"] * k["length"] for k in buckets) / total
+    read = sum(k["share"] * decode_bytes(weight_bytes, kv_bytes_per_token, k["batch"], prompt_tokens, k["length"])
+               / k["batch"] for k in buckets) / total
+    sps = 1.0 / sec_per_sample
+    bw = read * sps  # bytes read per sample x samples per second
+    return {"mean_length": round(tokens, 2), "samples_per_s": _fig(sps), "tokens_per_s": _fig(sps * tokens),
+            "x_paper": float(f"{sps / PAPER_SAMPLES_PER_S:.3g}"), "weight_bytes": weight_bytes,
+            "kv_bytes_per_token": kv_bytes_per_token, "bandwidth_tb_s": float(f"{bw / 1e12:.4g}"),
+            "peak_bandwidth_tb_s": peak and peak / 1e12, "roofline_fraction": float(f"{bw / peak:.3g}") if peak else None}
 
 
 def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8, warmup: int = 3,
-                   lam: float = 0.5, seed: int = 0, cpu_bf16: bool = False) -> dict:
+                   lam: float = 0.5, seed: int = 0, cpu_bf16: bool = False, micro_batch: int | None = None) -> dict:
     """Optimizer steps of the generator objective (MLE + lam * label-consistency unlikelihood) on
     random rows of the SNLI length distribution: seconds per step and tokens/s (one copy of each row;
-    the perturbed-label copy doubles the forward tokens)."""
+    the perturbed-label copy doubles the forward tokens). ``micro_batch``: the step's ``batch`` rows in
+    gradient-accumulated chunks of this many (one optimizer step per ``batch`` rows, the same arithmetic
+    in less memory: GPT-2 large's batch of 24 with AdamW does not fit 24 GB of CPU memory at once)."""
     import numpy as np
     import torch
 
@@ -233,13 +249,17 @@ def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8
         hyp = ((torch.arange(n, device=device)[None, :] >= torch.tensor((ls * 0.7).astype(int), device=device)[:, None])
                & mask.bool()).long()
         p_ids = ids.clone()
+        chunk = micro_batch or batch
         _sync(device)
         t = time.perf_counter()
-        with autocast:
-            logits = model(input_ids=ids, attention_mask=mask).logits
-            p_logits = model(input_ids=p_ids, attention_mask=mask).logits
-            loss, _ = losses.generator_loss(logits, ids, mask, p_logits, p_ids, hyp, lam=lam)
-        loss.backward()
+        for a in range(0, batch, chunk):
+            sl = slice(a, a + chunk)
+            with autocast:
+                logits = model(input_ids=ids[sl], attention_mask=mask[sl]).logits
+                p_logits = model(input_ids=p_ids[sl], attention_mask=mask[sl]).logits
+                loss, _ = losses.generator_loss(logits, ids[sl], mask[sl], p_logits, p_ids[sl], hyp[sl], lam=lam)
+            (loss * (len(ids[sl]) / batch)).backward()
+            del logits, p_logits, loss
         opt.step()
         opt.zero_grad(set_to_none=True)
         _sync(device)
@@ -247,7 +267,7 @@ def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8
             times.append(time.perf_counter() - t)
             tokens += int(mask.sum())
     sec = float(np.mean(times))
-    return {"batch": batch, "steps_timed": steps, "seconds_per_step": round(sec, 4),
+    return {"batch": batch, "micro_batch": chunk, "steps_timed": steps, "seconds_per_step": round(sec, 4),
             "tokens_per_s": round(tokens / sum(times), 1), "forward_tokens_per_s": round(2 * tokens / sum(times), 1),
             "rows_per_s": round(batch / sec, 1), **_memory(device)}
 
@@ -302,10 +322,16 @@ def _timed(fn) -> float:
 
 def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float | None = None,
              batches: list[int] | None = None, cpu_full: bool = False, cpu_dtype: str = "bfloat16",
-             train_steps: int | None = None, classifier_batch: int | None = None) -> dict:
+             train_steps: int | None = None, classifier_batch: int | None = None, reserve_s: float = 0.0,
+             resume: bool = False) -> dict:
     """GPT-2 large sampling (and a training step, and RoBERTa-large inference) on the GPU; ``tiny``: tiny
     configs on the CPU (dry run); ``cpu_full``: the full-size models on the CPU in ``cpu_dtype`` (issue 31's
-    CPU fallback), the roofline against this machine's measured copy bandwidth (:func:`copy_bandwidth`)."""
+    CPU fallback), the roofline against this machine's measured copy bandwidth (:func:`copy_bandwidth`).
+
+    ``reserve_s``: seconds of ``deadline_s`` kept for the training step and RoBERTa after sampling (sampling
+    scales its untimed length buckets from the timed ones when its share runs out). ``resume``: when ``out``
+    already holds a sampling result of the same model, dtype, device kind and batches (a run cut short after
+    sampling), keep it and measure only what it lacks."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, RobertaConfig, RobertaForSequenceClassification
 
@@ -317,37 +343,62 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else getattr(torch, cpu_dtype) if cpu_full else torch.float32
     batches = batches or ([128, 256, 512, 1024, 2048, 4096] if cuda else [16, 32, 64] if cpu_full else [2, 4])
-    peak = None
-    if cpu_full:
-        peak = copy_bandwidth()
-        log(f"copy bandwidth of this machine: {peak / 1e9:.1f} GB/s")
     eos = int(lengths["eos_id_gpt2"])
     prompt = [int(x) for x in lengths["prompt_ids_gpt2"]]
     result = {"model": "gpt2-large (random weights, GPT2Config)" if not tiny else "gpt2-tiny (CPU dry run)",
               "device_kind": "cuda" if cuda else "cpu (full-size models)" if cpu_full else "cpu (tiny dry run)",
               "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": len(prompt),
               "lengths": "whole row after the prompt (premise, label, hypothesis, end marker), GPT-2 tokens"}
-    torch.manual_seed(0)
+    prior = json.loads(Path(out).read_text()) if resume and Path(out).is_file() else {}
+    same = ("sampling" in prior and all(prior.get(k) == result[k] for k in ("model", "device_kind", "dtype"))
+            and [b.get("batch") for b in prior["sampling"].get("batch_sweep", [])] == list(batches))
+    prior = prior if same else {}
+    peak = None
+    if cpu_full and not prior:
+        peak = copy_bandwidth()
+        log(f"copy bandwidth of this machine: {peak / 1e9:.1f} GB/s")
     cfg = GPT2Config(**(GPT2_TINY if tiny else GPT2_LARGE))
-    with torch.device(device):
-        model = GPT2LMHeadModel(cfg).to(dtype).eval()
-    result["parameters"] = sum(p.numel() for p in model.parameters())
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    result["sampling"] = bench_sampling(model, lengths["row_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos,
-                                        device=device, batches=batches, peak=peak,
-                                        deadline=deadline and deadline - (30 if cuda else 0))
-    result["sampling"].update(_memory(device))
-    hyp = bench_sampling(model, lengths["hypothesis_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos, device=device,
-                         batches=[result["sampling"]["best_batch"]], peak=peak, deadline=deadline and deadline - 25) \
-        if not deadline or time.monotonic() < deadline - 40 else None
-    if hyp:
-        result["sampling_hypothesis_lengths_only"] = {k: hyp[k] for k in ("mean_length", "samples_per_s", "tokens_per_s",
-                                                                          "roofline_fraction")}
-    _write(out, result)
-    del model
-    if cuda:
-        torch.cuda.empty_cache()
+    if prior:
+        log(f"sampling: kept from {out} (written {time.strftime('%H:%M:%S', time.localtime(Path(out).stat().st_mtime))})")
+        for k in ("parameters", "sampling", "sampling_hypothesis_lengths_only", "sampling_measured_at"):
+            if k in prior:
+                result[k] = prior[k]
+        s = result["sampling"]
+        if s.get("buckets") and "weight_bytes" in s:  # the figures again from the kept timings, as reported now
+            for b in s.get("batch_sweep", []):
+                if b.get("seconds"):
+                    b.update(samples_per_s=_fig(b["batch"] / b["seconds"]),
+                             tokens_per_s=_fig(b["batch"] * b["length"] / b["seconds"]))
+            s.update(summarise_sampling(s["buckets"], weight_bytes=s["weight_bytes"],
+                                        kv_bytes_per_token=s["kv_bytes_per_token"], prompt_tokens=len(prompt),
+                                        peak=s["peak_bandwidth_tb_s"] and s["peak_bandwidth_tb_s"] * 1e12))
+        result.setdefault("sampling_measured_at", time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                time.gmtime(Path(out).stat().st_mtime)))
+        result["sampling_resumed"] = True
+    else:
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = GPT2LMHeadModel(cfg).to(dtype).eval()
+        result["parameters"] = sum(p.numel() for p in model.parameters())
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        sample_deadline = deadline and deadline - reserve_s
+        result["sampling"] = bench_sampling(model, lengths["row_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos,
+                                            device=device, batches=batches, peak=peak,
+                                            deadline=sample_deadline and sample_deadline - (30 if cuda else 0))
+        result["sampling"].update(_memory(device))
+        hyp = bench_sampling(model, lengths["hypothesis_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos, device=device,
+                             batches=[result["sampling"]["best_batch"]], peak=peak,
+                             deadline=sample_deadline and sample_deadline - 25) \
+            if not sample_deadline or time.monotonic() < sample_deadline - 40 else None
+        if hyp:
+            result["sampling_hypothesis_lengths_only"] = {k: hyp[k] for k in ("mean_length", "samples_per_s",
+                                                                              "tokens_per_s", "roofline_fraction")}
+        result["sampling_measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        _write(out, result)
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
     if not deadline or time.monotonic() < deadline - 15:
         torch.manual_seed(0)
         with torch.device(device):
@@ -356,7 +407,8 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
             torch.cuda.reset_peak_memory_stats()
         result["training"] = bench_training(model, lengths["row_lengths_gpt2"], device=device,
                                             steps=train_steps or (8 if cuda else 2), warmup=3 if cuda else 1,
-                                            cpu_bf16=cpu_full and dtype == torch.bfloat16)
+                                            cpu_bf16=cpu_full and dtype == torch.bfloat16,
+                                            micro_batch=6 if cpu_full else None)  # 24 GB of CPU memory: project's choice
         del model
         if cuda:
             torch.cuda.empty_cache()

@@ -20,6 +20,9 @@ The projection (``gpu_generator.project``) uses two sets of inputs:
     python benchmarks/paper_models_cpu.py                  # about 15 minutes on 2 threads
     python benchmarks/paper_models_cpu.py --deadline 600   # cut the later length buckets (scaled, marked)
 
+A run cut short after sampling leaves it in ``--work``; the next run keeps it (``--fresh`` measures it again)
+and times only the training step and RoBERTa.
+
 Writes ``benchmarks/results/paper_models_cpu.{json,md}``.
 """
 from __future__ import annotations
@@ -87,9 +90,13 @@ def render(r: dict) -> str:
          "SNLI pipeline projected from them. They are CPU figures, stated as such; the GPU run stays the goal "
          "(`benchmarks/GPU_GENERATOR.md`).", "",
          f"Command: `{r['command']}` ({r['seconds']:.0f} s). Machine: {r['machine']}; torch {r['torch']}, "
-         f"{r['threads']} threads" + (f"; {r['note']}" if r.get("note") else "") + ".", "",
+         f"{r['threads']} threads" + (f"; {r['note']}" if r.get("note") else "") + "."
+         + (f" The sampling figures are an earlier run of the same command, cut short after sampling (written "
+            f"{r['gpt2'].get('sampling_measured_at')}), kept by this one, which timed the rest."
+            if r["gpt2"].get("sampling_resumed") else ""), "",
          "## GPT-2 large sampling (the paper's G: Table 7, \"pretrained model GPT-2 large\")", "",
-         f"{g2['parameters'] / 1e6:,.0f}M parameters from `GPT2Config` (random weights), {g2['dtype']}, KV cache, plain sampling; every sample "
+         f"{g2['parameters'] / 1e6:,.0f}M parameters from `GPT2Config` (random weights), {g2['dtype']}"
+         f"{' (this CPU has no native bfloat16)' if g2['dtype'] == 'float32' else ''}, KV cache, plain sampling; every sample "
          f"forced to a length of the SNLI training rows' distribution (whole row after the prompt, GPT-2 tokens, "
          f"mean {s['mean_length']}), buckets of 8 tokens weighted by their share.", "",
          "| batch (median length %d) | samples/s | tokens/s |" % s["median_length"], "|---|---|---|"]
@@ -112,16 +119,18 @@ def render(r: dict) -> str:
     if tr:
         L += ["", "## GPT-2 large training step", "",
               f"Table 7's batch of 24 rows of the SNLI length distribution, MLE + 0.5 label-consistency unlikelihood "
-              f"(two forward passes), AdamW, {'bf16 autocast over ' if g2['dtype'] == 'bfloat16' else ''}float32 weights: "
-              f"**{tr['seconds_per_step']} s per step**, "
-              f"{tr['tokens_per_s']} row tokens/s ({tr['steps_timed']} step(s) timed after a warm-up)."]
+              f"(two forward passes), AdamW, {'bf16 autocast over ' if g2['dtype'] == 'bfloat16' else ''}float32 weights"
+              + (f", gradients accumulated over chunks of {tr['micro_batch']} rows (24 rows at once do not fit this "
+                 f"machine's memory)" if tr.get("micro_batch", tr["batch"]) < tr["batch"] else "") + ": "
+              f"**{_num(tr['seconds_per_step'])} s per step**, "
+              f"{_num(tr['tokens_per_s'])} row tokens/s ({tr['steps_timed']} step(s) timed after a warm-up)."]
     if cl:
         L += ["", "## RoBERTa-large inference (the paper's M: Table 8, \"data filtering model Roberta-large\")", "",
               f"Batch {cl['batch']}, pairs of the SNLI pair-length distribution, {cl['dtype']}: **{cl['rows_per_s']} rows/s**."]
     m = r.get("m")
     if m:
-        what = (f"all-MiniLM-L6-v2 with an untrained 3-way head (M's architecture: the fine-tuned M is not on this "
-                f"machine, and the rate does not depend on the weights)" if m.get("stand_in")
+        what = ("all-MiniLM-L6-v2 with an untrained 3-way head (M's architecture: the fine-tuned M is not on this "
+                "machine, and the rate does not depend on the weights)" if m.get("stand_in")
                 else f"all-MiniLM-L6-v2 fine-tuned (`{Path(m['model']).name}`)")
         L += ["", "## This run's M", "", f"{what}, batch {m['batch']}, {m['dtype']}: **{m['rows_per_s']} rows/s**."]
     P = r["projection"]
@@ -150,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 32, 64], help="GPT-2 large sampling batch sweep")
     ap.add_argument("--train-steps", type=int, default=1, help="GPT-2 large training steps timed after one warm-up")
     ap.add_argument("--deadline", type=float, default=1500, help="seconds for the GPT-2 large part")
+    ap.add_argument("--reserve", type=float, default=600,
+                    help="seconds of --deadline kept for the training step and RoBERTa after sampling")
+    ap.add_argument("--fresh", action="store_true",
+                    help="measure sampling again even when WORK holds an interrupted run's sampling result")
     ap.add_argument("--m-dir", default="/work/runs/seqz_cpu/M", help="the CPU run's confidence model M")
     ap.add_argument("--out", default=str(RESULTS / "paper_models_cpu"), help="STEM: writes STEM.json and STEM.md")
     ap.add_argument("--work", default="~/runs/paper_models_cpu", help="the partial result of an interrupted run")
@@ -169,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = "bfloat16" if native_bfloat16_cpu() else "float32"
     # the partial result (sampling first) lands in WORK: a run cut short still leaves what it measured
     g2 = tp.run_gpt2(lengths, work / "gpt2.partial.json", tiny=a.tiny, cpu_full=not a.tiny, cpu_dtype=dtype,
-                     batches=a.batches, deadline_s=a.deadline, train_steps=a.train_steps, classifier_batch=32)
+                     batches=a.batches, deadline_s=a.deadline, train_steps=a.train_steps, classifier_batch=32,
+                     reserve_s=0 if a.tiny else a.reserve, resume=not a.fresh)
     m = m_rows_per_s(Path(a.m_dir), lengths["pair_lengths_gpt2"], batches=1 if a.tiny else 4)
     seqz = json.loads((RESULTS / "seqz_cpu.json").read_text())
     summary = {"gpt2": g2, **this_run_inputs(seqz, m)}

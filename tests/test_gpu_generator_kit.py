@@ -161,6 +161,37 @@ def test_sampling_benchmark_times_every_bucket_on_a_tiny_model():
     assert r["samples_per_s"] > 0 and r["roofline_fraction"] is None  # no peak bandwidth known for a CPU
 
 
+def test_a_run_cut_short_after_sampling_keeps_it_and_times_only_the_rest(tmp_path):
+    out = tmp_path / "gpt2.partial.json"
+    lengths = {"eos_id_gpt2": 50256, "prompt_ids_gpt2": [31605, 25], "row_lengths_gpt2": {"6": 2, "9": 1},
+               "hypothesis_lengths_gpt2": {"4": 1}, "pair_lengths_gpt2": {"10": 1, "14": 1}}
+    sampling = {"batch_sweep": [{"batch": 2}, {"batch": 4}], "samples_per_s": 3.5, "best_batch": 4}
+    prior = {"model": "gpt2-tiny (CPU dry run)", "device_kind": "cpu (tiny dry run)", "dtype": "float32",
+             "parameters": 123, "sampling": sampling, "sampling_measured_at": "2026-11-27T13:50:00Z"}
+    out.write_text(json.dumps(prior))
+    r = gt.run_gpt2(lengths, out, tiny=True, resume=True, train_steps=1)
+    assert r["sampling_resumed"] is True and r["sampling"] == sampling and r["parameters"] == 123
+    assert r["training"]["seconds_per_step"] > 0 and r["classifier"]["rows_per_s"] > 0
+    assert json.loads(out.read_text())["sampling"] == sampling  # what the file holds now is the whole result
+    assert r["training"]["micro_batch"] == 24  # the GPU's and the tiny run's step is one batch of 24
+    # another batch sweep is another measurement: the kept one is not reused for it
+    out.write_text(json.dumps(prior))
+    r = gt.run_gpt2(lengths, out, tiny=True, resume=True, train_steps=1, batches=[2])
+    assert "sampling_resumed" not in r and [b["batch"] for b in r["sampling"]["batch_sweep"]] == [2]
+
+
+def test_a_training_step_in_accumulated_chunks_takes_one_optimizer_step_of_the_whole_batch():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    before = [p.detach().clone() for p in model.parameters()]
+    r = gt.bench_training(model, {"6": 1, "9": 1}, device="cpu", batch=6, steps=1, warmup=0, micro_batch=4)
+    assert r["batch"] == 6 and r["micro_batch"] == 4 and r["seconds_per_step"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 def test_length_buckets_round_up_and_decode_bytes_count_weights_and_kv():
     assert gt.length_buckets({1: 1, 8: 1, 9: 2}) == [(8, 0.5), (16, 0.5)]
     # 3 steps, batch 2, prompt 4: weights 3 times, KV of 4, 5 and 6 tokens per sequence
