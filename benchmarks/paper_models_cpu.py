@@ -1,7 +1,7 @@
 """Issue 31's throughput figures on the CPU (the fallback of item 5, stated as such): the paper's own models
 built from their configs on this machine, and the paper's whole SNLI pipeline projected from them.
 
-No GPU was lent to this project's sessions, so the figures item 1 asks of one H100 (GPT-2 large's samples/s
+No GPU has been lent to a session since the generator kit was ready, so the figures item 1 asks of one H100 (GPT-2 large's samples/s
 against the paper's ~40, the fraction of the memory-bandwidth roofline, the projected pipeline time) are
 measured here on the 2-core CPU with the same code the GPU kit runs (``gpu_throughput.run_gpt2``), with
 ``cpu_full``: full-size GPT-2 large (774M) and RoBERTa-large (355M), random weights (a decoding step costs
@@ -85,7 +85,7 @@ def render(r: dict) -> str:
     g2, s = r["gpt2"], r["gpt2"]["sampling"]
     tr, cl = g2.get("training"), g2.get("classifier")
     L = ["# The paper's models on this CPU (issue 31, CPU fallback of item 1)", "",
-         "No GPU was lent to this project's sessions. These are the figures item 1 asks of one H100, measured on "
+         "No GPU has been lent to a session since the generator kit was ready. These are the figures item 1 asks of one H100, measured on "
          "the 2-core CPU with the GPU kit's own code (`gpu_throughput.run_gpt2(cpu_full=True)`), and the paper's "
          "SNLI pipeline projected from them. They are CPU figures, stated as such; the GPU run stays the goal "
          "(`benchmarks/GPU_GENERATOR.md`).", "",
