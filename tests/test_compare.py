@@ -296,3 +296,21 @@ def test_the_evaluation_report_goes_beside_the_release_on_the_hub(done, tmp_path
     assert acc[0].metric_args["trained_on"]["revision"] == "v1.0" and acc[0].metric_args["seeds"] == [0, 1]
     assert acc[0].dataset_args["rows_left_out"] == 20 and "without the 20 rows" in acc[0].dataset_name
     assert "anli" in " ".join(info["notes"])
+
+
+def test_primary_tests_whose_rows_have_no_finished_unit_count_as_p_1_in_the_family(done, tmp_path):
+    res = tmp_path / "res"
+    shutil.copytree(done.results_dir, res)
+    full = report_module.report(load_plan(done.path, results_dir=str(res)), tmp_path / "full")["statistics"]
+    row = next(c["row"] for c in full["comparisons"] if c["primary"])  # its row has no finished unit yet
+    for f in res.glob(f"{row}-s*.json"):
+        f.unlink()
+    st = report_module.report(load_plan(done.path, results_dir=str(res)), tmp_path / "part")["statistics"]
+    assert st["primary_tests_pending"] > 0 and st["primary_tests"] + st["primary_tests_pending"] == full["primary_tests"]
+    left = {(c["row"], c["against"], s): e for c in st["comparisons"] for s, e in c["sets"].items()
+            if e["family"] == "primary"}
+    for c in full["comparisons"]:  # the same p-values over the plan's whole family, the missing ones at p = 1
+        for s, e in c["sets"].items():
+            if (c["row"], c["against"], s) in left:
+                assert left[c["row"], c["against"], s]["p_adjusted"] >= e["p_adjusted"] - 1e-12
+    assert "wait for rows with no finished unit" in (tmp_path / "part.md").read_text()

@@ -110,6 +110,15 @@ def test_a_corrected_difference_is_called_on_its_adjusted_p():
     assert Difference(0.35, -0.5, 1.2, 0.4, 9, 3, 3, 99).describe() == "+0.3 [-0.5, +1.2], not distinguishable from 0"
 
 
+def test_tests_the_plan_named_but_not_yet_computed_count_as_p_1_in_the_family():
+    d = [Difference(2.0, 0.5, 3.5, 0.005, 100, 3, 3, 1000), Difference(1.0, 0.1, 1.9, 0.02, 100, 3, 3, 1000)]
+    # Holm over 4 with two p = 1 placeholders: 0.005 x 4, then max(0.02, 0.02 x 3)
+    assert [x.p_adjusted for x in correct(d, "holm", family_size=4)] == pytest.approx([0.02, 0.06])
+    assert [x.p_adjusted for x in correct(d, "holm", family_size=2)] == pytest.approx([0.01, 0.02])
+    # BH over 4: 0.005 x 4 / 1, 0.02 x 4 / 2
+    assert [x.p_adjusted for x in correct(d, "bh", family_size=4)] == pytest.approx([0.02, 0.04])
+
+
 def test_bad_input_is_refused():
     with pytest.raises(ConfigError, match="same rows"):
         paired_bootstrap(np.ones((2, 10)), np.ones((2, 11)))

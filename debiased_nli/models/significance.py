@@ -174,9 +174,12 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
 CORRECTIONS = {"holm": holm, "bh": benjamini_hochberg}
 
 
-def correct(differences: Sequence[Difference], method: str = "holm") -> list[Difference]:
-    """The differences with ``p_adjusted`` over the family (``holm`` or ``bh``)."""
+def correct(differences: Sequence[Difference], method: str = "holm", family_size: int | None = None) -> list[Difference]:
+    """The differences with ``p_adjusted`` over the family (``holm`` or ``bh``). ``family_size``: the family the
+    plan named, when some of its tests cannot be computed yet; they count as p = 1 (conservative: an adjusted
+    p can only fall when they arrive)."""
     if method not in CORRECTIONS:
         raise ConfigError(f"unknown correction {method!r}; known: {sorted(CORRECTIONS)}")
-    adjusted = CORRECTIONS[method]([d.p_value for d in differences])
+    ps = [d.p_value for d in differences]
+    adjusted = CORRECTIONS[method](ps + [1.0] * max(0, (family_size or 0) - len(ps)))
     return [dataclasses.replace(d, p_adjusted=float(q), correction=method) for d, q in zip(differences, adjusted)]

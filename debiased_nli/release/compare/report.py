@@ -347,7 +347,11 @@ def _statistics_md(plan: Plan, table: dict) -> list[str]:
               f"set), corrected with {corr}; there *not distinguishable from 0* means the adjusted p-value is at least "
               f"{1 - st['level']:.2f} (the interval shown is the unadjusted one)."
               + (f" {st['primary_tests_unavailable']} primary test(s) could not be computed (no stored predictions) "
-                 f"and are not in the correction's family." if st["primary_tests_unavailable"] else ""), "",
+                 f"and are not in the correction's family." if st["primary_tests_unavailable"] else "")
+              + (f" {st['primary_tests_pending']} more primary test(s) of the plan wait for rows with no finished "
+                 f"unit; until then they count as p = 1 in the correction (its family is the plan's "
+                 f"{st['primary_tests'] + st['primary_tests_pending']}), so an adjusted p can only fall when they "
+                 f"arrive." if st.get("primary_tests_pending") else ""), "",
               "| A − B | set | difference [95% interval] | p | adjusted p | seeds A / B | rows |",
               "|---|---|---|---:|---:|---|---:|"]
         for c, s, e in primary:
@@ -357,6 +361,9 @@ def _statistics_md(plan: Plan, table: dict) -> list[str]:
             L.append(f"| `{c['row']}` − `{c['against']}` | {s} | {e['text']} | {e['p_value']:.4f} | "
                      f"{e['p_adjusted']:.4f} | {e['seeds_a']} / {e['seeds_b']} | {e['rows']:,} |")
         L.append("")
+    elif st.get("primary_tests_pending"):
+        L += [f"**Primary comparisons** (named in the plan before the run): all {st['primary_tests_pending']} tests "
+              f"wait for rows with no finished unit.", ""]
     else:
         L += ["**No primary comparisons** are named in the plan (`primary:`), so no correction for multiple "
               "comparisons is made" + (": every interval below is a single-comparison 95% interval." if have else

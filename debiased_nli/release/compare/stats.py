@@ -122,10 +122,13 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
     new_cache: dict[str, Any] = {}
     comparisons, family = [], []
     set_names = plan.set_names
+    pending = 0  # primary tests the plan named whose rows have no finished unit yet
     for comp in plan.comparisons():
         a_sets = (table_rows.get(comp["row"]) or {}).get("sets") or {}
         b_sets = (table_rows.get(comp["against"]) or {}).get("sets") or {}
         if not a_sets or not b_sets:
+            if comp["primary"]:
+                pending += sum(1 for s in set_names if comp["sets"] is None or s in comp["sets"])
             continue  # a side has no finished unit: nothing to compare yet (the table says pending / not run)
         entry = {k: comp[k] for k in ("row", "against", "why", "kind", "primary")} | {"sets": {}}
         for s in set_names:
@@ -157,7 +160,7 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
     fields = list(Difference.__dataclass_fields__)
     if family:
         diffs = [Difference(**{k: v for k, v in e.items() if k in fields}) for e in family]
-        for e, d in zip(family, correct(diffs, plan.correction)):
+        for e, d in zip(family, correct(diffs, plan.correction, family_size=len(family) + pending)):
             e.update(d.to_dict())
     for entry in comparisons:
         for e in entry["sets"].values():
@@ -171,7 +174,7 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
     return {"method": "paired bootstrap over test rows nested with seeds "
                       "(debiased_nli.models.significance.paired_bootstrap)",
             **boot, "correction": plan.correction if family else None, "primary_tests": len(family),
-            "primary_tests_unavailable": primary_missing, "comparisons": comparisons,
+            "primary_tests_unavailable": primary_missing, "primary_tests_pending": pending, "comparisons": comparisons,
             "coverage": {row: sides.coverage(row) for row in table_rows if table_rows[row].get("sets")}}
 
 
