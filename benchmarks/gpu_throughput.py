@@ -241,6 +241,7 @@ def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else \
         torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_bf16)
     times, tokens = [], 0
+    chunk = micro_batch or batch
     for i in range(warmup + steps):
         ls = rng.choice(lengths, size=batch, p=probs) + 3  # + the prompt
         n = int(ls.max())
@@ -249,7 +250,6 @@ def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8
         hyp = ((torch.arange(n, device=device)[None, :] >= torch.tensor((ls * 0.7).astype(int), device=device)[:, None])
                & mask.bool()).long()
         p_ids = ids.clone()
-        chunk = micro_batch or batch
         _sync(device)
         t = time.perf_counter()
         for a in range(0, batch, chunk):
@@ -363,15 +363,6 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
         for k in ("parameters", "sampling", "sampling_hypothesis_lengths_only", "sampling_measured_at"):
             if k in prior:
                 result[k] = prior[k]
-        s = result["sampling"]
-        if s.get("buckets") and "weight_bytes" in s:  # the figures again from the kept timings, as reported now
-            for b in s.get("batch_sweep", []):
-                if b.get("seconds"):
-                    b.update(samples_per_s=_fig(b["batch"] / b["seconds"]),
-                             tokens_per_s=_fig(b["batch"] * b["length"] / b["seconds"]))
-            s.update(summarise_sampling(s["buckets"], weight_bytes=s["weight_bytes"],
-                                        kv_bytes_per_token=s["kv_bytes_per_token"], prompt_tokens=len(prompt),
-                                        peak=s["peak_bandwidth_tb_s"] and s["peak_bandwidth_tb_s"] * 1e12))
         result.setdefault("sampling_measured_at", time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                 time.gmtime(Path(out).stat().st_mtime)))
         result["sampling_resumed"] = True

@@ -105,6 +105,11 @@ def _cache_key(a: dict, b: dict, set_name: str, boot: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _in_primary_family(comp: dict, set_name: str) -> bool:
+    """Whether the plan names this comparison on this set as a primary test (``sets`` absent: every set)."""
+    return bool(comp["primary"]) and (comp["sets"] is None or set_name in comp["sets"])
+
+
 def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict], *,
             use_cache: bool = True) -> dict:
     """The statistics of every declared comparison on every scored set: ``{method, replicates, seed, level,
@@ -127,14 +132,13 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
         a_sets = (table_rows.get(comp["row"]) or {}).get("sets") or {}
         b_sets = (table_rows.get(comp["against"]) or {}).get("sets") or {}
         if not a_sets or not b_sets:
-            if comp["primary"]:
-                pending += sum(1 for s in set_names if comp["sets"] is None or s in comp["sets"])
+            pending += sum(1 for s in set_names if _in_primary_family(comp, s))
             continue  # a side has no finished unit: nothing to compare yet (the table says pending / not run)
         entry = {k: comp[k] for k in ("row", "against", "why", "kind", "primary")} | {"sets": {}}
         for s in set_names:
             if s not in a_sets or s not in b_sets:
                 continue
-            fam = "primary" if comp["primary"] and (comp["sets"] is None or s in comp["sets"]) else "secondary"
+            fam = "primary" if _in_primary_family(comp, s) else "secondary"
             a, why_a = sides.side(comp["row"], s)
             b, why_b = sides.side(comp["against"], s)
             why = why_a or why_b
