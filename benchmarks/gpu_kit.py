@@ -68,11 +68,24 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _tree_size() -> int:
-    """Bytes of what the device tool sends besides the kit: tracked and untracked-not-ignored files."""
+def _tree_files() -> dict[str, int]:
+    """What the device tool sends besides the kit (tracked and untracked-not-ignored files): path -> bytes."""
     out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          capture_output=True, check=True).stdout.split(b"\0")
-    return sum((ROOT / f.decode()).stat().st_size for f in out if f and (ROOT / f.decode()).is_file())
+    return {f.decode(): (ROOT / f.decode()).stat().st_size for f in out if f and (ROOT / f.decode()).is_file()}
+
+
+def _tree_size() -> int:
+    return sum(_tree_files().values())
+
+
+def largest_folders(files: dict[str, int], depth: int = 3, n: int = 6) -> list[tuple[str, int]]:
+    """The working tree's largest folders (their first ``depth`` path parts), for the over-the-limit message."""
+    sizes: dict[str, int] = {}
+    for f, b in files.items():
+        key = "/".join(Path(f).parts[:depth]) if len(Path(f).parts) > depth else f
+        sizes[key] = sizes.get(key, 0) + b
+    return sorted(sizes.items(), key=lambda kv: -kv[1])[:n]
 
 
 # ------------------------------------------------------------------------------------------ make
@@ -228,7 +241,7 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
         try:
             rel = f.relative_to(shared)
         except ValueError:
-            raise SystemExit(f"{f}: the kit carries data from ../shared only; copy it there or extend gpu_kit.py")
+            raise SystemExit(f"{f}: the kit carries data from ../shared only; copy it there or extend gpu_kit.py") from None
         (kit / "shared" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, kit / "shared" / rel)
     for name, configs in releases.items():
@@ -253,7 +266,11 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
     (kit / "kit.json").write_text(json.dumps(info, indent=2))
     log("sizes (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in info["bytes"].items()))
     if total > limit_mib * 2**20:
-        raise SystemExit(f"the kit and the working tree are {total / 2**20:.1f} MiB, over {limit_mib} MiB")
+        big = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in largest_folders(_tree_files()))
+        raise SystemExit(f"the kit and the working tree are {total / 2**20:.1f} MiB, over {limit_mib} MiB. The working "
+                         f"tree's largest paths (MiB): {big}. Everything git tracks travels: move what the run does not "
+                         f"read (other benchmarks' results) out of the tree for the call and back after it (`git status` "
+                         f"shows them as deleted meanwhile), or give --limit-mib where the transfer allows more")
     return info
 
 

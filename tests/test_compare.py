@@ -258,6 +258,10 @@ def test_the_cli_status_and_report(done, capsys):
     assert main(["compare", "report", str(done.path), "--out", str(stem), "--quiet"]) == 0
     capsys.readouterr()
     assert all(stem.with_suffix(x).is_file() for x in (".md", ".json", ".png"))
+    # the forest of the declared comparisons' intervals, shown under the statistics heading
+    assert stem.with_name("report_intervals.png").is_file()
+    md = stem.with_suffix(".md").read_text()
+    assert md.index("## Differences with 95% intervals") < md.index("![differences with 95% intervals](report_intervals.png)")
 
 
 def test_the_evaluation_report_goes_beside_the_release_on_the_hub(done, tmp_path, monkeypatch):
@@ -276,7 +280,8 @@ def test_the_evaluation_report_goes_beside_the_release_on_the_hub(done, tmp_path
         push_release(plan.release_dir("small"), "org/snli", revision="v1.0", token="hf_x", endpoint=hub.url)
         info = push_report(plan, table, stem, "org/snli", token="hf_x", endpoint=hub.url)
         _, files = hub.snapshot("org/snli", "main")
-    assert {"evaluation/README.md", "evaluation/compare.md", "evaluation/compare.json", "evaluation/compare.png"} <= set(files)
+    assert {"evaluation/README.md", "evaluation/compare.md", "evaluation/compare.json", "evaluation/compare.png",
+            "evaluation/compare_intervals.png"} <= set(files)
     assert "data/z_filtered/train-00000-of-00001.parquet" in files  # the release is untouched
     assert info["trained_on"]["z_filtered"]["revision"] == "v1.0" and info["trained_on"]["z_filtered"]["dataset"] == "org/snli"
     assert "files" in info["trained_on"]["original"] and "revision" not in info["trained_on"]["original"]
@@ -314,3 +319,27 @@ def test_primary_tests_whose_rows_have_no_finished_unit_count_as_p_1_in_the_fami
             if (c["row"], c["against"], s) in left:
                 assert left[c["row"], c["against"], s]["p_adjusted"] >= e["p_adjusted"] - 1e-12
     assert "wait for rows with no finished unit" in (tmp_path / "part.md").read_text()
+
+
+def test_a_report_says_which_seeds_ran_on_which_machine(done, tmp_path):
+    """A plan whose seeds ran on two machines (seeds 0-2 on a CPU, 3-4 on a lent GPU) says so in its header,
+    rather than naming only the GPU."""
+    plan = done
+    res = tmp_path / "res"
+    shutil.copytree(plan.results_dir, res)
+    gpu = "NVIDIA H100 80GB HBM3 (CUDA 13.0, torch 2.11.0+cu130)"
+    cpu = json.loads((res / "original-s0.json").read_text())["device"]
+    for path in res.glob("*-s1.json"):  # as if seed 1 of every row had run on the GPU
+        unit = json.loads(path.read_text())
+        unit["device"] = gpu
+        path.write_text(json.dumps(unit))
+    p = load_plan(plan.path, results_dir=str(res))
+    table = report_module.report(p, tmp_path / "mixed")
+    assert table["device_units"] == {cpu: {r: [0] for r in ("original", "z_filtered", "random_control")},
+                                     gpu: {r: [1] for r in ("original", "z_filtered", "random_control")}}
+    md = (tmp_path / "mixed.md").read_text()
+    assert (f"units on different machines: seed 0 of every row on 1 CPU threads ({cpu}); "
+            f"seed 1 of every row on {gpu}") in md
+    assert "Times are wall-clock on the machine each unit ran on" in md
+    one = report_module.report(plan, tmp_path / "one")  # one machine: the header as before
+    assert len(one["device_units"]) == 1 and "units on different machines" not in (tmp_path / "one.md").read_text()

@@ -190,7 +190,7 @@ def test_a_control_drawn_per_seed_trains_each_seed_on_its_own_subset_of_the_same
 def test_each_set_records_its_confusion_matrix_and_the_report_shows_predicted_label_shares(setup, monkeypatch):
     plan, _ = setup
     for seed in (0, 1):
-        for name, v in json.loads(plan.unit_file("original", seed).read_text())["sets"].items():
+        for _name, v in json.loads(plan.unit_file("original", seed).read_text())["sets"].items():
             m = v["confusion"]
             assert list(m) == ["entailment", "neutral", "contradiction"]
             assert sum(sum(r.values()) for r in m.values()) == v["n"]
@@ -555,3 +555,13 @@ def test_seeds_without_content_fingerprints_that_read_different_builds_are_marke
     rebuilt_same = {0: "commit:a", 1: "commit:b"}
     assert efficacy._same_rows({0: "b" * 16, 1: "b" * 16}, builds=rebuilt_same) == "yes (`bbbbbbbb`)"
     assert efficacy._build_of({"kind": "files", "fingerprint": "e902"}) is None
+
+
+def test_the_gpu_kit_names_the_largest_folders_when_over_the_limit():
+    from benchmarks import gpu_kit
+
+    files = {"benchmarks/results/seqz_cpu/G/adapter.safetensors": 9_800_000, "benchmarks/results/seqz_cpu/G/tok.json": 3_500_000,
+             "benchmarks/results/efficacy.png": 290_000, "debiased_nli/cli/main.py": 20_000, "README.md": 9_000}
+    top = gpu_kit.largest_folders(files, depth=3, n=3)
+    assert top == [("benchmarks/results/seqz_cpu", 13_300_000), ("benchmarks/results/efficacy.png", 290_000),
+                   ("debiased_nli/cli/main.py", 20_000)]

@@ -14,7 +14,7 @@ _EPILOG = """examples:
   debiased-nli compare run plan.yaml                    # train and score every unit not done yet; resumable
   debiased-nli compare run plan.yaml --workers 4        # four processes sharing the GPU (or the CPU)
   debiased-nli compare run plan.yaml --rows original z_filtered --seeds 0
-  debiased-nli compare report plan.yaml                 # <results_dir>.md / .json / .png beside the results folder
+  debiased-nli compare report plan.yaml                 # <results_dir>.md / .json / .png (+ _intervals.png) beside the results folder
   debiased-nli compare report plan.yaml --push-to ORG/debiased-snli   # + the evaluation report on the Hub
 
 A plan (YAML) names the rows (release configs, the original data, random controls of a row's size, product of
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     planned = len(plan.rows) * len(plan.seeds)
     pending = [n for n, e in table["rows"].items() if e["pending_reason"]]
     print(f"report: {done} of {planned} units finished" + (f"; pending rows: {', '.join(pending)}" if pending else "")
-          + f"; wrote {stem}.md, .json, .png")
+          + f"; wrote {stem}.md, .json, .png" + (f", {stem.name}_intervals.png" if stem.with_name(stem.name + "_intervals.png").exists() else ""))
     if getattr(args, "push_to", None):
         from ...release.compare.hub import push_report
 

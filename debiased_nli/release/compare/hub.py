@@ -185,8 +185,8 @@ def readme(plan: Plan, table: dict, report_md: str, repo_id: str, trained: dict[
 
 def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: str | None = None,
                 token: str | None = None, endpoint: str | None = None, api: Any = None) -> dict:
-    """Commit ``evaluation/README.md`` (model-index + the report), ``evaluation/<stem>.md``, ``.json`` and ``.png``
-    into the dataset repo ``repo_id`` (which must exist: the release). Returns ``{commit, commit_url, files, notes}``."""
+    """Commit ``evaluation/README.md`` (model-index + the report), ``evaluation/<stem>.md``, ``.json``, ``.png`` and
+    ``<stem>_intervals.png`` into the dataset repo ``repo_id`` (which must exist: the release). Returns ``{commit, commit_url, files, notes}``."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     from ..publish import DEADLINE_ENV, TIMEOUT_ENV, env_seconds, hub_error, hub_timeouts
@@ -206,8 +206,7 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
             md = stem.with_suffix(".md").read_text()
             ops = [CommitOperationAdd(path_in_repo=f"{FOLDER}/README.md",
                                       path_or_fileobj=readme(plan, table, md, repo_id, trained, index, left_out).encode())]
-            for suffix in (".md", ".json", ".png"):
-                f = stem.with_suffix(suffix)
+            for f in (*(stem.with_suffix(x) for x in (".md", ".json", ".png")), stem.with_name(stem.name + "_intervals.png")):
                 if f.exists():
                     ops.append(CommitOperationAdd(path_in_repo=f"{FOLDER}/{f.name}", path_or_fileobj=str(f)))
             info = api.create_commit(repo_id, ops, repo_type="dataset",

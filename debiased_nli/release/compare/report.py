@@ -156,7 +156,8 @@ def summarise(plan: Plan, *, share_sets: Sequence[str] = SHARE_SETS, statistics:
     table: dict[str, Any] = {"schema": TABLE_SCHEMA_V2, "plan": plan.raw, "reference": plan.reference,
                              "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                              "sets": plan.set_names, "rows": {},
-                             "devices": sorted({u.get("device") or "not recorded" for us in units.values() for u in us})}
+                             "devices": sorted({u.get("device") or "not recorded" for us in units.values() for u in us}),
+                             "device_units": device_units(plan, units)}
     for row in plan.rows:
         name = row["name"]
         us = [u for u in units.get(name, []) if u["seed"] in plan.seeds]
@@ -222,6 +223,34 @@ def _data_revision(units: list[dict]) -> dict | None:
     keep = ("kind", "release", "config", "release_version", "release_manifest_sha256", "built_at_commit", "files",
             "split", "of", "seed", "subset_seed_is_unit_seed", "base", "content_fingerprint")
     return {k: d[k] for k in keep if d.get(k) is not None}
+
+
+def device_units(plan: Plan, units: dict) -> dict[str, dict[str, list[int]]]:
+    """Which units ran where: device -> row -> seeds, over the plan's rows and seeds (a plan whose seeds ran on
+    different machines, e.g. seeds 0-2 on a CPU and 3-4 on a lent GPU, says so in its report)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for row in plan.rows:
+        for u in units.get(row["name"], []):
+            if u["seed"] in plan.seeds:
+                out.setdefault(u.get("device") or "not recorded", {}).setdefault(row["name"], []).append(u["seed"])
+    return {d: {r: sorted(s) for r, s in rows.items()} for d, rows in sorted(out.items())}
+
+
+def where_text(table: dict, threads) -> str | None:
+    """Where the units ran, for the header; None where they all ran on one machine (the caller says which)."""
+    placed = table.get("device_units") or {}
+    if len(placed) < 2:
+        return None
+    parts = []
+    for device, rows in placed.items():
+        seed_lists = {tuple(s) for s in rows.values()}
+        one = next(iter(seed_lists))
+        what = (f"seed{'s' if len(one) > 1 else ''} {', '.join(map(str, one))} of every row" if len(seed_lists) == 1
+                and len(rows) == sum(1 for e in table["rows"].values() if e.get("seeds_done"))
+                else f"{sum(len(s) for s in rows.values())} units ({'; '.join(f'{r}: {s}' for r, s in rows.items())})")
+        on = f"{threads} CPU threads ({device})" if device.startswith("CPU") else device
+        parts.append(f"{what} on {on}")
+    return "units on different machines: " + "; ".join(parts)
 
 
 def replication(plan: Plan, table: dict, other: Plan) -> dict:
@@ -394,7 +423,8 @@ def _statistics_md(plan: Plan, table: dict) -> list[str]:
 
 def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, title: str | None = None,
                    intro: str | None = None, commands: Sequence[str] | None = None,
-                   share_sets: Sequence[str] = SHARE_SETS, times_note: str | None = None) -> None:
+                   share_sets: Sequence[str] = SHARE_SETS, times_note: str | None = None,
+                   intervals_figure: str | None = None) -> None:
     """The report's markdown: what was run, the accuracy table, the statistics, the seeds-only view, the
     verdict, the breakdowns, predicted-label shares, and each row's data, cost and status."""
     gpus = [d for d in table.get("devices", []) if not d.startswith("CPU") and d != "not recorded"]
@@ -405,13 +435,19 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
     if figure:
         L += [f"![efficacy]({figure})", ""]
     L += _accuracy_md(table)
-    L += _statistics_md(plan, table)
+    statistics = _statistics_md(plan, table)
+    if intervals_figure and statistics:  # under the section's heading
+        statistics[3:3] = [f"![differences with 95% intervals]({intervals_figure})", ""]
+    L += statistics
     L += _seeds_only_md(table)
     L += ["", "## Verdict (from finished units only)", "", verdict_paragraph(table), ""]
     L += _breakdowns_md(table)
     L += _shares_md(table, share_sets)
     L += _rows_md(table)
-    L += ["", ((f"Times are wall-clock on {', '.join(gpus)}, shared by the units that ran at once (CPU seconds "
+    mixed = len(table.get("device_units") or {}) > 1
+    L += ["", ("Times are wall-clock on the machine each unit ran on (the header says which ran where), shared by "
+               "the units that ran at once there (CPU seconds beside them)" if mixed else
+               (f"Times are wall-clock on {', '.join(gpus)}, shared by the units that ran at once (CPU seconds "
                 "beside them)") if gpus else
                times_note or "Times are wall-clock on a machine that may be shared with other work (CPU seconds "
                "beside them)")
@@ -441,7 +477,7 @@ def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[st
     if plan.raw.get("note"):
         L += [" ".join(str(plan.raw["note"]).split()), ""]
     t = plan.train
-    where = (f"on {', '.join(gpus)}" if gpus else f"{t.get('threads')} CPU threads")
+    where = where_text(table, t.get("threads")) or (f"on {', '.join(gpus)}" if gpus else f"{t.get('threads')} CPU threads")
     n_labels = len(get_task(plan.task).labels)
     L += [f"- Model: `{Path(plan.model).name}` (a fresh {n_labels}-way head). Training: lr {t['learning_rate']}, batch "
           f"{t['batch_size']}, max length {t['max_length']}, {t['epochs']} epochs, {int(100 * t.get('warmup_ratio', 0.1))}% linear "
@@ -621,6 +657,64 @@ def verdict_paragraph(table: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ plot
 
+def plot_intervals(table: dict, path: Path) -> Path | None:
+    """The declared comparisons as a forest: one panel per comparison (primary ones first), a line per set with
+    the difference and its 95% paired-bootstrap interval. Filled: distinguishable from 0 (a primary test after
+    the plan's correction, a secondary one by its own interval); hollow: not. None where no comparison has an
+    interval (no stored predictions)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st = table.get("statistics") or {}
+    comps = [c for c in st.get("comparisons", []) if any("low" in e for e in c["sets"].values())]
+    if not comps:
+        return None
+    comps.sort(key=lambda c: not c.get("primary"))
+    ncol = min(3, len(comps))
+    nrow = math.ceil(len(comps) / ncol)
+    sets = [s for s in table["sets"] if any("low" in c["sets"].get(s, {}) for c in comps)]
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.4 * ncol, 0.32 * len(sets) * nrow + 1.2 * nrow),
+                             squeeze=False, sharey=True)
+    for k, c in enumerate(comps):
+        ax = axes[k // ncol][k % ncol]
+        for y, s in enumerate(sets):
+            e = c["sets"].get(s, {})
+            if "low" not in e:
+                continue
+            primary = e.get("family") == "primary"
+            color = "tab:red" if primary else "tab:blue"
+            ax.plot([e["low"], e["high"]], [y, y], color=color, lw=1.6)
+            ax.plot([e["estimate"]], [y], "o", ms=5, color=color,
+                    mfc=color if e.get("distinguishable") else "white")
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(range(len(sets)), sets, fontsize=7)
+        if k == 0:  # the panels share the y axis: inverting each would flip it back and forth
+            ax.invert_yaxis()
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_title(f"{c['row']} − {c['against']}" + (" (primary)" if c.get("primary") else ""), fontsize=8)
+    level = 100 * st.get("level", 0.95)
+    return _save_panels(fig, axes, len(comps), path, fontsize=9,
+                        title=f"difference in accuracy points with its {level:.0f}% paired-bootstrap interval; red: a "
+                              f"primary test, blue: secondary (uncorrected); filled: distinguishable from 0")
+
+
+def _save_panels(fig, axes, used: int, path: Path, *, title: str, fontsize: int) -> Path:
+    """Blank the grid's unused panels, title the figure, write it and close it."""
+    import matplotlib.pyplot as plt
+
+    ncol = len(axes[0])
+    for k in range(used, len(axes) * ncol):
+        axes[k // ncol][k % ncol].axis("off")
+    fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(table: dict, path: Path) -> Path | None:
     """Methods x sets: one panel per set, a bar per finished row (mean ± std), the reference as a line."""
     import matplotlib
@@ -657,14 +751,9 @@ def plot(table: dict, path: Path) -> Path | None:
         ax.set_ylim(max(0, lo - 5), min(100, hi + 5))
         ax.tick_params(axis="y", labelsize=7)
         ax.grid(axis="y", alpha=0.3)
-    for k in range(len(sets), nrow * ncol):
-        axes[k // ncol][k % ncol].axis("off")
-    fig.suptitle(f"accuracy (%), mean ± std over seeds (seeds finished in brackets; no bar with one seed); "
-                 f"dashed: {table['reference']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_panels(fig, axes, len(sets), path, fontsize=10,
+                        title=f"accuracy (%), mean ± std over seeds (seeds finished in brackets; no bar with one "
+                              f"seed); dashed: {table['reference']}")
 
 
 def report(plan: Plan, out_stem: Path | None = None, *, replicates_of=None, **markdown_options) -> dict:
@@ -676,6 +765,8 @@ def report(plan: Plan, out_stem: Path | None = None, *, replicates_of=None, **ma
     share_sets = markdown_options.get("share_sets", SHARE_SETS)
     table = summarise(plan, share_sets=share_sets, replicates_of=replicates_of)
     fig = plot(table, stem.with_suffix(".png"))
+    forest = plot_intervals(table, stem.with_name(stem.name + "_intervals.png"))
     write_json_atomic(stem.with_suffix(".json"), table)
-    write_markdown(table, plan, stem.with_suffix(".md"), fig.name if fig else None, **markdown_options)
+    write_markdown(table, plan, stem.with_suffix(".md"), fig.name if fig else None,
+                   intervals_figure=forest.name if forest else None, **markdown_options)
     return table
