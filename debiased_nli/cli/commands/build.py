@@ -33,8 +33,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=SEED, help="override the recipe's seed")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
     p.add_argument("--efficacy", metavar="FILE",
-                   help="the efficacy table (benchmarks/results/efficacy.json): the card shows the measured "
-                        "accuracy of a model trained on each config that has a row in it")
+                   help="an efficacy table, the JSON `debiased-nli compare report` writes (e.g. "
+                        "benchmarks/results/efficacy_headline.json: 5 seeds, paired-bootstrap intervals; or the 3-seed "
+                        "efficacy.json): the card shows the measured accuracy of a model trained on each config that "
+                        "has a row in it, and its declared comparisons")
     p.add_argument("--replay", metavar="OLD_RELEASE",
                    help="an earlier release folder: reuse the decisions its filter steps recorded (AFLite, PDD, "
                         "IBADR: decisions/<config>/) where the step, its parameters and its input rows are the same, "
