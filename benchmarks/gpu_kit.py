@@ -260,13 +260,14 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
             "wheels": wheels}
     (kit / "kit.json").write_text(json.dumps(info, indent=2))
     parts = {p.name: _size(p) for p in kit.iterdir()}
-    tree = _tree_size()
+    tree_files = _tree_files()
+    tree = sum(tree_files.values())
     total = tree + sum(parts.values())
     info["bytes"] = {"working_tree": tree, **parts, "total": total}
     (kit / "kit.json").write_text(json.dumps(info, indent=2))
     log("sizes (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in info["bytes"].items()))
     if total > limit_mib * 2**20:
-        big = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in largest_folders(_tree_files()))
+        big = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in largest_folders(tree_files))
         raise SystemExit(f"the kit and the working tree are {total / 2**20:.1f} MiB, over {limit_mib} MiB. The working "
                          f"tree's largest paths (MiB): {big}. Everything git tracks travels: move what the run does not "
                          f"read (other benchmarks' results) out of the tree for the call and back after it (`git status` "

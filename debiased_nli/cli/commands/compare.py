@@ -92,7 +92,7 @@ def _plan(args):
 def run(args: argparse.Namespace) -> int:
     from ...release.compare import run as run_units
     from ...release.compare import run_workers, unit_states
-    from ...release.compare.report import report
+    from ...release.compare.report import intervals_path, report
 
     plan = _plan(args)
     if args.action == "status":
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     planned = len(plan.rows) * len(plan.seeds)
     pending = [n for n, e in table["rows"].items() if e["pending_reason"]]
     print(f"report: {done} of {planned} units finished" + (f"; pending rows: {', '.join(pending)}" if pending else "")
-          + f"; wrote {stem}.md, .json, .png" + (f", {stem.name}_intervals.png" if stem.with_name(stem.name + "_intervals.png").exists() else ""))
+          + f"; wrote {stem}.md, .json, .png" + (f", {forest.name}" if (forest := intervals_path(stem)).exists() else ""))
     if getattr(args, "push_to", None):
         from ...release.compare.hub import push_report
 

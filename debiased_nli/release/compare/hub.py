@@ -190,6 +190,7 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
     from huggingface_hub import CommitOperationAdd, HfApi
 
     from ..publish import DEADLINE_ENV, TIMEOUT_ENV, env_seconds, hub_error, hub_timeouts
+    from .report import intervals_path
 
     if repo_id.count("/") != 1:
         raise ConfigError(f"--push-to must look like ORG/NAME, got {repo_id!r}")
@@ -206,7 +207,7 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
             md = stem.with_suffix(".md").read_text()
             ops = [CommitOperationAdd(path_in_repo=f"{FOLDER}/README.md",
                                       path_or_fileobj=readme(plan, table, md, repo_id, trained, index, left_out).encode())]
-            for f in (*(stem.with_suffix(x) for x in (".md", ".json", ".png")), stem.with_name(stem.name + "_intervals.png")):
+            for f in (*(stem.with_suffix(x) for x in (".md", ".json", ".png")), intervals_path(stem)):
                 if f.exists():
                     ops.append(CommitOperationAdd(path_in_repo=f"{FOLDER}/{f.name}", path_or_fileobj=str(f)))
             info = api.create_commit(repo_id, ops, repo_type="dataset",

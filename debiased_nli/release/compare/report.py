@@ -356,7 +356,7 @@ def selection_text(plan: Plan, table: dict) -> str:
     return text
 
 
-def _statistics_md(plan: Plan, table: dict) -> list[str]:
+def _statistics_md(plan: Plan, table: dict, intervals_figure: str | None = None) -> list[str]:
     st = table.get("statistics")
     if not st or not st["comparisons"]:
         return []
@@ -364,6 +364,8 @@ def _statistics_md(plan: Plan, table: dict) -> list[str]:
     have = [c for c in st["comparisons"] if any("unavailable" not in e for e in c["sets"].values())]
     lacking = [r for r, cov in st["coverage"].items() if cov["without"]]
     L = ["", "## Differences with 95% intervals", ""]
+    if intervals_figure:
+        L += [f"![differences with 95% intervals]({intervals_figure})", ""]
     corr = stats.CORRECTION_NAMES.get(st["correction"] or plan.correction, plan.correction)
     L += [f"Row A minus row B, accuracy points, from the units' stored per-row predictions: a paired bootstrap over the "
           f"test rows nested with the seeds (`debiased_nli.models.significance.paired_bootstrap`, {st['replicates']:,} "
@@ -435,10 +437,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
     if figure:
         L += [f"![efficacy]({figure})", ""]
     L += _accuracy_md(table)
-    statistics = _statistics_md(plan, table)
-    if intervals_figure and statistics:  # under the section's heading
-        statistics[3:3] = [f"![differences with 95% intervals]({intervals_figure})", ""]
-    L += statistics
+    L += _statistics_md(plan, table, intervals_figure)
     L += _seeds_only_md(table)
     L += ["", "## Verdict (from finished units only)", "", verdict_paragraph(table), ""]
     L += _breakdowns_md(table)
@@ -657,6 +656,11 @@ def verdict_paragraph(table: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ plot
 
+def intervals_path(stem: Path) -> Path:
+    """Where a report written to ``stem`` (.md / .json / .png) puts its forest of intervals."""
+    return stem.with_name(stem.name + "_intervals.png")
+
+
 def plot_intervals(table: dict, path: Path) -> Path | None:
     """The declared comparisons as a forest: one panel per comparison (primary ones first), a line per set with
     the difference and its 95% paired-bootstrap interval. Filled: distinguishable from 0 (a primary test after
@@ -765,7 +769,7 @@ def report(plan: Plan, out_stem: Path | None = None, *, replicates_of=None, **ma
     share_sets = markdown_options.get("share_sets", SHARE_SETS)
     table = summarise(plan, share_sets=share_sets, replicates_of=replicates_of)
     fig = plot(table, stem.with_suffix(".png"))
-    forest = plot_intervals(table, stem.with_name(stem.name + "_intervals.png"))
+    forest = plot_intervals(table, intervals_path(stem))
     write_json_atomic(stem.with_suffix(".json"), table)
     write_markdown(table, plan, stem.with_suffix(".md"), fig.name if fig else None,
                    intervals_figure=forest.name if forest else None, **markdown_options)
