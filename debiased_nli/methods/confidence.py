@@ -8,6 +8,12 @@ refused). Each (premise, hypothesis) pair is scored in batches of rows in input 
 (:func:`debiased_nli.models.classifier.predict_probabilities`); a row is kept when
 ``p_M(label | premise, hypothesis) > tau`` (tau = 0.95). Both outputs carry the probability in
 ``confidence``; the rejected rows also carry ``rejected_by = "confidence<=tau"``.
+
+Calibrated (``temperature``, fitted on held-out real rows by :func:`calibrate` with
+:mod:`debiased_nli.methods.calibration`): tau is applied to M's temperature-scaled probability, and the
+rows also carry M's own probability in ``confidence_uncalibrated``. With ``probabilities=True`` every
+row carries M's (uncalibrated) probability of each label in ``m_prob_<label>``, so that another tau or
+temperature can be applied later without M.
 """
 from __future__ import annotations
 
@@ -19,15 +25,21 @@ from ..data.loading import column_numpy, labels_of
 from ..data.tasks import TaskSpec, get_task
 from ..models.classifier import load_classifier, predict_probabilities
 from ..utils.errors import ConfigError, EmptyResultError
+from .calibration import calibration_report, fit_temperature, temperature_scale
 
 CONFIDENCE_COLUMN = "confidence"
+UNCALIBRATED_COLUMN = "confidence_uncalibrated"
+PROB_PREFIX = "m_prob_"
 DEFAULT_TAU = 0.95
 
 
 def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float = DEFAULT_TAU, *,
                       batch_size: int = 64, max_length: int = 128, tokenizer: Any = None,
-                      device: str | None = None, progress: bool = True):
-    """(kept, rejected): rows with ``p_M(label) > tau`` and the others, both with ``confidence``."""
+                      device: str | None = None, progress: bool = True, temperature: float | None = None,
+                      probabilities: bool = False):
+    """(kept, rejected): rows with ``p_M(label) > tau`` and the others, both with ``confidence``
+    (temperature-scaled by ``temperature`` when given, M's own probability then in
+    ``confidence_uncalibrated``; with ``probabilities``, M's probability of every label in ``m_prob_<label>``)."""
     task = get_task(task)
     if not 0.0 <= tau < 1.0:
         raise ConfigError(f"tau must be in [0, 1), got {tau}")
@@ -35,19 +47,47 @@ def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float
         if col not in ds.column_names:
             raise ConfigError(f"confidence filtering needs the column {col!r}; the data has {ds.column_names}")
     clf = load_classifier(model, device, tokenizer=tokenizer)
-    probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
-                                  order=range(len(ds)), labels=task.labels, desc="confidence filter",
-                                  progress=progress)
+    raw = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
+                                order=range(len(ds)), labels=task.labels, desc="confidence filter",
+                                progress=progress)
+    probs = raw if temperature is None else temperature_scale(raw, temperature)
     labels = labels_of(ds)
-    conf = probs[np.arange(len(labels)), labels] if len(labels) else np.zeros(0)
-    scored = ds.remove_columns([c for c in (CONFIDENCE_COLUMN,) if c in ds.column_names])
-    scored = scored.add_column(CONFIDENCE_COLUMN, conf.astype(np.float64).tolist())
+    rows = np.arange(len(labels))
+    conf = probs[rows, labels] if len(labels) else np.zeros(0)
+    added = {CONFIDENCE_COLUMN: conf}
+    if temperature is not None:
+        added[UNCALIBRATED_COLUMN] = raw[rows, labels] if len(labels) else np.zeros(0)
+    if probabilities:
+        added.update({f"{PROB_PREFIX}{name}": raw[:, k] for k, name in enumerate(task.labels)})
+    scored = ds.remove_columns([c for c in added if c in ds.column_names])
+    for name, values in added.items():
+        scored = scored.add_column(name, np.asarray(values, dtype=np.float64).tolist())
     keep = conf > tau
     kept = scored.select(np.nonzero(keep)[0])
     # the reason is added before selecting: add_column on an (empty) selection fails in datasets
     reason = scored.add_column("rejected_by", [f"confidence<={tau}"] * len(scored))
     rejected = reason.select(np.nonzero(~keep)[0])
     return kept, rejected
+
+
+def calibrate(held_out, model: "str | Any", task: "str | TaskSpec", *, batch_size: int = 64,
+              max_length: int = 128, tokenizer: Any = None, device: str | None = None, progress: bool = True):
+    """M's temperature (:func:`debiased_nli.methods.calibration.fit_temperature`) fitted on ``held_out``: real
+    rows with gold labels that M did not train on. Returns (the loaded M, its calibration report: T, NLL and
+    ECE before and after, the reliability tables), so that the filter scores with the same M."""
+    task = get_task(task)
+    for col in ("premise", "hypothesis", "label"):
+        if col not in held_out.column_names:
+            raise ConfigError(f"the calibration rows need the column {col!r}; they have {held_out.column_names}")
+    if len(held_out) == 0:
+        raise ConfigError("the calibration rows are empty: give held-out real rows with gold labels")
+    clf = load_classifier(model, device, tokenizer=tokenizer)
+    probs = predict_probabilities(clf, held_out["premise"], held_out["hypothesis"], batch_size=batch_size,
+                                  max_length=max_length, order=range(len(held_out)), labels=task.labels,
+                                  desc="calibration rows", progress=progress)
+    labels = labels_of(held_out)
+    t = fit_temperature(probs, labels)
+    return clf, calibration_report(probs, labels, t, label_names=task.labels)
 
 
 def confidence_report(kept, rejected, task: TaskSpec, tau: float) -> dict:

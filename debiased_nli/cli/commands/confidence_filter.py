@@ -10,9 +10,17 @@ from ._common import POSITIVE_INT, add_task_arguments, check_model_reference, nu
 DESCRIPTION = """\
 Confidence filtering (Wu et al. 2022): an NLI model M (any AutoModelForSequenceClassification, Hub id or
 folder, e.g. one trained by `debiased-nli train`) scores every (premise, hypothesis) pair; a row is
-kept when M's probability of its label is above --tau (0.95). M's labels are matched to the task's by
-name. Writes kept.parquet and rejected.parquet (both with a `confidence` column) and
-confidence_report.json (acceptance rate, per label, confidence quantiles) into --out.
+kept when M's probability of its label is above --tau (0.95, Table 8 of the paper). M's labels are
+matched to the task's by name. Writes kept.parquet and rejected.parquet (both with a `confidence`
+column) and confidence_report.json (acceptance rate, per label, confidence quantiles) into --out.
+
+--calibration-data FILE calibrates M first (temperature scaling, Guo et al. 2017) on held-out real rows
+with gold labels that M did not train on (e.g. the task's validation split; never a challenge set), and
+applies --tau to the calibrated probabilities: an over-confident or under-confident M otherwise keeps a
+different share at the same tau. It also writes calibration.json (T, NLL and expected calibration error
+before and after, the reliability tables) and reliability.png (the reliability diagram); each row then
+keeps M's own probability in `confidence_uncalibrated`. --probabilities adds M's probability of every
+label (`m_prob_<label>`), so another tau or temperature can be applied later without M.
 """
 
 
@@ -24,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--tau", type=number(float, low=0, high=1, high_open=True), default=0.95, help="keep rows with p_M(label) > tau")
     p.add_argument("--batch-size", type=POSITIVE_INT, default=64)
     p.add_argument("--max-length", type=POSITIVE_INT, default=128)
+    p.add_argument("--calibration-data", metavar="FILE",
+                   help="held-out real rows with gold labels (parquet/json/csv) to calibrate M on before --tau")
+    p.add_argument("--probabilities", action="store_true", help="add M's probability of every label (m_prob_<label>)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
     p.set_defaults(func=run)
@@ -52,14 +63,30 @@ def run(args) -> int:
         from ...data.loading import load_task
         ds = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
                        revision=args.revision, max_rows=args.max_rows).dataset
+    calibration = None
+    if args.calibration_data:
+        from ...data.loading import load_task
+        calibration = load_task(task, "train", data_files={"train": [args.calibration_data]},
+                                on_invalid=args.on_invalid).dataset
     kept, rejected, report = confidence_filter_step(ds, task, {"model": args.model, "tau": args.tau,
                                                                "batch_size": args.batch_size,
-                                                               "max_length": args.max_length})
+                                                               "max_length": args.max_length,
+                                                               "calibration": calibration,
+                                                               "probabilities": args.probabilities})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kept.to_parquet(str(out / "kept.parquet"))
     rejected.to_parquet(str(out / "rejected.parquet"))
     report["model"] = args.model
+    if "calibration" in report:
+        from ...methods.calibration import plot_reliability
+        report["calibration"]["data"] = args.calibration_data
+        (out / "calibration.json").write_text(json.dumps(report["calibration"], indent=2))
+        plot_reliability(report["calibration"], out / "reliability.png")
     (out / "confidence_report.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k != "calibration"}, indent=2))
+    if "calibration" in report:
+        c = report["calibration"]
+        print(f"calibration on {c['rows']:,} held-out rows: T = {c['temperature']:.3f}, ECE {c['ece_before']:.4f} -> "
+              f"{c['ece_after']:.4f}, NLL {c['nll_before']:.4f} -> {c['nll_after']:.4f}")
     return 0

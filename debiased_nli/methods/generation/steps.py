@@ -110,14 +110,27 @@ def generate_step(ds, task, params: dict, *, show_values: bool = False):
 
 
 def confidence_filter_step(ds, task, params: dict):
-    from ..confidence import confidence_filter, confidence_report
+    """(kept, rejected, report) of the confidence filter. ``params["calibration"]`` (held-out real rows with
+    gold labels, a Dataset) fits M's temperature first and applies tau to the calibrated probabilities; the
+    report then holds the calibration (``report["calibration"]``: T, NLL and ECE before and after)."""
+    from ..confidence import calibrate, confidence_filter, confidence_report
 
     task = get_task(task)
     tau = _p(params, "tau", PAPER_DEFAULTS["tau"])  # Table 8: "data filtering threshold τ 0.95"
-    kept, rejected = confidence_filter(ds, _p(params, "model", PAPER_DEFAULTS["confidence_model"]), task, tau,
-                                       batch_size=_p(params, "batch_size", 64),
-                                       max_length=_p(params, "max_length", 128), progress=_p(params, "progress", True))
-    return kept, rejected, confidence_report(kept, rejected, task, tau)
+    model = _p(params, "model", PAPER_DEFAULTS["confidence_model"])
+    batch_size, max_length = _p(params, "batch_size", 64), _p(params, "max_length", 128)
+    calibration = None
+    if params.get("calibration") is not None:
+        model, calibration = calibrate(params["calibration"], model, task, batch_size=batch_size,
+                                       max_length=max_length, progress=_p(params, "progress", True))
+    kept, rejected = confidence_filter(ds, model, task, tau, batch_size=batch_size, max_length=max_length,
+                                       progress=_p(params, "progress", True),
+                                       temperature=None if calibration is None else calibration["temperature"],
+                                       probabilities=bool(params.get("probabilities")))
+    report = confidence_report(kept, rejected, task, tau)
+    if calibration is not None:
+        report["calibration"] = calibration
+    return kept, rejected, report
 
 
 def generator_source(task, params: dict, ctx: dict | None = None):

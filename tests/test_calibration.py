@@ -1,0 +1,102 @@
+"""Temperature scaling of the confidence model M (Guo et al. 2017) and the calibrated confidence filter."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from debiased_nli.methods.calibration import (calibration_report, expected_calibration_error, fit_temperature,
+                                               reliability, temperature_scale)
+from debiased_nli.utils.errors import ConfigError
+
+SHARED = Path(os.environ.get("DEBIASED_NLI_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+
+
+def overconfident(n=4000, k=3, true_t=2.5, seed=0):
+    """Rows whose labels are drawn from softmax(z / true_t) while the model reports softmax(z): a model
+    over-confident by exactly true_t."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0, 3, size=(n, k))
+    truth = np.exp(z / true_t)
+    truth /= truth.sum(1, keepdims=True)
+    labels = np.array([rng.choice(k, p=p) for p in truth])
+    reported = np.exp(z)
+    reported /= reported.sum(1, keepdims=True)
+    return reported, labels
+
+
+def test_the_fitted_temperature_recovers_a_known_overconfidence_and_lowers_the_ece():
+    probs, labels = overconfident()
+    t = fit_temperature(probs, labels)
+    assert 2.2 < t < 2.8  # the generating temperature is 2.5
+    # the NLL at the fitted T is the minimum over a fine grid (an independent check of the search)
+    grid = np.exp(np.linspace(np.log(0.5), np.log(8), 400))
+    nll = [-np.mean(np.log(temperature_scale(probs, g)[np.arange(len(labels)), labels])) for g in grid]
+    assert abs(grid[int(np.argmin(nll))] - t) / t < 0.02
+    rep = calibration_report(probs, labels, t, label_names=["e", "n", "c"])
+    assert rep["ece_after"] < 0.5 * rep["ece_before"] and rep["nll_after"] < rep["nll_before"]
+    assert rep["accuracy"] == pytest.approx(float((probs.argmax(1) == labels).mean()))
+    # temperature scaling keeps the argmax
+    assert (temperature_scale(probs, t).argmax(1) == probs.argmax(1)).all()
+
+
+def test_ece_by_hand():
+    probs = np.array([[0.9, 0.1], [0.9, 0.1], [0.6, 0.4], [0.3, 0.7]])
+    labels = np.array([0, 1, 0, 1])
+    # bins of 0.1 (10): 0.9 -> bin (0.8, 0.9]: two rows, accuracy 0.5, confidence 0.9; 0.6: one row, right;
+    # 0.7: one row, right
+    want = 2 / 4 * abs(0.5 - 0.9) + 1 / 4 * abs(1 - 0.6) + 1 / 4 * abs(1 - 0.7)
+    assert expected_calibration_error(probs, labels, bins=10) == pytest.approx(want)
+    table = reliability(probs, labels, bins=10)
+    assert sum(b["rows"] for b in table) == 4 and table[8]["rows"] == 2 and table[8]["accuracy"] == 0.5
+
+
+@pytest.mark.parametrize("probs,labels,match", [
+    (np.zeros((0, 3)), np.zeros(0, int), "at least one"),
+    (np.full((2, 3), 1 / 3), np.array([0, 3]), "row 1: label 3"),
+    (np.array([[np.nan, 0.5, 0.5]]), np.array([0]), "row 0: the probabilities are not finite"),
+])
+def test_bad_calibration_rows_are_refused_with_the_row(probs, labels, match):
+    with pytest.raises(ConfigError, match=match):
+        fit_temperature(probs, labels)
+
+
+def test_a_temperature_must_be_positive():
+    with pytest.raises(ConfigError, match="finite number > 0"):
+        temperature_scale(np.full((1, 3), 1 / 3), 0.0)
+
+
+def test_the_cli_calibrates_m_on_held_out_rows_and_applies_tau_to_calibrated_probabilities(tmp_path):
+    from test_confidence import make_model
+
+    model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    dev = pq.read_table(SHARED / "data" / "snli" / "dev.parquet").slice(0, 60)
+    pq.write_table(dev, tmp_path / "heldout.parquet")
+    gen = pq.read_table(SHARED / "data" / "snli" / "train_sample.parquet").slice(0, 40)
+    pq.write_table(gen, tmp_path / "gen.parquet")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "confidence-filter", "snli", "--data-files",
+                        str(tmp_path / "gen.parquet"), "--model", model, "--tau", "0.5", "--calibration-data",
+                        str(tmp_path / "heldout.parquet"), "--probabilities", "--out", str(out), "--quiet"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cal = json.loads((out / "calibration.json").read_text())
+    rep = json.loads((out / "confidence_report.json").read_text())
+    assert cal["rows"] == 60 and cal["temperature"] > 0 and (out / "reliability.png").stat().st_size > 1000
+    assert rep["calibration"]["temperature"] == cal["temperature"]
+    assert cal["nll_after"] <= cal["nll_before"] + 1e-9  # T = 1 is inside the search interval
+    kept, rej = pq.read_table(out / "kept.parquet").to_pandas(), pq.read_table(out / "rejected.parquet").to_pandas()
+    import pandas as pd
+    both = pd.concat([kept, rej], ignore_index=True)
+    assert len(both) == 40
+    # the calibrated confidence is the temperature-scaled M probability of the row's label
+    raw = both[["m_prob_entailment", "m_prob_neutral", "m_prob_contradiction"]].to_numpy()
+    want = temperature_scale(raw, cal["temperature"])[np.arange(len(both)), both["label"].to_numpy()]
+    assert np.allclose(both["confidence"].to_numpy(), want, atol=1e-6)
+    assert np.allclose(both["confidence_uncalibrated"].to_numpy(), raw[np.arange(len(both)), both["label"].to_numpy()])
+    assert (kept["confidence"] > 0.5).all() and (rej["confidence"] <= 0.5).all()
