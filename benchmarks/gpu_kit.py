@@ -79,6 +79,49 @@ def _tree_size() -> int:
     return sum(_tree_files().values())
 
 
+# What a device call never needs: the committed results (measurements, unit files, reports: 43 MiB of the
+# 46.5 MiB tree at 3aec037). ``slim`` takes them out of the working tree with git's sparse checkout (they stay
+# committed, `git status` stays clean, no file is deleted from the repository) and ``unslim`` brings them back.
+SLIM_OUT = ["benchmarks/results/"]
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def slim_tree(keep: tuple[str, ...] = (), cwd: Path = ROOT) -> list[str]:
+    """Take ``SLIM_OUT`` (but the paths in ``keep``) out of this worktree's files with a sparse checkout
+    (``git sparse-checkout set --no-cone``; per worktree: other worktrees of the repository keep their files).
+    Refused when a file there has uncommitted changes (the sparse checkout would leave it, and it would travel)."""
+    dirty = [x for x in _git("status", "--porcelain", "--", *SLIM_OUT, cwd=cwd).splitlines() if x.strip()]
+    if dirty:
+        raise SystemExit(f"slim: {len(dirty)} uncommitted change(s) under {', '.join(SLIM_OUT)} (first: {dirty[0][3:]}); "
+                         f"commit them first, nothing was changed")
+    for k in keep:
+        if ".." in Path(k).parts or Path(k).is_absolute():
+            raise SystemExit(f"slim: --keep {k!r} must be a path inside the repository")
+    patterns = ["/*", *(f"!/{p}" for p in SLIM_OUT), *(f"/{k.strip('/')}/" for k in keep)]
+    _git("sparse-checkout", "set", "--no-cone", *patterns, cwd=cwd)
+    return patterns
+
+
+def unslim_tree(cwd: Path = ROOT) -> None:
+    """Every committed file back in the worktree (``git sparse-checkout disable``)."""
+    _git("sparse-checkout", "disable", cwd=cwd)
+
+
+def committed_tree_bytes(cwd: Path = ROOT, rev: str = "HEAD", slim: bool = True) -> int:
+    """The bytes of the files committed at ``rev`` that a call sends, without ``SLIM_OUT`` when ``slim``."""
+    total = 0
+    for line in _git("ls-tree", "-r", "-l", rev, cwd=cwd).splitlines():
+        meta, path = line.split("\t", 1)
+        size = meta.split()[3]
+        if size == "-" or (slim and any(path.startswith(x) for x in SLIM_OUT)):
+            continue
+        total += int(size)
+    return total
+
+
 def largest_folders(files: dict[str, int], depth: int = 3, n: int = 6) -> list[tuple[str, int]]:
     """The working tree's largest folders (their first ``depth`` path parts), for the over-the-limit message."""
     sizes: dict[str, int] = {}
@@ -269,9 +312,9 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
     if total > limit_mib * 2**20:
         big = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in largest_folders(tree_files))
         raise SystemExit(f"the kit and the working tree are {total / 2**20:.1f} MiB, over {limit_mib} MiB. The working "
-                         f"tree's largest paths (MiB): {big}. Everything git tracks travels: move what the run does not "
-                         f"read (other benchmarks' results) out of the tree for the call and back after it (`git status` "
-                         f"shows them as deleted meanwhile), or give --limit-mib where the transfer allows more")
+                         f"tree's largest paths (MiB): {big}. Everything git tracks travels: `python benchmarks/gpu_kit.py "
+                         f"slim --keep <the plan's results folder>` takes the other results out of the tree for the calls "
+                         f"(`unslim` after), or give --limit-mib where the transfer allows more")
     return info
 
 
@@ -483,7 +526,9 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import gpu_generator
         return gpu_generator.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["make", "run", "collect", "generator"])
+    ap.add_argument("command", choices=["make", "run", "collect", "generator", "slim", "unslim"],
+                    help="slim / unslim: take the committed results out of this worktree for device calls (git "
+                         "sparse checkout: nothing is deleted, `git status` stays clean) and bring them back")
     ap.add_argument("archive", nargs="?", help="`collect`: the efficacy_gpu.tar.gz that `run` wrote")
     ap.add_argument("--plan", default=str(DEFAULT_PLAN), help="the GPU plan (default benchmarks/efficacy_gpu.yaml)")
     ap.add_argument("--kit", default=str(KIT), help="the kit folder (default .gpu, git-ignored)")
@@ -497,7 +542,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_out"), help="`run`: where efficacy_gpu.tar.gz goes")
     ap.add_argument("--rows", nargs="+", help="`run`: only these rows")
     ap.add_argument("--logs-to", help="`collect`: also extract the training records and logs here")
+    ap.add_argument("--keep", nargs="*", default=[], help="`slim`: results folders a call needs (e.g. a plan's unit files)")
     a = ap.parse_args(argv)
+    if a.command == "slim":
+        slim_tree(tuple(a.keep))
+        log(f"slim: the working tree that travels is {_tree_size() / 2**20:.1f} MiB now; `unslim` after the calls")
+        return 0
+    if a.command == "unslim":
+        unslim_tree()
+        log(f"unslim: every committed file is back ({_tree_size() / 2**20:.1f} MiB)")
+        return 0
     plan = Path(a.plan).resolve()
     if a.command == "make":
         make(plan, Path(a.kit).resolve(), a.limit_mib, a.releases_from)

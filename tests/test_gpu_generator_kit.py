@@ -283,8 +283,13 @@ def test_projection_scales_the_measured_rates():
 def test_dry_run_runs_the_whole_chain_on_the_cpu(tmp_path):
     s = gg.dry_run(tmp_path / "dry", keep=True)
     assert s["refusal_line"].startswith("gpu_generator: part 1")
-    assert all(s["done"].get(k) for k in ("setup", "gpt2", "train", "sample", "filter")), s["done"]
-    assert s["sampling"]["samples"] == gg.PLAN_DRY["samples"]
+    assert all(s["done"].get(k) for k in ("setup", "gpt2", "train", "debias", "sample", "filter", "compare_g",
+                                          "cuda_tests")), s["done"]
+    assert s["sampling"]["samples"] == gg.PLAN_DRY["samples"] and s["sampling"]["generator"] == "Gstar"
+    assert s["Gstar"]["train_report"]["steps"] == gg.PLAN_DRY["gstar"]["epochs"] * s["Gstar"]["train_report"]["steps"] // gg.PLAN_DRY["gstar"]["epochs"]
+    assert {r["engine"] for r in s["race"]["rows"]} == {"fast", "generate"} and s["race"]["best"]
+    assert s["filter"]["calibration"]["temperature"] > 0
+    assert s["compare_g"]["samples"] == gg.PLAN_DRY["g_samples"] and "filter" in s["compare_g"]
     assert s["filter"]["report"]["rows"] == s["sampling"]["parsed"] > 0
     assert s["M"]["dev_accuracy"] is not None and s["G"]["final"]["epochs_trained"] == gg.PLAN_DRY["g"]["epochs"]
     assert (tmp_path / "dry" / "results" / "gpu_generator_dry.md").is_file()
@@ -302,3 +307,56 @@ def test_dequantize_never_replaces_a_folder_it_did_not_write(tmp_path):
         with pytest.raises(SystemExit, match="not a model folder this kit wrote"):
             gg.dequantize(tmp_path / "absent.gguf", out)
     assert (mine / "keep.txt").read_text() == "not made by the kit" and link.is_symlink()
+
+
+def test_the_kit_transfers_fit_the_limit_from_the_committed_tree():
+    """What the device calls send: the slim committed tree (no benchmarks/results) plus each call's carried
+    folder (half of the SmolLM2 GGUF; call 2 also the data, tokenizers, lengths and wheels). Computed from the
+    committed files at HEAD, the GGUF's recorded size and the shared data, so that a tree that grows, or a
+    kit that carries more, fails here and not on the device."""
+    from benchmarks import gpu_kit
+
+    tree = gpu_kit.committed_tree_bytes(ROOT, "HEAD", slim=True)
+    data = sum((Path(ROOT.parent / "shared" / "data" / "snli" / f)).stat().st_size for f in ("train_sample.parquet", "dev.parquet"))
+    tokenizers = 0
+    for name, files, recorded in (("smollm2-135m-instruct", ("tokenizer.json", "tokenizer_config.json"), 3_700_000),
+                                  ("gpt2-tokenizer", None, 2_200_000)):
+        folder = MODELS / name
+        if folder.is_dir():
+            tokenizers += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()
+                              and (files is None or f.name in files))
+        else:
+            tokenizers += recorded
+    extras2 = data + tokenizers + gg.WHEELS_BUDGET + 64 * 1024  # + lengths.json and kit.json
+    per_call = (gg.GGUF_BYTES + extras2) // 2 + 8192
+    limit = gg.LIMIT_MIB * 2**20
+    assert tree < 8 * 2**20, f"the slim committed tree is {tree / 2**20:.1f} MiB"
+    assert tree + per_call < limit - 2**20, (tree / 2**20, per_call / 2**20)
+    # the full tree does not fit: the calls need the slim one
+    assert gpu_kit.committed_tree_bytes(ROOT, "HEAD", slim=False) + per_call > limit
+
+
+def test_slim_takes_the_results_out_of_the_worktree_and_unslim_brings_them_back(tmp_path):
+    from benchmarks import gpu_kit
+
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results" / "plan").mkdir(parents=True)
+    (repo / "benchmarks" / "results" / "big.json").write_text("x" * 5000)
+    (repo / "benchmarks" / "results" / "plan" / "unit.json").write_text("{}")
+    (repo / "benchmarks" / "run.py").write_text("print(1)\n")
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
+    gpu_kit.slim_tree(keep=("benchmarks/results/plan",), cwd=repo)
+    assert not (repo / "benchmarks" / "results" / "big.json").exists()
+    assert (repo / "benchmarks" / "results" / "plan" / "unit.json").is_file() and (repo / "benchmarks" / "run.py").is_file()
+    assert git("status", "--porcelain") == ""  # nothing deleted as far as git is concerned
+    assert gpu_kit.committed_tree_bytes(repo, slim=True) == len("print(1)\n")
+    gpu_kit.unslim_tree(cwd=repo)
+    assert (repo / "benchmarks" / "results" / "big.json").read_text() == "x" * 5000
+    # a results file with uncommitted changes would travel: refused, nothing changed
+    (repo / "benchmarks" / "results" / "big.json").write_text("changed")
+    with pytest.raises(SystemExit, match="uncommitted change"):
+        gpu_kit.slim_tree(cwd=repo)
+    assert (repo / "benchmarks" / "results" / "big.json").read_text() == "changed"
