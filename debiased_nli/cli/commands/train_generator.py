@@ -97,7 +97,8 @@ def run(args) -> int:
     from ...methods.generation.steps import train_generator_step
 
     task = task_from_args(args)
-    check_model_reference(args.model, "--model")
+    # a LoRA adapter folder (adapter_config.json) continues that adapter: G* is fine-tuned from a LoRA G
+    check_model_reference(args.model, "--model", files=("config.json", "adapter_config.json"))
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)

@@ -1,0 +1,213 @@
+"""``debiased-nli quality``: how good a set of generated rows is, beside real rows."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from ._common import POSITIVE_INT, SEED, add_task_arguments, check_model_reference, number, task_from_args
+
+DESCRIPTION = """\
+Measure a set of generated rows (e.g. a generator's samples, what the confidence filter kept, or the
+generated rows of a release config) against real rows of the task (debiased_nli.methods.quality):
+
+  copies            pairs, hypotheses and premises that are D0's (normalised text)         always
+  near-duplicates   character 5-gram Jaccard >= 0.8 with a D0 row (MinHash LSH), and       always
+                    within the set
+  fluency           mean token log-probability under --lm (a base LM not trained on D0),   with --lm
+                    and the share under real held-out rows' 5th percentile
+  agreement         the rows' labels against a cross-fitted ensemble of --k classifiers     with --classifier
+                    (fine-tuned from --classifier on D0 without one fold each); D0's own
+                    cross-fitted agreement beside it
+  train-on-generated  a classifier trained on --n generated rows vs one on --n real D0      with --classifier
+                    rows, both scored on --heldout real rows (a validation split, never a
+                    challenge set)
+
+Writes OUT/quality.json (every figure), OUT/quality.md (tables and examples: up to 20 rows of the set
+and, with --rejected, 20 rows a filter dropped) and OUT/scores.parquet (per row: uid, near-duplicate
+Jaccard, fluency, ensemble label). The trained classifiers are kept under OUT/models (a rerun reuses them). The
+thresholds are the project's choice (the papers give none); every draw takes --seed.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("quality", help="measure generated rows against real ones: copies, near-duplicates, "
+                                       "fluency, label agreement, train-on-generated",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_task_arguments(p)
+    p.add_argument("--reference", required=True, metavar="FILE", help="D0: the real training rows (parquet/json/csv)")
+    p.add_argument("--heldout", metavar="FILE", help="real held-out rows (e.g. the validation split): the fluency bound "
+                                                     "and train-on-generated's test rows")
+    p.add_argument("--rejected", nargs="*", default=[], metavar="FILE", help="rows a filter dropped (examples only)")
+    p.add_argument("--lm", help="causal LM for fluency (folder or Hub id; e.g. the generator's base model)")
+    p.add_argument("--classifier", help="classifier to fine-tune for agreement and train-on-generated (folder or Hub id)")
+    p.add_argument("--fluency-rows", type=POSITIVE_INT, default=2000, help="rows scored for fluency (a seeded sample)")
+    p.add_argument("--k", type=number(int, low=2), default=3, help="folds of the cross-fitted ensemble")
+    p.add_argument("--n", type=POSITIVE_INT, default=2000, help="rows per classifier in train-on-generated")
+    p.add_argument("--seeds", type=SEED, nargs="+", default=[0], help="seeds of train-on-generated")
+    p.add_argument("--epochs", type=number(float, low=0, low_open=True), default=1.0, help="classifier epochs")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=run)
+
+
+def _load(task, files, on_invalid):
+    from ...data.loading import load_task
+    return load_task(task, "train", data_files={"train": list(files)}, on_invalid=on_invalid).dataset
+
+
+def run(args) -> int:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ...methods import quality as Q
+    from ...utils.errors import ConfigError
+    from ...utils.outputs import TOOL, WRITTEN_BY_KEY, check_target, lock_target
+
+    task = task_from_args(args)
+    for ref, opt in ((args.lm, "--lm"), (args.classifier, "--classifier")):
+        if ref:
+            check_model_reference(ref, opt)
+    if args.classifier and not args.heldout:
+        raise ConfigError("--classifier (train-on-generated) needs --heldout real rows to test on")
+
+    def ours(folder: Path) -> bool:
+        try:
+            return json.loads((folder / "quality.json").read_text()).get(WRITTEN_BY_KEY) == TOOL
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    from ...data.loading import parse_data_files
+    files = [f for fs in (parse_data_files(args.data_files) or {}).values() for f in fs]
+    if not files:
+        raise ConfigError("--data-files: give the generated rows to measure")
+    out = check_target(args.out, overwrite=True, must_be_new=False, is_ours=ours, what="quality report",
+                       inputs=[*files, args.reference, *([args.heldout] if args.heldout else []), *args.rejected])
+    out.mkdir(parents=True, exist_ok=True)
+    unlock = lock_target(out)  # one run per folder at a time
+    try:
+        rows = _load(task, files, args.on_invalid)
+        d0 = _load(task, [args.reference], args.on_invalid)
+        heldout = _load(task, [args.heldout], args.on_invalid) if args.heldout else None
+        rejected = _load(task, args.rejected, args.on_invalid) if args.rejected else None
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+
+        report: dict = {"task": task.name, "rows_files": files, "reference": args.reference, "heldout": args.heldout,
+                        "rows": len(rows), "reference_rows": len(d0), "labels": _label_shares(rows, task)}
+        scores: dict = {"uid": list(rows["uid"]) if "uid" in rows.column_names else list(range(len(rows)))}
+        cp = Q.copies(rows, d0)
+        scores["pair_copy"] = cp.pop("pair_copy_mask").tolist()
+        report["copies"] = cp
+        nd = Q.near_duplicates(Q.pair_texts(rows), Q.pair_texts(d0), seed=args.seed)
+        scores["near_duplicate_jaccard"] = nd.pop("max_jaccard").round(4).tolist()
+        nd.pop("match"), nd.pop("mask")
+        within = Q.near_duplicates(Q.pair_texts(rows), seed=args.seed)
+        nd["within_set_share"] = within["near_duplicate_share"]
+        report["near_duplicates"] = nd
+        if args.lm:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            tok, lm = AutoTokenizer.from_pretrained(args.lm), AutoModelForCausalLM.from_pretrained(args.lm)
+            rng = np.random.default_rng(args.seed)
+            pick = np.sort(rng.permutation(len(rows))[:args.fluency_rows])
+            real = heldout if heldout is not None else d0
+            rpick = np.sort(rng.permutation(len(real))[:args.fluency_rows])
+            fl = Q.fluency_scores([Q.pair_texts(rows)[i] for i in pick], lm, tokenizer=tok)
+            rf = Q.fluency_scores([Q.pair_texts(real)[i] for i in rpick], lm, tokenizer=tok)
+            report["fluency"] = {**Q.fluency_summary(fl, rf), "lm": args.lm, "scored_rows": len(pick),
+                                 "real_rows": len(rpick), "real": "heldout" if heldout is not None else "reference"}
+            col = np.full(len(rows), np.nan)
+            col[pick] = fl
+            scores["fluency"] = col.tolist()
+        if args.classifier:
+            work = out / "models"  # resumable: a rerun with the same --out reuses the trained classifiers
+            ag = Q.cross_fitted_agreement(rows, d0, task, args.classifier, str(work / "ensemble"), k=args.k,
+                                          seed=args.seed, epochs=args.epochs, threads=args.threads)
+            scores["ensemble_label"] = [task.labels[i] for i in ag.pop("ensemble_label")]
+            scores["ensemble_confidence"] = ag.pop("ensemble_confidence").round(4).tolist()
+            report["agreement"] = ag
+            n = min(args.n, len(rows), len(d0))
+            report["train_on_generated"] = Q.train_on_generated(rows, d0, heldout, task, args.classifier,
+                                                                str(work / "tog"), n=n, seeds=args.seeds,
+                                                                epochs=args.epochs, threads=args.threads)
+        report["examples"] = _examples(rows, task, args.seed)
+        if rejected is not None:
+            report["rejected_rows"] = len(rejected)
+            report["rejected_examples"] = _examples(rejected, task, args.seed)
+        files_out = {"quality.json": json.dumps({**report, WRITTEN_BY_KEY: TOOL}, indent=2, default=float) + "\n",
+                     "quality.md": render(report)}
+        for name, text in files_out.items():  # each file whole or absent (written beside, then renamed)
+            tmp = out / f".{name}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, out / name)
+        tmp = out / ".scores.parquet.tmp"
+        pq.write_table(pa.table(scores), tmp)
+        os.replace(tmp, out / "scores.parquet")
+    finally:
+        unlock()
+    print(render(report).split("\n## Examples")[0])
+    return 0
+
+
+def _label_shares(ds, task) -> dict:
+    import numpy as np
+
+    from ...data.loading import labels_of
+    counts = np.bincount(labels_of(ds), minlength=task.num_labels) if len(ds) else np.zeros(task.num_labels)
+    return {name: int(c) for name, c in zip(task.labels, counts)}
+
+
+def _examples(ds, task, seed: int, n: int = 20) -> list[dict]:
+    import numpy as np
+
+    pick = np.sort(np.random.default_rng(seed).permutation(len(ds))[:n])
+    out = []
+    for i in pick:
+        r = ds[int(i)]
+        lab = r["label"]
+        out.append({"premise": r["premise"], "hypothesis": r["hypothesis"],
+                    "label": task.labels[lab] if isinstance(lab, int) and 0 <= lab < task.num_labels else lab,
+                    **({"confidence": round(float(r["confidence"]), 4)} if r.get("confidence") is not None else {})})
+    return out
+
+
+def render(r: dict) -> str:
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    L = [f"# Quality of {r['rows']:,} generated rows ({r['task']})", "",
+         f"Against {r['reference_rows']:,} real rows (D0: `{r['reference']}`)"
+         + (f" and held-out real rows `{r['heldout']}`" if r.get("heldout") else "") + ". Labels: "
+         + ", ".join(f"{k} {v:,}" for k, v in r["labels"].items()) + ".", "", "| measure | generated | real |", "|---|---:|---:|"]
+    c, nd = r["copies"], r["near_duplicates"]
+    L += [f"| (premise, hypothesis) copied from D0 | {pct(c['pair_copy_share'])} | – |",
+          f"| hypothesis copied from D0 | {pct(c['hypothesis_copy_share'])} | – |",
+          f"| premise copied from D0 | {pct(c['premise_copy_share'])} | – |",
+          f"| near-duplicate of a D0 row (Jaccard >= {nd['threshold']}) | {pct(nd['near_duplicate_share'])} | – |",
+          f"| near-duplicate within the set | {pct(nd['within_set_share'])} | – |"]
+    fl = r.get("fluency")
+    if fl:
+        L += [f"| mean token log-prob under `{Path(fl['lm']).name}` | {fl['mean']:.3f} | {fl['real_mean']:.3f} |",
+              f"| under the fluency bound ({fl['bound']:.3f}: real rows' 5th percentile) | {pct(fl['under_bound_share'])} | "
+              f"{pct(fl['real_under_bound_share'])} |"]
+    ag = r.get("agreement")
+    if ag:
+        L.append(f"| label = the {ag['k']}-fold cross-fitted ensemble's | {pct(ag['agreement'])} | "
+                 f"{pct(ag['d0_agreement_cross_fitted'])} |")
+        L += [f"| ... {k} | {pct(v)} | – |" for k, v in ag["agreement_per_label"].items()]
+    tg = r.get("train_on_generated")
+    if tg:
+        L.append(f"| held-out accuracy of a classifier trained on {tg['n']:,} of these rows / of D0's | "
+                 f"{pct(tg['generated_accuracy'])} | {pct(tg['real_accuracy'])} |")
+        L += ["", f"Train on generated, test on real: the generated rows are worth **{tg['ratio']:.3f}x** real rows at equal "
+                  f"n ({len(tg['runs'])} seed(s), {tg['heldout_rows']:,} held-out rows)."]
+    for key, title in (("examples", "Examples of the rows"), ("rejected_examples", "Examples of the rows a filter dropped")):
+        if r.get(key):
+            L += ["", f"## {title}", "", "| premise | hypothesis | label |", "|---|---|---|"]
+            L += [f"| {e['premise'].replace('|', '/')} | {e['hypothesis'].replace('|', '/')} | {e['label']}"
+                  + (f" ({e['confidence']:.2f})" if "confidence" in e else "") + " |" for e in r[key]]
+    return "\n".join(L) + "\n"
