@@ -144,7 +144,7 @@ def test_bad_input_is_refused():
 def _reference_interval(a, b, level=0.95, clusters=None, strata=None):
     """The seed-row t interval written out from its formulas with loops: per side the seeds x clusters table of
     cluster totals x G / n, the seeds' variance (pooled within machines), the two-way residual mean square, the
-    clusters' variance of the paired difference, and Welch-Satterthwaite over the mean squares."""
+    clusters' variance of the paired difference, and Welch-Satterthwaite over the seeds' and the rows' parts."""
     from scipy import stats
 
     a, b = np.asarray(a, float), np.asarray(b, float)
@@ -178,11 +178,8 @@ def _reference_interval(a, b, level=0.95, clusters=None, strata=None):
     (va, dfa), (vb, dfb) = seed_var(ta), seed_var(tb)
     d = [sum(ta[s][c] for s in range(ka)) / ka - sum(tb[s][c] for s in range(kb)) / kb for c in range(g)]
     s2d = sum((x - sum(d) / g) ** 2 for x in d) / (g - 1)
-    terms = [(va / ka, dfa), (vb / kb, dfb)]
-    rows = s2d / g - residual(ta) / (ka * g) - residual(tb) / (kb * g)
-    if rows > 0:
-        terms += [(s2d / g, g - 1), (-residual(ta) / (ka * g), (ka - 1) * (g - 1)),
-                  (-residual(tb) / (kb * g), (kb - 1) * (g - 1))]
+    rows = max(0.0, s2d / g - residual(ta) / (ka * g) - residual(tb) / (kb * g))
+    terms = [(va / ka, dfa), (vb / kb, dfb), (rows, g - 1)]
     var = sum(v for v, _ in terms)
     df = var ** 2 / sum(v * v / f for v, f in terms)
     est = 100 * (a.mean() - b.mean())

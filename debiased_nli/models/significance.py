@@ -23,7 +23,7 @@ X_A[s, g] the accuracy of A's seed s on cluster g scaled so that the seed's accu
     d       = mean_g D_g                                              (= mean accuracy of A - of B)
     Var(d)  = s2_A / k_A + s2_B / k_B                                 (seeds: unbiased, ddof 1)
             + max(0, S2_D - MSE_A / k_A - MSE_B / k_B) / G           (rows or clusters, paired)
-    df      = Welch-Satterthwaite over those mean squares (Satterthwaite 1946)
+    df      = Welch-Satterthwaite over the three parts (Satterthwaite 1946), with k_A - 1, k_B - 1 and G - 1 df
     [low, high] = d -/+ t_{df, 1 - alpha/2} sqrt(Var(d));  p = 2 P(T_df > |d| / sqrt(Var(d)))
 
 s2_A is the sample variance of A's seeds' accuracies (which already holds each seed's row-by-seed noise), S2_D
@@ -240,12 +240,11 @@ def seed_row_interval(correct_a, correct_b, *, level: float = DEFAULT_LEVEL, clu
     d = xa.mean(0) - xb.mean(0)
     s2_d = float(d.var(ddof=1))
     ms_a, ms_b = _residual_mean_square(xa), _residual_mean_square(xb)
-    # (value, degrees of freedom) of each mean square's share of Var(d), for Welch-Satterthwaite
-    terms = [(var_a / ka, df_a), (var_b / kb, df_b)]
-    rows_part = s2_d / groups - ms_a / (ka * groups) - ms_b / (kb * groups)
-    if rows_part > 0:
-        terms += [(s2_d / groups, groups - 1), (-ms_a / (ka * groups), (ka - 1) * (groups - 1)),
-                  (-ms_b / (kb * groups), (kb - 1) * (groups - 1))]
+    # (value, degrees of freedom) of each part of Var(d), for Welch-Satterthwaite. The rows' part is one term with
+    # the G - 1 degrees of freedom of S2_D: Satterthwaite's formula over a difference of mean squares gives ~1 df
+    # where the difference is near 0 (Gaylor & Hopper 1969), which no sample of rows justifies
+    rows_part = max(0.0, s2_d / groups - ms_a / (ka * groups) - ms_b / (kb * groups))
+    terms = [(var_a / ka, df_a), (var_b / kb, df_b), (rows_part, groups - 1)]
     variance = sum(v for v, _ in terms)
     denominator = sum(v * v / f for v, f in terms if f > 0)
     df = variance ** 2 / denominator if denominator > 0 else float("inf")
@@ -257,7 +256,7 @@ def seed_row_interval(correct_a, correct_b, *, level: float = DEFAULT_LEVEL, clu
         half = _t_quantile(1 - (1 - level) / 2, df) * se
         low, high = estimate - half, estimate + half
         p = _t_two_sided_p(estimate / se, df)
-    parts = {"seeds_a": 1e4 * var_a / ka, "seeds_b": 1e4 * var_b / kb, "rows": 1e4 * max(rows_part, 0.0)}
+    parts = {"seeds_a": 1e4 * var_a / ka, "seeds_b": 1e4 * var_b / kb, "rows": 1e4 * rows_part}
     components = {**parts, "seed_share": ((parts["seeds_a"] + parts["seeds_b"]) / sum(parts.values())
                                           if sum(parts.values()) > 0 else None),
                   "seed_std_a": 100 * float(np.sqrt(var_a)), "seed_std_b": 100 * float(np.sqrt(var_b))}
