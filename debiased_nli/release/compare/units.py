@@ -686,7 +686,8 @@ def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = Non
             if trained.exists() and _recorded_fingerprint(trained) not in (None, data_fingerprint(data)):
                 log(f"{name} seed {seed}: its trained model is of other rows than the row's data now; training again")
                 shutil.rmtree(plan.model_dir(name, seed))
-            log(progress_line(index, len(todo), name, seed, durations, recorded))
+            log(progress_line(index, len(todo), name, seed, durations, recorded)
+                + ("; units left counted over every worker, at one worker's pace" if claims is not None else ""))
             t0 = time.perf_counter()
             rec = train_unit(plan, row, seed, data, lock, progress)
             evaluate_unit(plan, row, seed, rec, lock, progress)
