@@ -39,16 +39,16 @@ from .units import read_predictions
 _CLUSTER_CODES: dict[tuple[str, str, str], object] = {}
 CORRECTION_NAMES = {"holm": "Holm (family-wise error rate)", "bonferroni": "Bonferroni (family-wise error rate)",
                     "bh": "Benjamini-Hochberg (false discovery rate)"}
-# which interval of a primary test matches its call, per correction (the report says which)
+# which interval of a primary test matches its call, per correction (the report says which); alpha = 1 - level
 FAMILY_INTERVALS = {
-    "holm": "the interval at the level of the Holm step that tested it (1 - 0.05/(m - r) for the r-th smallest p "
+    "holm": "the interval at the level of the Holm step that tested it (1 - {alpha}/(m - r) for the r-th smallest p "
             "from 0, and the level of the first step that failed for every later one): it excludes 0 exactly when "
-            "the Holm-adjusted p is under 0.05",
-    "bonferroni": "Bonferroni's simultaneous interval at 1 - 0.05/m: every interval of the family covers its true "
-                  "difference at once with probability at least 95%, and excludes 0 exactly when the adjusted p is "
-                  "under 0.05",
-    "bh": "Benjamini & Yekutieli's (2005) false-coverage-rate interval at 1 - 0.05 R/m (R rejections): it excludes 0 "
-          "exactly when the BH-adjusted p is under 0.05",
+            "the Holm-adjusted p is under {alpha}",
+    "bonferroni": "Bonferroni's simultaneous interval at 1 - {alpha}/m: every interval of the family covers its true "
+                  "difference at once with probability at least 1 - {alpha}, and excludes 0 exactly when the adjusted "
+                  "p is under {alpha}",
+    "bh": "Benjamini & Yekutieli's (2005) false-coverage-rate interval at 1 - {alpha} R/m (R rejections): it excludes "
+          "0 exactly when the BH-adjusted p is under {alpha}",
 }
 METHOD = ("seed-row t interval (debiased_nli.models.significance.seed_row_interval): the seeds are the unit of "
           "replication (unbiased variance, Welch-Satterthwaite degrees of freedom), the test rows' paired variance "
@@ -284,7 +284,8 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
                           if e["family"] == "primary" and "unavailable" in e)
     return {"method": METHOD, "level": level, "monte_carlo_se": 0.0,
             "correction": plan.correction if family else None,
-            "family_intervals": FAMILY_INTERVALS[plan.correction] if family else None,
+            "family_intervals": (FAMILY_INTERVALS[plan.correction].format(alpha=f"{1 - level:.2g}")
+                                 if family else None),
             "primary_tests": len(family), "primary_tests_unavailable": primary_missing,
             "primary_tests_pending": pending, "comparisons": comparisons, "clusters": clusters_used,
             "ignored": settings.get("ignored"),
