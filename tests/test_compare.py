@@ -1,6 +1,7 @@
 """`debiased-nli compare` (debiased_nli.release.compare): per-row predictions and fingerprints of every unit, the
-epoch selected on held-out rows that are then not scored, the report's statistics against paired_bootstrap and
-Holm directly, the seeds-only fallback for units without predictions, the card, and the Hub push.
+epoch selected on held-out rows that are then not scored, the report's statistics against seed_row_interval and
+Holm directly (clusters, machines, the intervals that match the calls), the seeds-only fallback for units without
+predictions, stale and impossible units, the card, the Hub push, and the committed reports' calls.
 
 A tiny BERT from a config trains on 48 SNLI rows and is scored on 24 rows of two sets, so the bookkeeping is
 tested end to end without the real model (the wheel / kill / resume test is in test_packaging.py).
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from debiased_nli.utils.provenance import file_sha256
-from debiased_nli.models.significance import correct, paired_bootstrap
+from debiased_nli.models.significance import correct, seed_row_interval
 from debiased_nli.release.compare import load_plan, run
 from debiased_nli.release.compare import report as report_module
 from debiased_nli.release.compare import units
@@ -51,7 +52,7 @@ def done(tmp_path_factory, shared_data):
         ],
         "primary": [{"row": "z_filtered", "against": "random_control", "sets": ["anli"]},
                     {"row": "z_filtered", "against": "original"}],
-        "bootstrap": {"replicates": 400, "seed": 3},
+        "statistics": {"level": 0.95},
     }
     (tmp / "plan.yaml").write_text(yaml.safe_dump(plan))
     assert model == tmp / "encoder"
@@ -148,39 +149,71 @@ def _matrix(plan, row, set_name):
     return np.vstack(rows)
 
 
-def test_the_reports_statistics_are_paired_bootstrap_and_holm_over_the_primary_comparisons(done):
+def test_the_reports_statistics_are_seed_row_intervals_and_holm_over_the_primary_comparisons(done):
     plan = done
     table = report_module.report(plan)
     st = table["statistics"]
     comps = {(c["row"], c["against"]): c for c in st["comparisons"]}
-    boot = dict(replicates=400, seed=3, level=0.95)
     # the primary family: z_filtered - random_control on anli, z_filtered - original on both sets
     family = [("z_filtered", "random_control", "anli"), ("z_filtered", "original", "snli_dev"),
               ("z_filtered", "original", "anli")]
-    direct = [paired_bootstrap(_matrix(plan, a, s), _matrix(plan, b, s), **boot) for a, b, s in family]
+    direct = [seed_row_interval(_matrix(plan, a, s), _matrix(plan, b, s)) for a, b, s in family]
     corrected = correct(direct, "holm")
-    assert st["primary_tests"] == 3 and st["correction"] == "holm"
+    assert st["primary_tests"] == 3 and st["correction"] == "holm" and st["monte_carlo_se"] == 0.0
     for (a, b, s), d in zip(family, corrected):
         e = comps[a, b]["sets"][s]
-        assert e["family"] == "primary"
-        assert (e["estimate"], e["low"], e["high"], e["p_value"]) == (d.estimate, d.low, d.high, d.p_value)
+        assert e["family"] == "primary" and e["machines"] == "one machine" and e["cluster_column"] is None
+        assert (e["estimate"], e["low"], e["high"], e["p_value"], e["df"]) == (d.estimate, d.low, d.high, d.p_value, d.df)
         assert e["p_adjusted"] == d.p_adjusted and e["text"] == d.describe()
+        # the call and the interval shown with it are one: the adjusted interval excludes 0 exactly when called
+        assert (e["adjusted_low"], e["adjusted_high"]) == (d.adjusted_low, d.adjusted_high)
+        assert (e["adjusted_low"] > 0 or e["adjusted_high"] < 0) == e["distinguishable"] == (e["p_adjusted"] < 0.05)
     # a secondary comparison (and a primary one's other sets) are uncorrected
     e = comps["z_filtered", "random_control"]["sets"]["snli_dev"]
-    d = paired_bootstrap(_matrix(plan, "z_filtered", "snli_dev"), _matrix(plan, "random_control", "snli_dev"), **boot)
+    d = seed_row_interval(_matrix(plan, "z_filtered", "snli_dev"), _matrix(plan, "random_control", "snli_dev"))
     assert e["family"] == "secondary" and e["p_adjusted"] is None and e["text"] == d.describe()
+    assert e["adjusted_low"] is None and e["distinguishable"] == (e["low"] > 0 or e["high"] < 0)
     e = comps["random_control", "original"]["sets"]["anli"]
-    assert e["family"] == "secondary" and e["estimate"] == paired_bootstrap(
-        _matrix(plan, "random_control", "anli"), _matrix(plan, "original", "anli"), **boot).estimate
+    assert e["family"] == "secondary" and e["estimate"] == seed_row_interval(
+        _matrix(plan, "random_control", "anli"), _matrix(plan, "original", "anli")).estimate
     md = (plan.results_dir.parent / "compare.md").read_text()
     assert "Holm (family-wise error rate)" in md and "**Secondary comparisons**" in md and "**uncorrected**" in md
+    assert "no Monte Carlo error" in md and "the level of the Holm step that tested it" in md
     assert "* =" not in md.split("## Verdict")[0].split("## Differences")[1]  # no asterisks where intervals exist
     assert corrected[0].describe() in md
     # rounded once: the markdown's figure is the unrounded estimate formatted once
     assert f"{comps['z_filtered', 'original']['sets']['anli']['estimate']:+.1f} [" in md
-    # a second report reads the cached replicates and gives the same figures
+    # the evaluation's batch size where the plan gives one, never "None"
+    assert "at most 16 rows per batch" in md and "None" not in md.split("## Accuracy")[0]
+    # closed form: a second report gives the same figures
     again = report_module.summarise(plan)["statistics"]
     assert again["comparisons"] == st["comparisons"]
+
+
+def test_a_set_can_name_a_cluster_column_and_its_rows_variance_is_taken_between_clusters(done, shared_data):
+    """The same units with ANLI declared as clustered by round (3 clusters): the statistics read the clusters from
+    the set on disk (the units' content fingerprint checked) and the interval widens; a set whose rows on disk are
+    not the ones scored is said to have unknown clusters, its rows treated as independent."""
+    from debiased_nli.release.compare import stats
+
+    raw = yaml.safe_load(done.path.read_text())
+    anli = yaml.safe_load((ROOT / "evaluation" / "sets" / "anli.yaml").read_text())
+    anli["local"] = str(shared_data / anli["local"])  # an inline spec's file is relative to the plan's folder
+    raw["evaluate"] = dict(raw["evaluate"], sets=["snli_dev", dict(anli, cluster="round")])
+    (done.path.parent / "clustered.yaml").write_text(yaml.safe_dump(raw))
+    plan = load_plan(done.path.parent / "clustered.yaml")
+    table = report_module.summarise(plan)
+    st = table["statistics"]
+    assert st["clusters"]["anli"] == {"column": "round", "groups": 3,
+                                      "source": "the set's column, read from disk (content fingerprint checked)"}
+    e = next(c for c in st["comparisons"] if (c["row"], c["against"]) == ("z_filtered", "original"))["sets"]["anli"]
+    rounds = _scored_rows(plan, "anli")["round"]
+    d = seed_row_interval(_matrix(plan, "z_filtered", "anli"), _matrix(plan, "original", "anli"), clusters=rounds)
+    assert (e["estimate"], e["low"], e["high"], e["clusters"], e["cluster_column"]) == (
+        d.estimate, d.low, d.high, 3, "round")
+    sides = stats.Sides(plan, {})
+    gone = sides.clusters("anli", "0" * 16, None)
+    assert gone["codes"] is None and "other rows than the ones scored" in gone["note"]
 
 
 def test_units_without_predictions_fall_back_to_the_seeds_only_view_labelled(done, tmp_path):
@@ -218,7 +251,7 @@ def test_a_release_card_reads_the_new_report_and_the_old_one(done, tmp_path):
     new = plan.results_dir.parent / "compare.json"
     text = card_markdown(new, ["z_filtered"])
     comp = next(c for c in table["statistics"]["comparisons"] if (c["row"], c["against"]) == ("z_filtered", "random_control"))
-    assert comp["sets"]["anli"]["text"] in text and "paired-bootstrap interval" in text and "*" not in text.split("\n\n")[-1]
+    assert comp["sets"]["anli"]["text"] in text and "seed-row t interval" in text and "*" not in text.split("\n\n")[-1]
     old = ROOT / "benchmarks" / "results" / "efficacy.json"  # a v1 table, committed before this change
     text = card_markdown(old, ["z_filtered"])
     assert "| `z_filtered` − `random_control` |" in text and "-2.5*" in text and "seeds only" in text
@@ -241,6 +274,12 @@ def test_a_plan_is_checked_before_any_work(done, tmp_path):
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(dict(raw, selct_on={})))
     with pytest.raises(ConfigError, match="unknown key"):
         load_plan(tmp_path / "p.yaml")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(dict(raw, seeds=[True])))  # YAML's `true` is no seed 1
+    with pytest.raises(ConfigError, match=r"seeds must be a list of non-negative integers, got \[True\]"):
+        load_plan(tmp_path / "p.yaml")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(dict(raw, statistics={"level": 95})))
+    with pytest.raises(ConfigError, match="statistics.level is 95, not a number in"):
+        load_plan(tmp_path / "p.yaml")
 
 
 def test_the_cli_status_and_report(done, capsys):
@@ -248,7 +287,7 @@ def test_the_cli_status_and_report(done, capsys):
 
     assert main(["compare", "status", str(done.path)]) == 0
     out = capsys.readouterr().out
-    assert "z_filtered" in out and "6 done, 0 trained, 0 todo, 0 pending" in out
+    assert "z_filtered" in out and "6 done, 0 stale, 0 trained, 0 todo, 0 pending" in out
     assert main(["compare", "report", str(done.path), "--quiet"]) == 0
     assert "report: 6 of 6 units finished" in capsys.readouterr().out
     assert main(["compare", "--help"]) == 0
@@ -343,3 +382,106 @@ def test_a_report_says_which_seeds_ran_on_which_machine(done, tmp_path):
     assert "Times are wall-clock on the machine each unit ran on" in md
     one = report_module.report(plan, tmp_path / "one")  # one machine: the header as before
     assert len(one["device_units"]) == 1 and "units on different machines" not in (tmp_path / "one.md").read_text()
+
+
+def _copy_plan(done, tmp_path):
+    """The module's plan folder (encoder, runs, results) copied, so that a test may change its data and rerun."""
+    shutil.copytree(done.path.parent, tmp_path / "copy", ignore=shutil.ignore_patterns("claims", "logs"))
+    return load_plan(tmp_path / "copy" / done.path.name)
+
+
+def test_a_unit_whose_rows_release_changed_is_stale_and_run_trains_it_again(done, tmp_path, capsys):
+    """A row's release rebuilt after the run (one row fewer): status says stale for its units (and for the random
+    control of its size, whose subsets changed with it), the report leaves them out and says so, and run sets the
+    old files aside and trains the unit again, with an estimate of the time left."""
+    from debiased_nli.release.compare import unit_states
+    from debiased_nli.release.compare.units import load_units
+
+    plan = _copy_plan(done, tmp_path)
+    part = next((plan.release_dir("small") / "data" / "z_filtered").glob("*.parquet"))
+    old_fp = load_units(plan)["z_filtered"][0]["data"]["content_fingerprint"]
+    pd.read_parquet(part).iloc[:-1].to_parquet(part)
+    states = {(s["row"], s["seed"]): s for s in unit_states(plan)}
+    assert {k: v["state"] for k, v in states.items()} == {
+        ("original", 0): "done", ("original", 1): "done", ("z_filtered", 0): "stale", ("z_filtered", 1): "stale",
+        ("random_control", 0): "stale", ("random_control", 1): "stale"}
+    assert f"it trained on rows {old_fp[:8]}" in states["z_filtered", 0]["reason"]
+    table = report_module.report(plan, tmp_path / "stale")
+    assert table["rows"]["z_filtered"]["seeds_done"] == [] and table["rows"]["z_filtered"]["seeds_stale"] == [0, 1]
+    assert "**Stale units, left out of every figure below**: `z_filtered` seeds 0, 1" in (tmp_path / "stale.md").read_text()
+    capsys.readouterr()
+    run(plan, rows=["z_filtered"], seeds=[0], progress=False)
+    err = capsys.readouterr().out
+    assert "stale z_filtered seed 0" in err and "unit 1/1 (z_filtered seed 0): this unit ~" in err
+    assert "finished unit 1/1 (z_filtered seed 0)" in err
+    assert (plan.results_dir / "stale" / f"z_filtered-s0-{old_fp[:8]}.json").is_file()
+    assert (plan.results_dir / "stale" / f"z_filtered-s0-{old_fp[:8]}.npz").is_file()
+    new = json.loads(plan.unit_file("z_filtered", 0).read_text())
+    assert new["data"]["content_fingerprint"] != old_fp and new["train"]["rows"] == len(pd.read_parquet(part))
+    assert "content_fingerprint_now" not in new["data"]
+    states = {(s["row"], s["seed"]): s["state"] for s in unit_states(plan)}
+    assert states["z_filtered", 0] == "done" and states["z_filtered", 1] == "stale"
+
+
+def test_the_progress_line_estimates_the_time_left():
+    from debiased_nli.release.compare.units import progress_line
+
+    assert progress_line(1, 4, "aflite", 2, [], []) == "unit 1/4 (aflite seed 2): no estimate until the first unit finishes"
+    assert progress_line(3, 4, "aflite", 2, [100.0, 140.0], [1.0]) == (
+        "unit 3/4 (aflite seed 2): this unit ~2m00s, all 2 left ~4m00s (mean of 2 of this run's units)")
+    assert progress_line(1, 25, "x", 0, [], [1500.0] * 3).endswith(
+        "this unit ~25m00s, all 25 left ~10h25m (mean of 3 of the finished units on record)")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("accuracy", 7.5, "sets.anli.accuracy is 7.5, not an accuracy in [0, 1]"),
+    ("accuracy", "0.5", "sets.anli.accuracy is '0.5', not an accuracy in [0, 1]"),
+    ("seed", True, "seed is True, not a non-negative integer"),
+    ("n", 0, "sets.anli.n is 0, not a positive number of rows"),
+])
+def test_an_impossible_unit_file_is_one_line_naming_the_file_the_field_and_the_value(done, tmp_path, capsys, field,
+                                                                                     value, message):
+    from debiased_nli.cli import main
+
+    res = tmp_path / "res"
+    shutil.copytree(done.results_dir, res)
+    path = res / "original-s0.json"
+    unit = json.loads(path.read_text())
+    if field == "seed":
+        unit["seed"] = value
+    else:
+        unit["sets"]["anli"][field] = value
+    path.write_text(json.dumps(unit))
+    for action in ("status", "report"):
+        assert main(["compare", action, str(done.path), "--results-dir", str(res), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and str(path) in err and message in err and "\n" not in err
+
+
+def test_every_published_primary_call_is_the_same_at_20_bootstrap_seeds_and_matches_its_interval():
+    """The committed plans' statistics recomputed from their unit files: the committed report JSON's figures and
+    calls, whatever the plan's (legacy) bootstrap seed, with no Monte Carlo error; every primary call's adjusted
+    interval excludes 0 exactly when the call is made."""
+    from debiased_nli.release.compare import stats
+    from debiased_nli.release.compare.units import load_units
+
+    for name in ("efficacy_headline", "efficacy_headline_gpu", "efficacy_seqz"):
+        plan = load_plan(ROOT / "benchmarks" / f"{name}.yaml")
+        committed = json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())["statistics"]
+        rows = report_module.summarise(plan, statistics=False)["rows"]
+        units = load_units(plan)
+
+        def calls(st):
+            return {(c["row"], c["against"], s): (e["estimate"], e.get("p_adjusted"), e["distinguishable"])
+                    for c in st["comparisons"] for s, e in c["sets"].items() if e["family"] == "primary"}
+
+        published = calls(committed)
+        assert committed["monte_carlo_se"] == 0.0 and len(published) == 8
+        for seed in range(20):
+            plan.raw["bootstrap"] = {"replicates": 10_000, "seed": seed}
+            assert calls(stats.compute(plan, units, rows)) == published
+        for c in committed["comparisons"]:
+            for e in c["sets"].values():
+                if e["family"] == "primary":
+                    assert (e["adjusted_low"] > 0 or e["adjusted_high"] < 0) == e["distinguishable"]
+                    assert e["p_mc_se"] == 0.0

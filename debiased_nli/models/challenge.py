@@ -7,7 +7,9 @@ users) and where it is under the local data root (``local:``, relative to ``--da
 gold labels (``labels`` + ``label_values``), the task whose label names the model must have
 (``task``), how the model's labels map onto the set's (``prediction_map``; a model label mapped to
 ``null`` is left out of the argmax, e.g. NOT ENOUGH INFO on the 2-way FEVER-Symmetric), a row filter,
-the breakdown columns, and the expected number of rows.
+the breakdown columns, the expected number of rows, and ``cluster``: the column whose values group rows that
+were not sampled independently (HANS: 30 subcases x 1,000 instances of a few templates each), over which a
+comparison's statistics take the rows' variance (:func:`debiased_nli.models.significance.seed_row_interval`).
 
 ``hub.local_copy: true`` says the local file holds exactly the rows of the Hub split, so that scores on
 it may be published under the Hub id (``evaluate --push-to``); a stand-in (the regenerated HANS, the
@@ -30,7 +32,7 @@ from ..utils.errors import ConfigError, did_you_mean, excerpt
 
 _SET_KEYS = {"name", "version", "description", "task", "labels", "label_values", "prediction_map", "columns",
              "local", "hub", "filter", "breakdowns", "expected_rows", "citation", "license", "how_to_get",
-             "unlabeled_values"}
+             "unlabeled_values", "cluster"}
 # hub.local_copy: the local file holds exactly the rows of the Hub split (after dropping unlabeled rows);
 # only then may scores on the local file be published under the Hub id (model-index)
 _HUB_KEYS = {"path", "name", "split", "columns", "label_values", "local_copy"}
@@ -77,6 +79,7 @@ class ChallengeSet:
     breakdowns: tuple[Breakdown, ...]
     expected_rows: int | None
     unlabeled_values: tuple[Any, ...] = ()
+    cluster: str | None = None
     version: int = 1
     description: str = ""
     citation: str = ""
@@ -109,6 +112,9 @@ class ChallengeSet:
                                   f"one of the set's labels {list(labels)}")
         if raw.get("hub") and set(raw["hub"]) - _HUB_KEYS:
             raise ConfigError(f"{source}: unknown hub key(s) {sorted(set(raw['hub']) - _HUB_KEYS)}")
+        cluster = raw.get("cluster")
+        if cluster is not None and (not isinstance(cluster, str) or not cluster):
+            raise ConfigError(f"{source}: cluster is the name of a column (e.g. subcase), got {cluster!r}")
         breakdowns = []
         for b in raw.get("breakdowns") or []:
             if isinstance(b, str):
@@ -122,7 +128,7 @@ class ChallengeSet:
                                                        "label": "label"}),
                    local=raw.get("local"), hub=raw.get("hub"), filter=dict(raw.get("filter") or {}),
                    breakdowns=tuple(breakdowns), expected_rows=raw.get("expected_rows"),
-                   unlabeled_values=tuple(raw.get("unlabeled_values") or ()),
+                   unlabeled_values=tuple(raw.get("unlabeled_values") or ()), cluster=cluster,
                    version=int(raw.get("version", 1)), description=raw.get("description", ""),
                    citation=raw.get("citation", ""), license=raw.get("license", "unknown"),
                    how_to_get=raw.get("how_to_get", ""), source_path=source)
@@ -290,6 +296,8 @@ def load_challenge_set(spec: "str | ChallengeSet", data_root: "str | Path | None
             f"DEBIASED_NLI_DATA_ROOT at the folder that holds {spec.local}{hub_hint}.")
     need = [columns[c] for c in ("premise", "hypothesis", "label")] + [c for b in spec.breakdowns for c in b.columns
                                                                        if c != "label"] + list(spec.filter)
+    if spec.cluster:
+        need.append(spec.cluster)
     missing = sorted({c for c in need if c not in raw.column_names})
     if missing:
         raise ConfigError(f"challenge set {spec.name!r} ({where}): missing column(s) {missing}; "
@@ -315,10 +323,9 @@ def load_challenge_set(spec: "str | ChallengeSet", data_root: "str | Path | None
     keep = {"premise": df[columns["premise"]].astype(str).tolist(),
             "hypothesis": df[columns["hypothesis"]].astype(str).tolist(),
             "label": codes.astype(np.int64).tolist(), "row": df["row"].tolist()}
-    for b in spec.breakdowns:
-        for c in b.columns:
-            if c != "label" and c not in keep:
-                keep[c] = df[c].astype(str).tolist()
+    for c in [c for b in spec.breakdowns for c in b.columns] + ([spec.cluster] if spec.cluster else []):
+        if c != "label" and c not in keep:
+            keep[c] = df[c].astype(str).tolist()
     features = datasets.Features({
         "premise": datasets.Value("string"), "hypothesis": datasets.Value("string"),
         "label": datasets.ClassLabel(names=list(spec.labels)), "row": datasets.Value("int64"),

@@ -138,7 +138,8 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
     anything is scored (e.g. the rows a model's epoch was selected on); the set's entry records how many
     (``excluded_rows``). ``keep_predictions``: each run also holds ``predictions`` (numpy arrays, not JSON:
     the caller stores them) -- ``predicted`` and ``gold`` (set label ids, int8) and ``gold_probability``
-    (float16: :func:`gold_probabilities`) of every scored row in order -- and each set's entry the content
+    (float16: :func:`gold_probabilities`) of every scored row in order, and ``cluster`` (int32 codes of the set's
+    ``cluster`` column, where it declares one) -- and each set's entry the content
     fingerprint of the rows scored (``rows_fingerprint``, :func:`debiased_nli.data.loading.content_fingerprint`)."""
     import time
 
@@ -192,6 +193,9 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
                 run["predictions"] = {"predicted": pred.astype(np.int8), "gold": gold.astype(np.int8),
                                       "gold_probability": gold_probabilities(spec, probs, model.id2label(), gold,
                                                                              str(path)).astype(np.float16)}
+                if spec.cluster:  # which cluster each row is in (codes of the sorted values of the column)
+                    column = ds.with_format("arrow")[spec.cluster].to_numpy(zero_copy_only=False)
+                    run["predictions"]["cluster"] = np.unique(column, return_inverse=True)[1].astype(np.int32)
             entry["runs"].append(run)
         models.append({"path": str(path), "seed": seed, "id2label": {str(k): v for k, v in model.id2label().items()},
                        "train": (record or {}).get("result"), "train_config": (record or {}).get("config"),

@@ -218,6 +218,27 @@ def poe_loss(main_logits, bias_log_probs, labels, beta: float = 1.0, gamma: floa
 
 # ------------------------------------------------------------------------------------------- data
 
+def _local_release_files(release: str, config: str | None, split: str) -> list[str] | None:
+    """The parquet files of ``config``'s ``split`` in a local release folder, from its card's ``configs:``; None
+    for a Hub repo, or where the card does not list them (``load_dataset`` then reads the folder and says why not)."""
+    import glob
+    from pathlib import Path
+
+    readme = Path(release) / "README.md"
+    if not readme.is_file():
+        return None
+    from huggingface_hub import DatasetCard
+
+    configs = DatasetCard.load(readme).data.to_dict().get("configs") or []
+    entry = next((c for c in configs if c.get("config_name") == (config or "default")), None)
+    if entry is None:
+        return None
+    patterns = [d["path"] for d in entry.get("data_files") or [] if isinstance(d, dict) and d.get("split") == split]
+    patterns = [p for item in patterns for p in ([item] if isinstance(item, str) else item)]
+    files = sorted(f for p in patterns for f in glob.glob(str(Path(release) / p)))
+    return files if files and all(f.endswith(".parquet") for f in files) else None
+
+
 def load_training_split(task: TaskSpec, *, data_files=None, release: str | None = None, config: str | None = None,
                         split: str = "train", on_invalid: str = "error"):
     """The canonical rows of one split: from ``data_files`` (or the task's Hub source) through
@@ -229,7 +250,11 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
     if release is None:
         return load_task(task, split, data_files=data_files, on_invalid=on_invalid).dataset
     try:
-        raw = datasets.load_dataset(release, config, split=split)
+        files = _local_release_files(release, config, split)
+        # a local folder's files are read as parquet files: datasets' folder loader keys its cache on the folder's
+        # name and configs, not on the files, and serves the old rows after a release is rebuilt in place
+        raw = (datasets.load_dataset("parquet", data_files={split: files}, split=split) if files
+               else datasets.load_dataset(release, config, split=split))
     except ValueError as err:  # unknown config / split: datasets lists the available ones
         raise ConfigError(f"cannot load split {split!r} of config {config!r} from {release}: {err}") from err
     except Exception as err:  # a missing, unreachable or corrupt release: one line, naming it

@@ -5,8 +5,9 @@
 row in the table, the measured accuracies (mean ± std over seeds) and their difference from the table's
 reference row (the model trained on the original data) into the card, so a user sees what training on a
 config costs or gains before picking it. Two formats are read: v2 (``compare report``), whose comparisons
-carry paired-bootstrap intervals where the units stored their predictions, and v1 (reports written before
-that), whose comparisons are the seeds-only calls (``*``).
+carry intervals where the units stored their predictions (seed-row t intervals; reports written before issue 46:
+nested paired-bootstrap intervals, which the card names as such), and v1 (reports written before that), whose
+comparisons are the seeds-only calls (``*``).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Sequence
 from ..utils.errors import ConfigError
 
 TABLE_SCHEMA = "debiased-nli/efficacy-table/v1"
-TABLE_SCHEMA_V2 = "debiased-nli/efficacy-table/v2"  # + statistics (paired-bootstrap intervals), unrounded differences
+TABLE_SCHEMA_V2 = "debiased-nli/efficacy-table/v2"  # + statistics (intervals), unrounded differences
 TABLE_SCHEMAS = (TABLE_SCHEMA, TABLE_SCHEMA_V2)
 
 
@@ -87,8 +88,8 @@ def _interval_cell(e: dict | None) -> str:
 
 def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
     """The table's other comparisons whose first row is one of ``rows`` (above all: a config against a random
-    subset of the original of its own size, which separates debiased data from less data): with their 95%
-    paired-bootstrap intervals in a v2 table, else the seeds-only calls."""
+    subset of the original of its own size, which separates debiased data from less data): with their intervals
+    in a v2 table (for a primary test, the adjusted interval that matches its call), else the seeds-only calls."""
     sets = table["sets"]
     stats = {(c["row"], c["against"]): c for c in (table.get("statistics") or {}).get("comparisons", [])}
     comps = [c for c in table.get("comparisons") or [] if c["row"] in set(rows)]
@@ -109,10 +110,16 @@ def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
     how = []
     if with_intervals:
         st = table["statistics"]
-        how.append(f"[low, high] = the {100 * st['level']:.0f}% paired-bootstrap interval over test rows and seeds "
-                   f"({st['replicates']:,} replicates)"
-                   + (f"; primary comparisons corrected with {st['correction']}" if st.get("correction") else
-                      "; no correction for the number of comparisons"))
+        if "replicates" in st:  # a report written before issue 46
+            how.append(f"[low, high] = the {100 * st['level']:.0f}% nested paired-bootstrap interval over test rows "
+                       f"and seeds ({st['replicates']:,} replicates)"
+                       + (f"; primary comparisons corrected with {st['correction']}" if st.get("correction") else
+                          "; no correction for the number of comparisons"))
+        else:
+            how.append(f"[low, high] = the {100 * st['level']:.0f}% seed-row t interval (seeds as the unit of "
+                       f"replication, the test rows' variance added; closed form)"
+                       + (f"; a primary comparison's interval is the {st['correction']}-adjusted one that matches "
+                          f"its call" if st.get("correction") else "; no correction for the number of comparisons"))
     if seeds_only:
         how.append("* = more than 2 standard errors of the seeds' means and 1 point (seeds only: no per-row "
                    "predictions were stored for these units)")

@@ -10,7 +10,7 @@ from pathlib import Path
 from ._common import NON_NEGATIVE_INT, POSITIVE_INT
 
 _EPILOG = """examples:
-  debiased-nli compare status plan.yaml                 # every (row, seed): done, trained, todo or pending (why)
+  debiased-nli compare status plan.yaml                 # every (row, seed): done, stale, trained, todo or pending (why)
   debiased-nli compare run plan.yaml                    # train and score every unit not done yet; resumable
   debiased-nli compare run plan.yaml --workers 4        # four processes sharing the GPU (or the CPU)
   debiased-nli compare run plan.yaml --rows original z_filtered --seeds 0
@@ -21,8 +21,11 @@ A plan (YAML) names the rows (release configs, the original data, random control
 experts), the model, the training recipe, the seeds, the challenge sets, the epoch selection (select_on: a
 held-out part of a set, scored without those rows) and the primary comparisons, named before the run. Each
 (row, seed) is one unit: one result file and one predictions file (the predicted label and the gold label's
-probability of every row scored). The report gives each declared comparison's difference with a 95% paired
-bootstrap interval over test rows and seeds, Holm-corrected over the primary comparisons. The plan's format:
+probability of every row scored). The report gives each declared comparison's difference with a 95% seed-row t
+interval (the seeds as the unit of replication, the test rows' variance added; closed form, no Monte Carlo
+error); the primary comparisons are Holm-corrected, each shown with the adjusted interval that matches its call.
+A unit whose row's training rows changed since it ran is stale: `status` says so, `run` trains it again.
+The plan's format:
 `python -c "import debiased_nli.release.compare.plan as p; print(p.__doc__)"` or docs/efficacy.md."""
 
 
@@ -31,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("compare", help="does training on a release help? train, score and compare rows of a plan",
                        description="Train one model per row of a plan and seed, score each on challenge sets, keep "
-                                   "every row's predictions, and report the differences with paired-bootstrap "
+                                   "every row's predictions, and report the differences with seed-row t "
                                    "intervals (status, run, report).",
                        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = p.add_subparsers(dest="action", metavar="<action>")
@@ -41,13 +44,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     common.add_argument("--results-dir", help="result and predictions files (default: the plan's results_dir)")
     common.add_argument("--rows", nargs="+", metavar="ROW", help="only these rows, in this order")
     common.add_argument("--seeds", nargs="+", type=NON_NEGATIVE_INT, metavar="SEED", help="only these seeds")
-    s = actions.add_parser("status", parents=[common], help="done / trained / todo / pending per (row, seed)",
-                           description="Every (row, seed) of the plan: done, trained (scoring left), todo, or pending "
+    s = actions.add_parser("status", parents=[common], help="done / stale / trained / todo / pending per (row, seed)",
+                           description="Every (row, seed) of the plan: done, stale (its row's training rows changed "
+                                       "since it ran: `run` trains it again), trained (scoring left), todo, or pending "
                                        "(its data does not exist yet, with the reason).")
     r = actions.add_parser("run", parents=[common], help="train and score every unit that is not done (resumable)",
-                           description="Train and score every (row, seed) that has no result file yet. A stopped run "
+                           description="Train and score every (row, seed) that has no result file yet, or a stale "
+                                       "one (its old files are moved to <results_dir>/stale/). A stopped run "
                                        "resumes: finished units are skipped, a training continues from its last "
-                                       "checkpoint, an evaluation from its cached chunks. Writes the report at the end.")
+                                       "checkpoint, an evaluation from its cached chunks. Before each unit it logs "
+                                       "an estimate of the time left for it and for all. Writes the report at the end.")
     r.add_argument("--workers", type=POSITIVE_INT, default=1,
                    help="processes sharing this machine's GPU (or CPU), each taking the next unit no other has "
                         "claimed (default 1)")
@@ -100,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         width = max(len(s["row"]) for s in states) if states else 8
         for st in states:
             print(f"{st['row']:{width}s} seed {st['seed']:<3d} {st['state']:8s} {st['reason'] or ''}".rstrip())
-        counts = {k: sum(s["state"] == k for s in states) for k in ("done", "trained", "todo", "pending")}
+        counts = {k: sum(s["state"] == k for s in states) for k in ("done", "stale", "trained", "todo", "pending")}
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
         return 0
     if args.action == "run":

@@ -1,12 +1,13 @@
 """``debiased-nli compare``: does training on a release help? Train one model per row of a plan and seed, score
-each on challenge sets, keep every row's predictions, and report the differences with paired-bootstrap intervals.
+each on challenge sets, keep every row's predictions, and report the differences with seed-row t intervals (the seeds
+as the unit of replication, the test rows' variance added).
 
 A plan (YAML, :mod:`.plan`) names the rows (release configs, the original data, random controls of a named
 row's size, product of experts), a model, a training recipe, seeds, the challenge sets, how the epoch is
 selected (``select_on``: a held-out part of a set that is then scored without those rows) and the primary
 comparisons, named in advance. Each (row, seed) is a *unit* (:mod:`.units`): trained, scored on every set,
 and written as one result file plus one predictions file; a rerun skips finished units, so ``run`` resumes
-after a stop. ``report`` (:mod:`.report`, :mod:`.stats`) writes markdown, JSON and a plot; :mod:`.hub` pushes
+after a stop, and retrains a *stale* unit (its row's training rows changed since it ran). ``report`` (:mod:`.report`, :mod:`.stats`) writes markdown, JSON and a plot; :mod:`.hub` pushes
 an evaluation report (model-index) beside a release on the Hub.
 
     debiased-nli compare status plan.yaml

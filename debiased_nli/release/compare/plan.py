@@ -27,8 +27,8 @@ epoch is selected, and the comparisons, primary ones named in advance.
       - {name: original_poe, data: {files: [data/snli/train.parquet]}, poe: {preset: snli, bias_model: joint}}
     primary:                        # named before the run; Holm's correction runs over these (comparison x set)
       - {row: z_filtered, against: random_control, sets: [snli_test_hard, hans]}
-    correction: holm                # or bh (Benjamini-Hochberg)
-    bootstrap: {replicates: 10000, seed: 0, level: 0.95}
+    correction: holm                # or bonferroni, or bh (Benjamini-Hochberg)
+    statistics: {level: 0.95}       # the intervals' level (a seed-row t interval: closed form, no replicates)
 
 Row data (``data:``): ``files`` (parquet/csv/jsonl of the task), ``split: train`` (the task's own source),
 ``release_dir`` + ``config`` (a release folder), ``release`` + ``config`` (a release of ``releases:`` that the
@@ -51,9 +51,9 @@ from typing import Any
 from ...utils.errors import ConfigError
 
 DEVICES = ("any", "cpu", "cuda")
-CORRECTIONS = ("holm", "bh")
+CORRECTIONS = ("holm", "bonferroni", "bh")
 _TOP_KEYS = {"task", "model", "model_name", "seeds", "runs_dir", "results_dir", "reference", "device", "train",
-             "select_on", "evaluate", "releases", "rows", "primary", "correction", "bootstrap", "extends",
+             "select_on", "evaluate", "releases", "rows", "primary", "correction", "statistics", "bootstrap", "extends",
              "replicates", "note", "commands", "lock_budget_minutes", "title", "intro", "paths_relative_to"}
 _ROW_KEYS = {"name", "description", "data", "poe", "compare_with", "hold"}
 
@@ -142,12 +142,22 @@ class Plan:
         return str(self.raw.get("correction", "holm"))
 
     @property
-    def bootstrap(self) -> dict:
-        from ...models.significance import DEFAULT_LEVEL, DEFAULT_REPLICATES
+    def statistics(self) -> dict:
+        """``{"level"}`` of the intervals: ``statistics: {level: L}`` (default 0.95). A plan written for the bootstrap
+        may give it as ``bootstrap: {level: L}``; its ``replicates`` and ``seed`` are no longer used (the interval is
+        in closed form) and are returned as ``ignored`` for the report to say so."""
+        from ...models.significance import DEFAULT_LEVEL
 
-        b = dict(self.raw.get("bootstrap") or {})
-        return {"replicates": int(b.get("replicates", DEFAULT_REPLICATES)), "seed": int(b.get("seed", 0)),
-                "level": float(b.get("level", DEFAULT_LEVEL))}
+        given = dict(self.raw.get("statistics") or {})
+        legacy = dict(self.raw.get("bootstrap") or {})
+        unknown = set(given) - {"level"}
+        if unknown:
+            raise ConfigError(f"{self.path}: statistics has unknown key(s) {sorted(unknown)}; known: level")
+        level = given.get("level", legacy.get("level", DEFAULT_LEVEL))
+        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+            raise ConfigError(f"{self.path}: statistics.level is {level!r}, not a number in (0, 1)")
+        ignored = {k: v for k, v in legacy.items() if k != "level"}
+        return {"level": float(level), **({"ignored": {"bootstrap": ignored}} if ignored else {})}
 
     @property
     def model_name(self) -> str:
@@ -281,6 +291,7 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
                 reference=reference, train=dict(raw["train"]), evaluate=dict(raw["evaluate"]),
                 releases=dict(raw.get("releases") or {}), rows=list(raw["rows"]))
     _check_sets(plan, raw, sel, where)
+    plan.statistics  # noqa: B018 - checks the level before any work
     return plan
 
 
@@ -297,7 +308,9 @@ def _check_keys(raw: dict, where: str) -> None:
     for key in ("task", "model", "seeds", "train", "evaluate", "rows"):
         if key not in raw:
             raise ConfigError(f"{where}: the plan needs {key!r}")
-    if not raw["seeds"] or not all(isinstance(s, int) and s >= 0 for s in raw["seeds"]):
+    # bool is an int in Python: `seeds: [true]` would be seed 1
+    if not isinstance(raw["seeds"], list) or not raw["seeds"] or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in raw["seeds"]):
         raise ConfigError(f"{where}: seeds must be a list of non-negative integers, got {raw['seeds']!r}")
     if not isinstance(raw["evaluate"], dict) or not raw["evaluate"].get("sets"):
         raise ConfigError(f"{where}: evaluate needs `sets:` (the challenge sets to score)")

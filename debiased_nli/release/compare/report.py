@@ -1,5 +1,5 @@
 """The report of a plan: the table (mean ± std over seeds per row and set), the differences of the declared
-comparisons with paired-bootstrap intervals (:mod:`.stats`), and the units' data, size and cost, as markdown,
+comparisons with seed-row t intervals (:mod:`.stats`), and the units' data, size and cost, as markdown,
 JSON (``debiased-nli/efficacy-table/v2``, which ``debiased-nli build --efficacy`` reads) and a plot.
 
 Every figure is rounded once, when it is written: the JSON holds the unrounded values.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -148,11 +149,13 @@ def verdicts(table: dict) -> dict:
 def summarise(plan: Plan, *, share_sets: Sequence[str] = SHARE_SETS, statistics: bool = True,
               replicates_of=None) -> dict:
     """The table: per row its status, training size/time, mean ± std per set (and breakdowns), the seeds-only
-    differences (``verdict``, ``comparisons``) and, with ``statistics``, the paired-bootstrap differences of every
+    differences (``verdict``, ``comparisons``) and, with ``statistics``, the seed-row t intervals of every
     declared comparison (``statistics``). ``replicates_of``: a function of a plan path giving the plan it names in
     ``replicates:`` (the report then adds each row's difference from that table)."""
-    units = load_units(plan)
     states = unit_states(plan)
+    stale = {(st["row"], st["seed"]) for st in states if st["state"] == "stale"}
+    # a stale unit trained on rows its row no longer has: not a result of the row as it is (`run` trains it again)
+    units = {row: [u for u in us if (row, u["seed"]) not in stale] for row, us in load_units(plan).items()}
     table: dict[str, Any] = {"schema": TABLE_SCHEMA_V2, "plan": plan.raw, "reference": plan.reference,
                              "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                              "sets": plan.set_names, "rows": {},
@@ -165,6 +168,8 @@ def summarise(plan: Plan, *, share_sets: Sequence[str] = SHARE_SETS, statistics:
         entry: dict[str, Any] = {"description": row.get("description", ""), "seeds_done": [u["seed"] for u in us],
                                  "seeds_planned": plan.seeds, "data": row["data"], "poe": row.get("poe"),
                                  "states": {s["seed"]: s["state"] for s in st},
+                                 "seeds_stale": [s["seed"] for s in st if s["state"] == "stale"],
+                                 "stale_reason": next((s["reason"] for s in st if s["state"] == "stale"), None),
                                  "pending_reason": next((s["reason"] for s in st if s["state"] == "pending"), None),
                                  "todo_note": next((s["reason"] for s in st if s["state"] == "todo" and s["reason"]), None)}
         if us:
@@ -310,10 +315,6 @@ def _interval_line(label: str, sets: dict) -> str:
     return f"- {label}: " + "; ".join(parts) + "."
 
 
-def _interval(e: dict) -> str:
-    return f"{e['estimate']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}]"
-
-
 def _stat_cell(e: dict | None) -> str:
     if e is None:
         return "–"
@@ -356,6 +357,49 @@ def selection_text(plan: Plan, table: dict) -> str:
     return text
 
 
+def _interval(e: dict) -> str:
+    """The interval that matches the entry's call: for a primary test the adjusted one, else the plain one."""
+    low, high = ((e["adjusted_low"], e["adjusted_high"]) if e.get("adjusted_low") is not None else (e["low"], e["high"]))
+    return f"{e['estimate']:+.1f} [{low:+.1f}, {high:+.1f}]"
+
+
+def _rows_cell(e: dict) -> str:
+    return f"{e['rows']:,}" + (f" in {e['clusters']} {e['cluster_column']}s" if e.get("clusters") else "")
+
+
+def _method_md(st: dict) -> list[str]:
+    """How the intervals were computed, in words, with what the data's structure changed (machines, clusters)."""
+    level = 100 * st["level"]
+    L = [f"Row A minus row B, accuracy points, from the units' stored per-row predictions, with a {level:.0f}% "
+         f"**seed-row t interval** (`debiased_nli.models.significance.seed_row_interval`): the seeds are the unit of "
+         f"replication (the unbiased variance of each side's seed accuracies), the test rows add their paired "
+         f"variance (the variance over rows of the difference, less the seed-by-row noise already in the seeds' "
+         f"term), and the t quantile has Welch-Satterthwaite degrees of freedom. It is in closed form: **no Monte "
+         f"Carlo error** (MC standard error of every p-value: 0) and no resampling seed; the same units give the "
+         f"same figures on every run (`docs/efficacy.md` has its coverage simulated at 3, 5 and 10 seeds, beside "
+         f"that of the nested bootstrap it replaces)."]
+    machines = Counter(e.get("machines") for c in st["comparisons"] for e in c["sets"].values() if "machines" in e)
+    stratified = sum(v for k, v in machines.items() if k and k.startswith("stratified"))
+    if stratified:
+        L[-1] += (f" **Machines:** {stratified} of the {sum(machines.values())} differences have seeds on more than "
+                  f"one machine with the same number of each side's seeds on each; their seed variance is pooled "
+                  f"within machines (k - M degrees of freedom): the machine mix is a fixed part of the design, and "
+                  f"the difference is the one on this mix.")
+    for k in machines:
+        if k and k.startswith("not stratified"):
+            L[-1] += f" {machines[k]} difference(s) {k}."
+    for s, cl in (st.get("clusters") or {}).items():
+        if cl.get("groups"):
+            L[-1] += (f" **Clusters:** `{s}`'s rows are {cl['groups']} clusters (`{cl['column']}`, {cl['source']}), "
+                      f"not independent rows: its rows' variance is taken between clusters.")
+        else:
+            L[-1] += f" **`{s}`**: {cl['note']}."
+    if st.get("ignored"):
+        L[-1] += (f" The plan's `bootstrap:` settings {st['ignored']['bootstrap']} are not used (no resampling); "
+                  f"`statistics: {{level: ...}}` sets the level.")
+    return L
+
+
 def _statistics_md(plan: Plan, table: dict, intervals_figure: str | None = None) -> list[str]:
     st = table.get("statistics")
     if not st or not st["comparisons"]:
@@ -363,46 +407,49 @@ def _statistics_md(plan: Plan, table: dict, intervals_figure: str | None = None)
     sets = table["sets"]
     have = [c for c in st["comparisons"] if any("unavailable" not in e for e in c["sets"].values())]
     lacking = [r for r, cov in st["coverage"].items() if cov["without"]]
-    L = ["", "## Differences with 95% intervals", ""]
+    level = 100 * st["level"]
+    L = ["", f"## Differences with {level:.0f}% intervals", ""]
     if intervals_figure:
-        L += [f"![differences with 95% intervals]({intervals_figure})", ""]
+        L += [f"![differences with {level:.0f}% intervals]({intervals_figure})", ""]
     corr = stats.CORRECTION_NAMES.get(st["correction"] or plan.correction, plan.correction)
-    L += [f"Row A minus row B, accuracy points, from the units' stored per-row predictions: a paired bootstrap over the "
-          f"test rows nested with the seeds (`debiased_nli.models.significance.paired_bootstrap`, {st['replicates']:,} "
-          f"replicates, seed {st['seed']}): each replicate draws a set's rows with replacement, the same rows for both "
-          f"rows' models, and each side's seeds with replacement; [low, high] is the {100 * st['level']:.0f}% "
-          f"percentile interval. A difference whose interval holds 0 reads *not distinguishable from 0*.", ""]
+    L += _method_md(st) + [""]
     primary = [(c, s, e) for c in st["comparisons"] for s, e in c["sets"].items() if e["family"] == "primary"]
     if primary:
         L += [f"**Primary comparisons** (named in the plan before the run): {st['primary_tests']} tests (comparison × "
-              f"set), corrected with {corr}; there *not distinguishable from 0* means the adjusted p-value is at least "
-              f"{1 - st['level']:.2f} (the interval shown is the unadjusted one)."
-              + (f" {st['primary_tests_unavailable']} primary test(s) could not be computed (no stored predictions) "
-                 f"and are not in the correction's family." if st["primary_tests_unavailable"] else "")
+              f"set), corrected with {corr}. Each call is shown with the interval that matches it: "
+              f"{st['family_intervals']}. A primary difference is *distinguishable from 0* exactly when that interval "
+              f"excludes 0; the {level:.0f}% interval beside it is uncorrected."
+              + (f" {st['primary_tests_unavailable']} primary test(s) could not be computed (no stored predictions, or "
+                 f"one seed) and are not in the correction's family." if st["primary_tests_unavailable"] else "")
               + (f" {st['primary_tests_pending']} more primary test(s) of the plan wait for rows with no finished "
                  f"unit; until then they count as p = 1 in the correction (its family is the plan's "
                  f"{st['primary_tests'] + st['primary_tests_pending']}), so an adjusted p can only fall when they "
                  f"arrive." if st.get("primary_tests_pending") else ""), "",
-              "| A − B | set | difference [95% interval] | p | adjusted p | seeds A / B | rows |",
-              "|---|---|---|---:|---:|---|---:|"]
+              f"| A − B | set | difference [adjusted interval] (the call) | adjusted level | {level:.0f}% interval | p "
+              f"| adjusted p | df | seeds' share of the variance | seeds A / B | rows |",
+              "|---|---|---|---:|---|---:|---:|---:|---:|---|---:|"]
         for c, s, e in primary:
             if "unavailable" in e:
-                L.append(f"| `{c['row']}` − `{c['against']}` | {s} | no stored predictions: {e['unavailable']} | – | – | – | – |")
+                L.append(f"| `{c['row']}` − `{c['against']}` | {s} | not computed: {e['unavailable']} | – | – | – | – | "
+                         f"– | – | – | – |")
                 continue
-            L.append(f"| `{c['row']}` − `{c['against']}` | {s} | {e['text']} | {e['p_value']:.4f} | "
-                     f"{e['p_adjusted']:.4f} | {e['seeds_a']} / {e['seeds_b']} | {e['rows']:,} |")
+            share = (e.get("components") or {}).get("seed_share")
+            L.append(f"| `{c['row']}` − `{c['against']}` | {s} | {e['text']} | {100 * e['adjusted_level']:.2f}% | "
+                     f"[{e['low']:+.1f}, {e['high']:+.1f}] | {e['p_value']:.4f} | {e['p_adjusted']:.4f} | "
+                     f"{e['df']:.1f} | {'–' if share is None else f'{100 * share:.0f}%'} | {e['seeds_a']} / "
+                     f"{e['seeds_b']} | {_rows_cell(e)} |")
         L.append("")
     elif st.get("primary_tests_pending"):
         L += [f"**Primary comparisons** (named in the plan before the run): all {st['primary_tests_pending']} tests "
               f"wait for rows with no finished unit.", ""]
     else:
         L += ["**No primary comparisons** are named in the plan (`primary:`), so no correction for multiple "
-              "comparisons is made" + (": every interval below is a single-comparison 95% interval." if have else
-                                       ". No comparison has stored predictions on both sides yet."), ""]
+              "comparisons is made" + (f": every interval below is a single-comparison {level:.0f}% interval." if have
+                                       else ". No comparison has stored predictions on both sides yet."), ""]
     secondary = [c for c in have if any(e["family"] == "secondary" and "unavailable" not in e for e in c["sets"].values())]
     if secondary:
-        L += ["**Secondary comparisons** (every other declared one: each row against the reference and the rows' "
-              "`compare_with`), **uncorrected**: read them as descriptions, not as tests.", "",
+        L += [f"**Secondary comparisons** (every other declared one: each row against the reference and the rows' "
+              f"`compare_with`), **uncorrected** {level:.0f}% intervals: read them as descriptions, not as tests.", "",
               "| A − B | why | " + " | ".join(sets) + " |", "|---|---|" + "---|" * len(sets)]
         for c in secondary:
             cells = [_stat_cell(c["sets"].get(s)) if (c["sets"].get(s) or {}).get("family") == "secondary" else
@@ -458,8 +505,11 @@ def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[st
     """Title, what was run and with which commands, the model, the training and the evaluation."""
     from ...data.tasks import get_task
 
+    from .units import eval_config
+
     sets = table["sets"]
     e = plan.evaluate
+    cfg = eval_config(plan, progress=False)  # the values the units ran with, defaults included (never "None")
     sample = (f"a seeded sample of at most {e['max_examples']:,} rows of each set" if e.get("max_examples")
               else "every challenge set **in full** (no samples)")
     L = [f"# {title or plan.raw.get('title') or 'Does training on it help? ' + plan.show(plan.path)}", "",
@@ -482,13 +532,19 @@ def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[st
           f"{t['batch_size']}, max length {t['max_length']}, {t['epochs']} epochs, {int(100 * t.get('warmup_ratio', 0.1))}% linear "
           f"warm-up, {selection_text(plan, table)}, {where}; seeds {', '.join(map(str, plan.seeds))}.",
           f"- Evaluation: {len(sets)} sets{' in full' if not e.get('max_examples') else ''}, max length "
-          f"{e.get('max_length')}, batches by token length (at most {e.get('batch_size')} rows"
-          + (f" and {e['max_tokens']} padded tokens" if e.get("max_tokens") else "")
+          f"{cfg.max_length}, batches by token length (at most {cfg.batch_size} rows"
+          + (f" and {cfg.max_tokens} padded tokens" if cfg.max_tokens else "")
           + " per batch, padded to the batch's longest row; the batching changes no probability by more than 3e-8)"
           + (f", forward passes in {e['dtype']} autocast" if e.get("dtype", "float32") != "float32" else "")
           + (", HANS scored 2-way (neutral and contradiction -> non-entailment)" if "hans" in sets else "")
           + (", MNLI zero-shot from SNLI" if plan.task == "snli" and any(s.startswith("mnli") for s in sets) else "")
           + ".", ""]
+    stale = {n: en for n, en in table["rows"].items() if en.get("seeds_stale")}
+    if stale:
+        L += ["**Stale units, left out of every figure below**: "
+              + "; ".join(f"`{n}` seed{'s' if len(en['seeds_stale']) > 1 else ''} "
+                          f"{', '.join(map(str, en['seeds_stale']))} ({en['stale_reason']})" for n, en in stale.items())
+              + f". `debiased-nli compare run {plan.show(plan.path)}` trains them again.", ""]
     return L
 
 
@@ -581,7 +637,9 @@ def _rows_md(table: dict) -> list[str]:
          "|---|---|---:|---|---:|---:|---:|---:|---|"]
     for name, entry in table["rows"].items():
         done = len(entry["seeds_done"])
-        status = f"{done}/{len(entry['seeds_planned'])} seeds" + ("; pending" if entry["pending_reason"] else "")
+        status = (f"{done}/{len(entry['seeds_planned'])} seeds" + ("; pending" if entry["pending_reason"] else "")
+                  + (f"; **stale**: seed {', '.join(map(str, entry['seeds_stale']))} left out"
+                     if entry.get("seeds_stale") else ""))
         if entry.get("sets"):
             L.append(f"| `{name}` | {status} | {train_rows_text(entry)} | "
                      f"{same_rows(entry.get('data_fingerprints') or {}, entry.get('subset_per_seed', False), entry.get('train_rows_by_seed'), entry.get('data_builds'))} | "
@@ -642,9 +700,12 @@ def verdict_paragraph(table: dict) -> str:
     todo = [f"`{n}`" for n, e in table["rows"].items() if not e.get("sets") and not e["pending_reason"]]
     head = f"Finished rows: {', '.join(f'`{n}`' for n in finished) or 'none'}."
     if intervals_used:
-        head += (" With stored predictions, a row is *higher* or *lower* on a set when the 95% paired-bootstrap "
-                 "interval of its difference excludes 0 (for primary comparisons: when the adjusted p-value is under "
-                 "0.05); differences in points, intervals in brackets.")
+        st = table["statistics"]
+        head += (f" With stored predictions, a row is *higher* or *lower* on a set when the interval of its difference "
+                 f"excludes 0: for a primary comparison the {st['correction'] or 'corrected'}-adjusted interval, which "
+                 f"excludes 0 exactly when the adjusted p-value is under {1 - st['level']:.2f}; for the others the "
+                 f"{100 * st['level']:.0f}% interval, uncorrected (seed-row t intervals); differences in points, "
+                 f"intervals in brackets.")
     if seeds_only_used:
         head += (f" {'Without stored predictions (seeds-only view), a' if intervals_used else 'A'} method *helps* (or "
                  f"*hurts*) on a set when its mean differs from `{ref}`'s by more than twice the standard error of the "
@@ -663,9 +724,9 @@ def intervals_path(stem: Path) -> Path:
 
 def plot_intervals(table: dict, path: Path) -> Path | None:
     """The declared comparisons as a forest: one panel per comparison (primary ones first), a line per set with
-    the difference and its 95% paired-bootstrap interval. Filled: distinguishable from 0 (a primary test after
-    the plan's correction, a secondary one by its own interval); hollow: not. None where no comparison has an
-    interval (no stored predictions)."""
+    the difference and the interval that matches its call: a primary test's adjusted interval (thick) beside its
+    uncorrected one (thin), a secondary comparison's uncorrected interval. Filled: distinguishable from 0; hollow:
+    not. None where no comparison has an interval (no stored predictions)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -689,7 +750,9 @@ def plot_intervals(table: dict, path: Path) -> Path | None:
                 continue
             primary = e.get("family") == "primary"
             color = "tab:red" if primary else "tab:blue"
-            ax.plot([e["low"], e["high"]], [y, y], color=color, lw=1.6)
+            if e.get("adjusted_low") is not None:
+                ax.plot([e["adjusted_low"], e["adjusted_high"]], [y, y], color=color, lw=2.8, alpha=0.45)
+            ax.plot([e["low"], e["high"]], [y, y], color=color, lw=1.2)
             ax.plot([e["estimate"]], [y], "o", ms=5, color=color,
                     mfc=color if e.get("distinguishable") else "white")
         ax.axvline(0, color="black", lw=0.8)
@@ -701,8 +764,9 @@ def plot_intervals(table: dict, path: Path) -> Path | None:
         ax.set_title(f"{c['row']} − {c['against']}" + (" (primary)" if c.get("primary") else ""), fontsize=8)
     level = 100 * st.get("level", 0.95)
     return _save_panels(fig, axes, len(comps), path, fontsize=9,
-                        title=f"difference in accuracy points with its {level:.0f}% paired-bootstrap interval; red: a "
-                              f"primary test, blue: secondary (uncorrected); filled: distinguishable from 0")
+                        title=f"difference in accuracy points, {level:.0f}% seed-row t interval (thin); red: a primary "
+                              f"test with its {st.get('correction') or 'corrected'}-adjusted interval (thick), blue: "
+                              f"secondary (uncorrected); filled: distinguishable from 0")
 
 
 def _save_panels(fig, axes, used: int, path: Path, *, title: str, fontsize: int) -> Path:
@@ -764,7 +828,7 @@ def report(plan: Plan, out_stem: Path | None = None, *, replicates_of=None, **ma
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>.png`` (default stem: the results folder's path) and
     return the table. ``replicates_of``: see :func:`summarise`."""
     stem = out_stem or plan.results_dir.parent / plan.results_dir.name
-    # the folder first: the bootstrap before the writing can take minutes
+    # the folder first: reading the units' predictions before the writing takes a while
     stem.parent.mkdir(parents=True, exist_ok=True)
     share_sets = markdown_options.get("share_sets", SHARE_SETS)
     table = summarise(plan, share_sets=share_sets, replicates_of=replicates_of)

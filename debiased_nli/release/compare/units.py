@@ -1,7 +1,10 @@
 """The units of a plan: one (row, seed) each, trained, scored on every set, written as one result file and one
-predictions file; ``run`` skips a unit whose result file exists, so a stopped run resumes where it stopped.
+predictions file; ``run`` skips a unit whose result file exists, so a stopped run resumes where it stopped, unless
+the unit is *stale*: the content fingerprint of its row's training rows now (a release rebuilt, a file edited) is
+not the one the unit recorded; then its files are set aside under ``results_dir/stale/`` and it runs again. Unit
+files are checked when they are read (:func:`check_unit`: types and ranges, one line naming the field).
 
-    for row in rows, seed in seeds:                   # one unit; skipped when its result file is there
+    for row in rows, seed in seeds:                   # one unit; skipped when its result file is there and not stale
         data  = the row's training rows               # rows.resolve_row
         model = debiased_nli.models.training.train_classifier(model, data, selection rows)   # `debiased-nli train`
         score = debiased_nli.models.evaluation.evaluate_models([model], sets, keep_predictions=True)
@@ -37,6 +40,8 @@ PREDICTIONS_SCHEMA = "debiased-nli/unit-predictions/v1"
 TRAIN_RECORD = "efficacy_train.json"
 SELECTION_FILE = "selection.parquet"
 EVAL_CHUNK_ROWS = 5000
+EVAL_BATCH_SIZE = 64       # rows per evaluation batch where the plan gives none
+EVAL_MAX_LENGTH = 128
 
 
 def _git() -> str | None:
@@ -229,7 +234,8 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
         run_record = json.loads((out / TRAIN_CONFIG_FILE).read_text())
         record = {"row": row["name"], "seed": seed, "git": commit, "config": cfg.to_dict(),
                   "command": train_cli(cfg, data, shown, plan.task, plan.show),
-                  "data": data.info | {"content_fingerprint": run_record["train_fingerprint"]},
+                  "data": {k: v for k, v in data.info.items() if k != "content_fingerprint_now"}
+                  | {"content_fingerprint": run_record["train_fingerprint"]},
                   "selection": (selection or {}) | {"dev_fingerprint": run_record.get("dev_fingerprint")},
                   "result": res.to_dict(), "seconds": round(sum(x["seconds"] for x in sessions), 1),
                   "cpu_seconds": round(sum(x["cpu_seconds"] for x in sessions), 1), "sessions": sessions,
@@ -260,8 +266,8 @@ def eval_config(plan: Plan, progress: bool = True):
     from ...models.evaluation import EvalConfig
 
     e = plan.evaluate
-    return EvalConfig(max_examples=e.get("max_examples"), batch_size=int(e.get("batch_size", 64)),
-                      max_length=int(e.get("max_length", 128)), max_tokens=e.get("max_tokens"),
+    return EvalConfig(max_examples=e.get("max_examples"), batch_size=int(e.get("batch_size", EVAL_BATCH_SIZE)),
+                      max_length=int(e.get("max_length", EVAL_MAX_LENGTH)), max_tokens=e.get("max_tokens"),
                       dtype=str(e.get("dtype", "float32")), data_root=plan.data_root, progress=progress,
                       device="cpu" if plan.device == "cpu" else None)
 
@@ -379,20 +385,132 @@ def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: st
 
 # ------------------------------------------------------------------------------------------ run / status
 
+def _field_error(path: Path, field: str, value, want: str) -> ConfigError:
+    from ...utils.errors import excerpt
+
+    return ConfigError(f"{path}: {field} is {excerpt(value, 60)}, not {want}; fix the unit file or delete it "
+                       f"(`compare run` then runs the unit again)")
+
+
+def _number(value, lo: float | None = None, hi: float | None = None) -> bool:
+    import math
+
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (lo is None or value >= lo) and (hi is None or value <= hi))
+
+
+def check_unit(unit, path: Path) -> None:
+    """A unit file's fields have the types and ranges the report reads (an accuracy in [0, 1], a seed that is an
+    integer, counts, seconds, the predictions record); else a one-line :class:`ConfigError` naming the file, the
+    field and the value."""
+    if not isinstance(unit, dict):
+        raise _field_error(path, "the file", unit, "a JSON mapping (a unit's result)")
+    if not isinstance(unit.get("row"), str) or not unit["row"]:
+        raise _field_error(path, "row", unit.get("row"), "a row name")
+    seed = unit.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise _field_error(path, "seed", seed, "a non-negative integer")
+    if path.name != f"{unit['row']}-s{seed}.json":
+        raise ConfigError(f"{path}: holds row {unit['row']!r} seed {seed}, whose file is {unit['row']}-s{seed}.json; "
+                          f"rename it or delete it")
+    for key in ("data", "train", "evaluation", "sets"):
+        if not isinstance(unit.get(key), dict):
+            raise _field_error(path, key, unit.get(key), "a mapping")
+    if not unit["sets"]:
+        raise _field_error(path, "sets", unit["sets"], "the scores of at least one set")
+    for name, v in unit["sets"].items():
+        if not isinstance(v, dict):
+            raise _field_error(path, f"sets.{name}", v, "a mapping")
+        if not _number(v.get("accuracy"), 0.0, 1.0):
+            raise _field_error(path, f"sets.{name}.accuracy", v.get("accuracy"), "an accuracy in [0, 1]")
+        if not isinstance(v.get("n"), int) or isinstance(v.get("n"), bool) or v["n"] < 1:
+            raise _field_error(path, f"sets.{name}.n", v.get("n"), "a positive number of rows")
+    t, e = unit["train"], unit["evaluation"]
+    if not isinstance(t.get("rows"), int) or isinstance(t.get("rows"), bool) or t["rows"] < 1:
+        raise _field_error(path, "train.rows", t.get("rows"), "a positive number of rows")
+    for field, value in (("train.seconds", t.get("seconds")), ("train.cpu_seconds", t.get("cpu_seconds")),
+                         ("evaluation.seconds", e.get("seconds")),
+                         ("evaluation.examples_per_second", e.get("examples_per_second"))):
+        if not _number(value, 0.0):
+            raise _field_error(path, field, value, "a non-negative number")
+    if t.get("dev_accuracy") is not None and not _number(t["dev_accuracy"], 0.0, 1.0):
+        raise _field_error(path, "train.dev_accuracy", t["dev_accuracy"], "an accuracy in [0, 1] or null")
+    if unit.get("device") is not None and not isinstance(unit["device"], str):
+        raise _field_error(path, "device", unit["device"], "the name of a machine or null")
+    fp = unit["data"].get("content_fingerprint")
+    if fp is not None and not isinstance(fp, str):
+        raise _field_error(path, "data.content_fingerprint", fp, "a fingerprint (text) or null")
+    pred = unit.get("predictions")
+    if pred is not None:
+        if not isinstance(pred, dict) or not isinstance(pred.get("file"), str) or not isinstance(pred.get("sets"), dict):
+            raise _field_error(path, "predictions", pred, "{file, sha256, sets} of the unit's predictions file")
+        for name, v in pred["sets"].items():
+            if not isinstance(v, dict) or not isinstance(v.get("rows_fingerprint"), str):
+                raise _field_error(path, f"predictions.sets.{name}", v, "{rows, rows_fingerprint}")
+
+
+def read_unit(path: Path) -> dict | None:
+    """A unit's result file, checked (:func:`check_unit`); None for a JSON file that is not a unit's (another
+    schema)."""
+    try:
+        unit = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not a unit's result (not JSON: {' '.join(str(err).split())[:100]}); delete it "
+                          f"(`compare run` then runs the unit again)") from None
+    if not isinstance(unit, dict) or unit.get("schema") not in SCHEMAS:
+        return None
+    check_unit(unit, path)
+    return unit
+
+
 def load_units(plan: Plan) -> dict[str, list[dict]]:
-    """The finished units of the plan's results folder by row (v1 units have no predictions), seed order."""
+    """The finished units of the plan's results folder by row (v1 units have no predictions), seed order; each
+    checked on load (:func:`check_unit`)."""
     out: dict[str, list[dict]] = {}
     for p in sorted(plan.results_dir.glob("*-s*.json")):
-        unit = json.loads(p.read_text())
-        if unit.get("schema") in SCHEMAS:
+        unit = read_unit(p)
+        if unit is not None:
             out.setdefault(unit["row"], []).append(unit)
     for units in out.values():
         units.sort(key=lambda u: u["seed"])
     return out
 
 
+def data_fingerprint(data: RowData) -> str:
+    """The content fingerprint of a row's training rows as they are now (what ``train_classifier`` records as the
+    run's ``train_fingerprint``), computed once per resolved row."""
+    from ...data.loading import content_fingerprint
+
+    if "content_fingerprint_now" not in data.info:
+        data.info["content_fingerprint_now"] = content_fingerprint(data.dataset)
+    return data.info["content_fingerprint_now"]
+
+
+def stale_reason(plan: Plan, row: dict, seed: int, recorded: str | None, cache: dict) -> str | None:
+    """Why a unit (or a trained model) that recorded the fingerprint ``recorded`` of its training rows is stale:
+    the row's data as it is now has other rows (a release rebuilt, a file changed); None when it has the same
+    rows, or when that cannot be told (no fingerprint recorded, or the data cannot be read without building)."""
+    if not recorded:
+        return None
+    try:
+        data = resolve_row(plan, row, build=False, _cache=cache, unit_seed=seed)
+    except Pending:
+        return None
+    now = data_fingerprint(data)
+    if now == recorded:
+        return None
+    return (f"its data changed since it ran: it trained on rows {recorded[:8]}, the row's data now has {now[:8]}; "
+            f"`compare run` trains it again")
+
+
+def _recorded_fingerprint(path: Path) -> str | None:
+    rec = json.loads(path.read_text())
+    return (rec.get("data") or {}).get("content_fingerprint")
+
+
 def unit_states(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = None) -> list[dict]:
-    """One entry per (row, seed): done, trained, todo, or pending (with the reason)."""
+    """One entry per (row, seed): done, stale (done or trained on rows the row's data no longer has), trained,
+    todo, or pending (with the reason)."""
     cache: dict = {}
     out = []
     for row in plan.rows:
@@ -406,16 +524,22 @@ def unit_states(plan: Plan, rows: list[str] | None = None, seeds: list[int] | No
         for seed in plan.seeds:
             if seeds is not None and seed not in seeds:
                 continue
-            if plan.unit_file(row["name"], seed).exists():
-                state = "done"
+            unit_path = plan.unit_file(row["name"], seed)
+            trained = plan.model_dir(row["name"], seed) / TRAIN_RECORD
+            stale = None
+            if unit_path.exists():
+                unit = read_unit(unit_path)
+                stale = stale_reason(plan, row, seed, ((unit or {}).get("data") or {}).get("content_fingerprint"), cache)
+                state = "stale" if stale else "done"
             elif reason and not buildable:
                 state = "pending"
-            elif (plan.model_dir(row["name"], seed) / TRAIN_RECORD).exists():
-                state = "trained"
+            elif trained.exists():
+                stale = stale_reason(plan, row, seed, _recorded_fingerprint(trained), cache)
+                state = "stale" if stale else "trained"
             else:
                 state = "todo"
             out.append({"row": row["name"], "seed": seed, "state": state,
-                        "reason": reason if state in ("pending", "todo") else None})
+                        "reason": stale or (reason if state in ("pending", "todo") else None)})
     return out
 
 
@@ -455,10 +579,71 @@ def unit_order(plan: Plan, rows: list[str] | None = None, seeds: list[int] | Non
     return [(n, s) for s in ss for n in names] if seed_major else [(n, s) for n in names for s in ss]
 
 
+def set_aside_stale(plan: Plan, row: str, seed: int) -> list[Path]:
+    """Move a stale unit's result and predictions files to ``results_dir/stale/`` (kept, named by the rows they
+    trained on) and delete its model folder (a model of the old rows, and its cached scores), so that the unit is
+    trained again. Returns where the files went."""
+    moved = []
+    unit_path, pred_path = plan.unit_file(row, seed), plan.predictions_file(row, seed)
+    fp = None
+    if unit_path.exists():
+        fp = ((json.loads(unit_path.read_text()).get("data") or {}).get("content_fingerprint") or "unknown")[:8]
+    stale_dir = plan.results_dir / "stale"
+    for path in (unit_path, pred_path):
+        if path.exists():
+            stale_dir.mkdir(parents=True, exist_ok=True)
+            target = stale_dir / f"{path.stem}-{fp}{path.suffix}"
+            os.replace(path, target)
+            moved.append(target)
+    model = plan.model_dir(row, seed)
+    if model.exists():
+        shutil.rmtree(model)
+    return moved
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def progress_line(index: int, total: int, name: str, seed: int, past: Sequence[float],
+                  recorded: Sequence[float] = ()) -> str:
+    """``unit 3/25 (aflite seed 2): this unit ~4m10s, all 23 left ~1h36m`` before a unit starts: the estimate is the
+    mean wall time of the units this run finished, else of the plan's finished units on record (train + evaluation
+    seconds of their result files), else none yet."""
+    basis = list(past) or list(recorded)
+    head = f"unit {index}/{total} ({name} seed {seed})"
+    if not basis:
+        return head + ": no estimate until the first unit finishes"
+    each = sum(basis) / len(basis)
+    left = total - index + 1
+    source = "this run's units" if past else "the finished units on record"
+    return (f"{head}: this unit ~{_duration(each)}, all {left} left ~{_duration(each * left)} "
+            f"(mean of {len(basis)} of {source})")
+
+
+def _recorded_seconds(plan: Plan) -> list[float]:
+    """Train + evaluation wall seconds of the plan's finished units on this kind of machine (their result files)."""
+    here = device_name()
+    out = []
+    for us in load_units(plan).values():
+        for u in us:
+            if (u.get("device") or here) == here:
+                out.append(float(u["train"]["seconds"]) + float(u["evaluation"]["seconds"]))
+    return out
+
+
 def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = None, lock: str | None = None,
         progress: bool = True, stop_after: int | None = None, claims: "str | os.PathLike | None" = None,
         seed_major: bool = False) -> list[dict]:
-    """Train and evaluate every unit that has no result file; returns the states (pending rows reported).
+    """Train and evaluate every unit that has no result file, or whose result is stale (its row's training rows
+    changed since: a release rebuilt, a file edited; the old files are set aside, :func:`set_aside_stale`);
+    returns the states (pending rows reported). Before each unit it logs how far it is and an estimate of the time
+    left (:func:`progress_line`).
 
     ``claims``: a folder shared by several ``run`` processes (one per GPU share, say); each takes the
     next unit nobody has claimed, so they split the plan between them without running a unit twice."""
@@ -467,9 +652,21 @@ def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = Non
     finished = 0
     pending: set[str] = set()
     failed: dict[str, str] = {}
+    todo = []
     for name, seed in unit_order(plan, rows, seeds, seed_major):
         row = plan.row(name)
-        if name in pending or name in failed or plan.unit_file(name, seed).exists():
+        path = plan.unit_file(name, seed)
+        stale = (stale_reason(plan, row, seed, ((read_unit(path) or {}).get("data") or {}).get("content_fingerprint"),
+                              cache) if path.exists() else None)
+        if stale:
+            log(f"stale {name} seed {seed}: {stale}")
+        if not path.exists() or stale:
+            todo.append((name, seed, stale))
+    recorded = _recorded_seconds(plan) if todo else []
+    durations: list[float] = []
+    for index, (name, seed, stale) in enumerate(todo, 1):
+        row = plan.row(name)
+        if name in pending or name in failed:
             continue
         try:
             try:
@@ -480,8 +677,21 @@ def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = Non
                 continue
             if claims is not None and not claim(Path(claims), name, seed):
                 continue
+            if plan.unit_file(name, seed).exists():
+                if not stale:
+                    continue  # another process finished it meanwhile
+                moved = set_aside_stale(plan, name, seed)
+                log(f"set aside the stale {name} seed {seed}: {', '.join(map(plan.show, moved))}")
+            trained = plan.model_dir(name, seed) / TRAIN_RECORD
+            if trained.exists() and _recorded_fingerprint(trained) not in (None, data_fingerprint(data)):
+                log(f"{name} seed {seed}: its trained model is of other rows than the row's data now; training again")
+                shutil.rmtree(plan.model_dir(name, seed))
+            log(progress_line(index, len(todo), name, seed, durations, recorded)
+                + ("; units left counted over every worker, at one worker's pace" if claims is not None else ""))
+            t0 = time.perf_counter()
             rec = train_unit(plan, row, seed, data, lock, progress)
             evaluate_unit(plan, row, seed, rec, lock, progress)
+            durations.append(time.perf_counter() - t0)
         except Exception as err:  # noqa: BLE001 - a shared worker logs a broken row and goes on with the next
             if claims is None:
                 raise
@@ -491,6 +701,9 @@ def run(plan: Plan, rows: list[str] | None = None, seeds: list[int] | None = Non
             failed[name] = f"{type(err).__name__}: {err}"
             continue
         finished += 1
+        log(f"finished unit {index}/{len(todo)} ({name} seed {seed}) in {_duration(durations[-1])}"
+            + (f"; {len(todo) - index} left, ~{_duration(sum(durations) / len(durations) * (len(todo) - index))} at "
+               f"this run's pace" if index < len(todo) else ""))
         if stop_after and finished >= stop_after:
             return unit_states(plan, rows, seeds)
     if failed:
