@@ -445,11 +445,10 @@ def push_results(repo_id: str, results: dict, *, model_name: str | None = None, 
     from huggingface_hub import ModelCard, ModelCardData
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 
+    from ..utils.hub import check_repo_id, hub_call
+
+    check_repo_id(repo_id, "--push-to")
     model_name = model_name or repo_id.split("/")[-1]
-    try:
-        card = ModelCard.load(repo_id, token=token)
-    except (EntryNotFoundError, RepositoryNotFoundError):
-        card = ModelCard.from_template(ModelCardData(model_name=model_name), model_id=model_name)
     new, left_out = eval_results_for_card(results, model_name)
     if not new:
         raise ConfigError(f"none of the scored sets ({', '.join(results['sets'])}) was read from a Hub dataset "
@@ -458,10 +457,18 @@ def push_results(repo_id: str, results: dict, *, model_name: str | None = None, 
     for s in left_out:
         logger.warning("%s is not in the model-index: its rows are not those of a Hub dataset (see its spec's "
                        "hub.local_copy); its score is in report.md", s)
-    replaced = {(r.dataset_name, r.metric_type) for r in new}
-    kept = [r for r in (card.data.eval_results or []) if (r.dataset_name, r.metric_type) not in replaced]
-    card.data.eval_results = kept + new
-    card.data.model_name = card.data.model_name or model_name
-    message = commit_message or f"Add debiased-nli evaluation results ({len({r.dataset_name for r in new})} sets)"
-    info = card.push_to_hub(repo_id, token=token, revision=revision, commit_message=message, create_pr=create_pr)
+
+    def work():  # the card's download and its push, inside the Hub deadline
+        try:
+            card = ModelCard.load(repo_id, token=token)
+        except (EntryNotFoundError, RepositoryNotFoundError):
+            card = ModelCard.from_template(ModelCardData(model_name=model_name), model_id=model_name)
+        replaced = {(r.dataset_name, r.metric_type) for r in new}
+        kept = [r for r in (card.data.eval_results or []) if (r.dataset_name, r.metric_type) not in replaced]
+        card.data.eval_results = kept + new
+        card.data.model_name = card.data.model_name or model_name
+        message = commit_message or f"Add debiased-nli evaluation results ({len({r.dataset_name for r in new})} sets)"
+        return card.push_to_hub(repo_id, token=token, revision=revision, commit_message=message, create_pr=create_pr)
+
+    info = hub_call(work, what="the model card push")
     return info, left_out

@@ -177,6 +177,27 @@ def check_recipe_types(recipe: Mapping[str, Any], where: str = "<recipe>") -> No
                 raise ConfigError(f"{where}: `{name}` must be {k.says}, got {excerpt(value)} ({type(value).__name__})")
 
 
+def _check_names(recipe: Mapping[str, Any], where: str) -> None:
+    """The names that become file names (the splits, each filter step's config) are names, not paths
+    (:func:`~debiased_nli.utils.paths.check_name`), and no text that goes into the card contains its markers
+    (:func:`~.card.check_card_text`): refused while the recipe is read, before anything is written."""
+    from ..utils.paths import check_name
+    from .card import check_card_text
+
+    check_name(recipe["data"]["split"], f"{where}: data.split")
+    for i, split in enumerate(recipe["data"]["eval_splits"]):
+        check_name(split, f"{where}: data.eval_splits[{i}]")
+    files = recipe["data"]["data_files"]
+    for split in (files if isinstance(files, Mapping) else ()):
+        check_name(split, f"{where}: data.data_files split")
+    for i, step in enumerate(recipe["filters"] or []):
+        if isinstance(step, Mapping) and "config" in step:
+            check_name(step["config"], f"{where}: filters[{i}].config")
+    check_card_text({k: v for k, v in recipe.items() if k in ("name", "pretty_name", "summary", "release_version",
+                                                              "repo_id", "history", "extra_citations", "profiles")},
+                    where)
+
+
 def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | None = None) -> dict[str, Any]:
     """Read and validate a recipe (unknown keys are errors, with "did you mean").
 
@@ -231,6 +252,7 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     if not recipe["task"]:
         raise ConfigError(f"{where}: a recipe needs `task`")
     check_recipe_types(recipe, where)
+    _check_names(recipe, where)
     get_task(recipe["task"])
     recipe["name"] = recipe["name"] or f"debiased-{recipe['task']}"
     recipe["pretty_name"] = recipe["pretty_name"] or recipe["name"]
@@ -618,13 +640,24 @@ def _run_filter_steps(run: _Run, d0, eval_splits: dict) -> list:
         record = decision_record(spec["step"], params, d0_filters, kept, rejected, step.rejects.extra,
                                  reason=step.rejects.reason)
         configs.append(ConfigData(name, {"train": kept, **eval_splits}, rejected,
-                                  card_section=step.section(report), decisions=record))
+                                  card_section=step.section(_as_recorded(report)), decisions=record))
         run.reports[f"{name}: {spec['step']}"] = report
         replay = {"replay": run.replay.used[name]} if run.replay is not None else {}
         run.stage(f"{name}: {spec['step']}", clock,
                   counts={"kept": len(kept), "removed": len(dropped) if dropped is not None else 0}, report=report,
                   **replay)
     return configs
+
+
+def _as_recorded(report: Any) -> Any:
+    """A step's report as the manifest records it (paths reduced to file names, keys sorted, JSON values), the
+    form its card section is rendered from: a build that replays the step (from the recorded report) then
+    writes the same card as the build it replays."""
+    import json
+
+    from .card import public_paths
+
+    return json.loads(json.dumps(public_paths(report), sort_keys=True, default=str))
 
 
 def _assemble_configs(run: _Run, configs: list, feats: _Features, eval_splits: dict) -> tuple[list, str]:
