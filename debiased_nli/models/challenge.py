@@ -47,9 +47,11 @@ def evaluation_dir() -> Path:
 
 def default_data_root() -> Path:
     """``$DEBIASED_NLI_DATA_ROOT``, else ``../shared/data`` next to the repository."""
-    env = os.environ.get("DEBIASED_NLI_DATA_ROOT")
-    if env:
-        return Path(env)
+    from ..utils.environment import env_path
+
+    env = env_path("DEBIASED_NLI_DATA_ROOT", None)  # set but empty: an error, not the current folder
+    if env is not None:
+        return env
     import debiased_nli
 
     return Path(debiased_nli.__file__).resolve().parents[2] / "shared" / "data"

@@ -316,6 +316,14 @@ def _fmt(entry: dict | None, num_models: int) -> str:
 def write_report(results: dict, out_dir: "str | Path", *, title: str = "Evaluation report",
                  name: str = "this model", compare: Mapping[str, dict] | None = None, notes: str = "") -> Path:
     """``report.md`` from ``model_cards/evaluation_report.md.j2`` (a table; one column per compared file)."""
+    out = Path(out_dir) / "report.md"
+    out.write_text(render_report(results, title=title, name=name, compare=compare, notes=notes))
+    return out
+
+
+def render_report(results: dict, *, title: str = "Evaluation report", name: str = "this model",
+                  compare: Mapping[str, dict] | None = None, notes: str = "") -> str:
+    """The text of ``report.md`` (see :func:`write_report`)."""
     import jinja2
 
     compare = dict(compare or {})
@@ -341,12 +349,9 @@ def write_report(results: dict, out_dir: "str | Path", *, title: str = "Evaluati
         raise ConfigError(f"report template {template} is missing")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template.parent)), autoescape=False,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    text = env.get_template(template.name).render(
+    return env.get_template(template.name).render(
         title=title, columns=columns, rows=rows, breakdowns=breakdowns, results=results, notes=notes,
         models=results["models"], subsampled=any(e.get("subsampled") for e in results["sets"].values()))
-    out = Path(out_dir) / "report.md"
-    out.write_text(text)
-    return out
 
 
 def plot_results(results: dict, path: "str | Path", *, name: str = "this model",
@@ -378,15 +383,39 @@ def plot_results(results: dict, path: "str | Path", *, name: str = "this model",
     return Path(path)
 
 
+OUTPUT_FILES = ("results.json", "report.md", "accuracy.png")
+
+
+def evaluation_outputs(out_dir: "str | Path"):
+    """The files ``evaluate --out DIR`` writes, checked before any model is scored: DIR is new, empty or an
+    evaluation folder of this tool (:func:`~debiased_nli.utils.outputs.check_output_folder`), and none of
+    ``results.json``, ``report.md``, ``accuracy.png`` there is a file this tool did not write (a user's
+    ``report.md`` is refused, not replaced). An evaluation written before the markers is recognised by its
+    ``results.json`` (this tool's schema). Returns the :class:`~debiased_nli.utils.outputs.OwnFiles`."""
+    from ..utils.outputs import OwnFiles, check_output_folder, holds_own_file, json_of
+
+    def legacy(folder: Path) -> bool:
+        data = json_of(folder / "results.json")
+        return isinstance(data, dict) and data.get("schema") == SCHEMA
+
+    folder = check_output_folder(out_dir, what="evaluation",
+                                 is_ours=lambda f: holds_own_file(f, OUTPUT_FILES) or legacy(f))
+    return OwnFiles([folder / n for n in OUTPUT_FILES], what=f"--out {out_dir}", legacy=lambda p: legacy(p.parent))
+
+
 def write_outputs(results: dict, out_dir: "str | Path", *, name: str = "this model",
                   compare: Mapping[str, dict] | None = None, title: str = "Evaluation report",
-                  notes: str = "") -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    return {"results": out / "results.json",
-            "report": write_report(results, out, title=title, name=name, compare=compare, notes=notes),
-            "chart": plot_results(results, out / "accuracy.png", name=name, compare=compare)}
+                  notes: str = "", outputs=None) -> dict[str, Path]:
+    """``results.json``, ``report.md`` and ``accuracy.png`` in ``out_dir``, each written whole or not at all and
+    never over a file this tool did not write (``outputs``: :func:`evaluation_outputs`, checked earlier)."""
+    outputs = outputs or evaluation_outputs(out_dir)
+    paths = dict(zip(("results", "report", "chart"), outputs.paths))
+    with outputs:
+        outputs.write_text(paths["results"], json.dumps(results, indent=2))
+        outputs.write_text(paths["report"], render_report(results, title=title, name=name, compare=compare,
+                                                          notes=notes))
+        plot_results(results, outputs.temp(paths["chart"]), name=name, compare=compare)
+    return paths
 
 
 # ------------------------------------------------------------------------------------ Hub push

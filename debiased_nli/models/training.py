@@ -463,6 +463,32 @@ _NOT_THE_RUN = ("output_dir", "resume", "use_cpu", "num_threads", "progress", "e
                 "save_total_limit", "early_stopping_patience")
 
 
+def is_run_folder(folder: Path) -> bool:
+    """A training folder of this tool: its run record or its training record is there (a JSON mapping), or a
+    file it wrote (with its marker)."""
+    from ..utils.outputs import holds_own_file, json_of
+
+    return any(isinstance(json_of(Path(folder) / n), dict) for n in (RUN_FILE, TRAIN_CONFIG_FILE)) or \
+        holds_own_file(Path(folder), (RUN_FILE, TRAIN_CONFIG_FILE, "config.json", "model.safetensors"))
+
+
+def check_train_folder(out: "str | Path") -> Path:
+    """``train --out DIR``: DIR is new, empty or a training folder of this tool (:func:`is_run_folder`), never
+    a folder of the user's (its ``config.json`` and ``model.safetensors`` would be replaced): checked before
+    any work, a refusal names what is there."""
+    from ..utils.outputs import check_output_folder
+
+    return check_output_folder(out, what="training run", is_ours=is_run_folder)
+
+
+def _write_own(folder: Path, name: str, text: str) -> None:
+    """A record of the run (``RUN_FILE``, ``TRAIN_CONFIG_FILE``) written whole, with its marker."""
+    from ..utils.outputs import OwnFiles
+
+    with OwnFiles([folder / name], what=f"--out {folder}", legacy=lambda p: is_run_folder(p.parent)) as own:
+        own.write_text(folder / name, text)
+
+
 def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> dict:
     """Resume only the same run: the output folder's ``debiased_nli_run.json`` (model, task, data
     fingerprints, hyper-parameters) must match this one, as ``generate`` checks its shards. A folder
@@ -476,6 +502,7 @@ def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> dict:
            **{k: v for k, v in cfg.to_dict().items() if k not in _NOT_THE_RUN}}
     run = json.loads(json.dumps(run, default=str))  # as the file holds it (tuples are lists there)
     path = Path(cfg.output_dir, RUN_FILE)
+    check_train_folder(cfg.output_dir)
     if cfg.resume and _last_checkpoint(cfg.output_dir):
         try:
             old = json.loads(path.read_text())
@@ -488,7 +515,7 @@ def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> dict:
                               f"{diff}); use another --out, the same settings to resume, or --no-resume to "
                               f"start over there")
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(run, indent=2, default=str))
+    _write_own(Path(cfg.output_dir), RUN_FILE, json.dumps(run, indent=2, default=str))
     return run
 
 
@@ -543,11 +570,7 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     if has_dev:
         dev_acc = float(trainer.evaluate()["eval_accuracy"])
     if trainer.is_world_process_zero():
-        if joint:  # at test time only p is used: save the main classifier alone, loadable by from_pretrained
-            trainer.accelerator.unwrap_model(trainer.model).model.save_pretrained(cfg.output_dir)
-        else:
-            trainer.save_model(cfg.output_dir)
-        tok.save_pretrained(cfg.output_dir)
+        _save_final(trainer, tok, Path(cfg.output_dir), joint)
     result = TrainResult(
         output_dir=cfg.output_dir, train_rows=len(train_ds), dev_rows=len(dev_ds) if dev_ds is not None else 0,
         train_seconds=round(seconds, 2),
@@ -557,6 +580,31 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     if trainer.is_world_process_zero():
         _write_train_record(cfg, task, run, result, trainer.args.world_size)
     return result
+
+
+def _save_final(trainer, tok, out: Path, joint: bool) -> None:
+    """The best model and its tokenizer into ``out``: saved into a folder beside them first, then each file renamed
+    into place with its marker (:class:`~debiased_nli.utils.outputs.OwnFiles`): a file there that this tool did
+    not write is refused, not replaced, and a full disk leaves the earlier files as they were."""
+    import shutil
+
+    from ..utils.outputs import OwnFiles
+
+    stage = out / f".final.tmp-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        if joint:  # at test time only p is used: save the main classifier alone, loadable by from_pretrained
+            trainer.accelerator.unwrap_model(trainer.model).model.save_pretrained(stage)
+        else:
+            trainer.save_model(str(stage))
+        tok.save_pretrained(stage)
+        names = sorted(p.name for p in stage.iterdir() if p.is_file())
+        with OwnFiles([out / n for n in names], what=f"--out {out}", legacy=lambda p: is_run_folder(out)) as own:
+            for n in names:
+                os.replace(stage / n, own.temp(out / n))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _poe_bias_model(cfg: TrainConfig, train_ds, bias_model) -> tuple[np.ndarray | None, dict | None]:
@@ -651,4 +699,4 @@ def _write_train_record(cfg: TrainConfig, task: TaskSpec, run: dict, result: Tra
               "result": result.to_dict(), "world_size": world_size,
               "versions": {"debiased_nli": __version__, "transformers": transformers.__version__,
                            "datasets": hf_datasets.__version__, "torch": torch.__version__}}
-    Path(cfg.output_dir, TRAIN_CONFIG_FILE).write_text(json.dumps(record, indent=2))
+    _write_own(Path(cfg.output_dir), TRAIN_CONFIG_FILE, json.dumps(record, indent=2))

@@ -204,7 +204,13 @@ def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[Confi
 
 
 def _check_configs(configs: Sequence[ConfigData], default: str) -> None:
+    from ..utils.paths import check_name
+
     names = [c.name for c in configs]
+    for c in configs:  # they become folder and file names: data/<config>/<split>-00000-of-00001.parquet
+        check_name(c.name, "config name")
+        for split in c.splits:
+            check_name(split, f"config {c.name!r}: split name")
     if not configs:
         raise ConfigError("a release needs at least one config")
     if default not in names:

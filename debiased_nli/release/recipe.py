@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -331,12 +330,16 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
 
 def world_size() -> int:
     """How many processes run this build (``WORLD_SIZE``, set by ``accelerate launch`` and ``torchrun``)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    from ..utils.environment import env_number
+
+    return int(env_number("WORLD_SIZE", 1, kind=int, low=1))
 
 
 def is_main_rank() -> bool:
     """Whether this process is the one that checks, locks and writes the release (rank 0)."""
-    return int(os.environ.get("RANK", "0")) == 0
+    from ..utils.environment import env_number
+
+    return int(env_number("RANK", 0, kind=int, low=0)) == 0
 
 
 def _cuda_available() -> bool:

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from ._common import POSITIVE_INT, add_task_arguments, check_model_reference, number, task_from_args
+from ._common import POSITIVE_INT, add_task_arguments, check_model_reference, command_outputs, number, task_from_args
 
 DESCRIPTION = """\
 Confidence filtering (Wu et al. 2022): an NLI model M (any AutoModelForSequenceClassification, Hub id or
@@ -37,6 +36,9 @@ def run(args) -> int:
 
     task = task_from_args(args)
     check_model_reference(args.model, "--model")
+    outputs = command_outputs(args.out, "confidence-filter", ("kept.parquet", "rejected.parquet",
+                                                              "confidence_report.json"),
+                              legacy=("confidence_report.json",))  # before any work
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -55,11 +57,11 @@ def run(args) -> int:
     kept, rejected, report = confidence_filter_step(ds, task, {"model": args.model, "tau": args.tau,
                                                                "batch_size": args.batch_size,
                                                                "max_length": args.max_length})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    kept.to_parquet(str(out / "kept.parquet"))
-    rejected.to_parquet(str(out / "rejected.parquet"))
     report["model"] = args.model
-    (out / "confidence_report.json").write_text(json.dumps(report, indent=2))
+    with outputs:
+        out = outputs.paths[0].parent
+        kept.to_parquet(str(outputs.temp(out / "kept.parquet")))
+        rejected.to_parquet(str(outputs.temp(out / "rejected.parquet")))
+        outputs.write_text(out / "confidence_report.json", json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0

@@ -53,7 +53,9 @@ class LockTurns:
         if self.fh is None:
             import fcntl
 
-            self.fh = open(self.path, "a")
+            from ...utils.outputs import open_lock_file
+
+            self.fh = os.fdopen(open_lock_file(self.path), "r+")  # a link at the lock's path is not followed
             log(f"{self.what}: waiting for {self.path}")
             t0 = time.time()
             fcntl.flock(self.fh, fcntl.LOCK_EX)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...utils.errors import ConfigError
+from ...utils.paths import read_json
 from .locking import LockTurns, claim, log
 from .plan import Plan, write_json_atomic
 from .rows import NotBuilt, Pending, RowData, poe_settings, resolve_row
@@ -193,7 +194,7 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
     out = plan.model_dir(row["name"], seed)
     rec_path = out / TRAIN_RECORD
     if rec_path.exists():
-        return json.loads(rec_path.read_text())
+        return read_json(rec_path, "unit training record", kind=dict)
     cfg = train_config(plan, row, seed, progress)
     dev, _, selection = selection_rows(plan)
     if plan.select_on:  # the selection rows as a file, so that the recorded `debiased-nli train` command reads them
@@ -206,7 +207,7 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
     else:
         shown = [plan.show(plan.path_of(p)) for p in plan.train.get("dev_files") or []]
     sessions_path = out / "efficacy_train_sessions.json"
-    sessions = json.loads(sessions_path.read_text()) if sessions_path.exists() else []
+    sessions = read_json(sessions_path, "training sessions", kind=list) if sessions_path.exists() else []
     what = f"train {row['name']} seed {seed}"
     with LockTurns(lock, _budget(plan) if lock else None, what) as turns:
         while True:
@@ -285,15 +286,28 @@ def read_predictions(path: Path) -> tuple[dict, dict]:
     """``(meta, {set: {"predicted", "gold", "gold_probability"}})`` of a unit's predictions file."""
     import numpy as np
 
-    with np.load(path) as z:
-        meta = json.loads(str(z["meta"]))
-        sets: dict[str, dict] = {}
-        for key in z.files:
-            if key != "meta":
-                name, _, field = key.rpartition("/")
-                sets.setdefault(name, {})[field] = z[key]
-    if meta.get("schema") != PREDICTIONS_SCHEMA:
-        raise ConfigError(f"{path}: not a predictions file of a unit (schema {meta.get('schema')!r})")
+    from ...utils.paths import check_input_file, parse_json
+
+    check_input_file(path, "predictions file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = parse_json(str(z["meta"]), f"{path}: meta")
+            sets: dict[str, dict] = {}
+            for key in z.files:
+                if key != "meta":
+                    name, _, field = key.rpartition("/")
+                    sets.setdefault(name, {})[field] = z[key]
+    except ConfigError:
+        raise
+    except MemoryError:
+        raise
+    except Exception as err:  # BadZipFile, EOFError, zlib.error, ValueError, KeyError: a file cut short or another
+        raise ConfigError(f"predictions file {path} cannot be read ({type(err).__name__}: "
+                          f"{' '.join(str(err).split())[:120]}); remove it and its unit's result file to rerun "
+                          f"the unit") from None
+    if not isinstance(meta, dict) or meta.get("schema") != PREDICTIONS_SCHEMA:
+        raise ConfigError(f"{path}: not a predictions file of a unit (schema "
+                          f"{meta.get('schema') if isinstance(meta, dict) else type(meta).__name__!r})")
     return meta, sets
 
 
@@ -383,8 +397,11 @@ def load_units(plan: Plan) -> dict[str, list[dict]]:
     """The finished units of the plan's results folder by row (v1 units have no predictions), seed order."""
     out: dict[str, list[dict]] = {}
     for p in sorted(plan.results_dir.glob("*-s*.json")):
-        unit = json.loads(p.read_text())
-        if unit.get("schema") in SCHEMAS:
+        try:  # a regular file, UTF-8, JSON, not nested without end
+            unit = read_json(p, "unit result file")
+        except ConfigError as err:
+            raise ConfigError(f"{err}; remove it to rerun the unit") from None
+        if isinstance(unit, dict) and unit.get("schema") in SCHEMAS:
             out.setdefault(unit["row"], []).append(unit)
     for units in out.values():
         units.sort(key=lambda u: u["seed"])
