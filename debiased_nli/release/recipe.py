@@ -27,12 +27,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
 
 from ..data.tasks import get_task
 from ..utils.errors import ConfigError, EmptyResultError, did_you_mean, excerpt
 from ..utils.provenance import library_versions
-from ..utils.safe_yaml import read_yaml_file
+from ..utils.safe_yaml import read_yaml_input
 from .steps import Rejects, StepResult, get_step, known_steps, register_filter_step, register_source_step
 
 __all__ = ["DEFAULTS", "SCHEMA", "Z_CONFIGS", "BuildResult", "build", "check_recipe_types", "known_steps",
@@ -207,18 +206,8 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         raw, where = dict(path_or_dict), "<recipe>"
     else:
         p = Path(path_or_dict)
-        if not p.is_file():
-            raise ConfigError(f"recipe {p} does not exist" if not p.exists() else
-                              f"recipe {p} is not a regular file (a folder, a pipe or a device)")
-        try:  # bounded: at most 1 MB, and what its aliases expand to (see utils.safe_yaml)
-            raw, where = read_yaml_file(p, "recipe") or {}, str(p)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise ConfigError(f"recipe {p} is not valid YAML{at}: {problem}") from err
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"cannot read the recipe {p}: {err}") from err
+        # a regular file (no FIFO, no device), bounded: at most 1 MB, and what its aliases expand to (utils.safe_yaml)
+        raw, where = read_yaml_input(p, "recipe") or {}, str(p)
         if not isinstance(raw, Mapping):
             raise ConfigError(f"recipe {p} must be a YAML mapping (key: value lines), not a {type(raw).__name__}")
     if profile is not None:
@@ -330,16 +319,16 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
 
 def world_size() -> int:
     """How many processes run this build (``WORLD_SIZE``, set by ``accelerate launch`` and ``torchrun``)."""
-    from ..utils.environment import env_number
+    from ..utils.environment import setting
 
-    return int(env_number("WORLD_SIZE", 1, kind=int, low=1))
+    return int(setting("WORLD_SIZE", 1))
 
 
 def is_main_rank() -> bool:
     """Whether this process is the one that checks, locks and writes the release (rank 0)."""
-    from ..utils.environment import env_number
+    from ..utils.environment import setting
 
-    return int(env_number("RANK", 0, kind=int, low=0)) == 0
+    return int(setting("RANK", 0)) == 0
 
 
 def _cuda_available() -> bool:

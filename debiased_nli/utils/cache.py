@@ -20,7 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .environment import env_number, env_path
+from .environment import setting
 from .outputs import MARKER_SUFFIX, marker_of, marker_record, pid_alive, record_written, written_by_us
 
 # (kind, pattern relative to the cache folder): the only entries this tool writes into its cache
@@ -37,12 +37,12 @@ log = logging.getLogger(__name__)
 
 def default_cache_dir() -> Path:
     """``$DEBIASED_NLI_CACHE``, or ``~/.cache/debiased-nli`` (set but empty: an error, not the current folder)."""
-    return env_path("DEBIASED_NLI_CACHE", Path.home() / ".cache" / "debiased-nli")
+    return setting("DEBIASED_NLI_CACHE", Path.home() / ".cache" / "debiased-nli")
 
 
 def max_cache_bytes() -> int:
     """``$DEBIASED_NLI_CACHE_MAX_MB`` (default 10240) in bytes: a finite number of MB, 0 or more."""
-    return int(env_number(MAX_ENV, DEFAULT_MAX_MB, low=0, high=2**40) * 2**20)
+    return int(setting(MAX_ENV, DEFAULT_MAX_MB) * 2**20)
 
 
 def cache_dir() -> Path:

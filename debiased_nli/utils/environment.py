@@ -41,3 +41,37 @@ def env_path(name: str, default: "str | os.PathLike | None") -> Path | None:
     if not raw.strip():
         raise ConfigError(f"{name} is set but empty; unset it or give a folder")
     return Path(raw).expanduser()
+
+
+# every setting this tool reads from the environment: (name, kind), kind "path" (not empty when set) or
+# (type, low, high, low_open) for a number; `check_environment` checks them all before a command starts
+SETTINGS = (
+    ("DEBIASED_NLI_CACHE", "path"),
+    ("DEBIASED_NLI_DATA_ROOT", "path"),
+    ("DEBIASED_NLI_TEMPLATES", "path"),
+    ("DEBIASED_NLI_EVALUATION", "path"),
+    ("DEBIASED_NLI_BUILDERS", "path"),
+    ("DEBIASED_NLI_CACHE_MAX_MB", (float, 0, 2 ** 40, False)),
+    ("DEBIASED_NLI_HUB_TIMEOUT", (float, 0, 7 * 86400, True)),   # at most a week: longer is no deadline at all,
+    ("DEBIASED_NLI_HUB_DEADLINE", (float, 0, 7 * 86400, True)),  # and beyond what a thread's wait accepts
+    ("WORLD_SIZE", (int, 1, 1 << 20, False)),
+    ("RANK", (int, 0, 1 << 20, False)),
+)
+
+
+def setting(name: str, default):
+    """``$name`` checked by its rule in :data:`SETTINGS` (a path, or a number in its range), or ``default``
+    when it is unset."""
+    kind = dict(SETTINGS)[name]
+    if kind == "path":
+        return env_path(name, default)
+    typ, low, high, low_open = kind
+    return env_number(name, default, kind=typ, low=low, high=high, low_open=low_open)
+
+
+def check_environment() -> None:
+    """Check every setting of :data:`SETTINGS` that is set: a command refuses a wrong one with one line before
+    it does any work (not when it reaches the part that reads it, after writing its output)."""
+    for name, _ in SETTINGS:
+        if name in os.environ:
+            setting(name, None)

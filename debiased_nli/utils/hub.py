@@ -19,15 +19,15 @@ from typing import Any, Iterator
 from .errors import ConfigError, excerpt
 
 TIMEOUT_ENV, DEADLINE_ENV = "DEBIASED_NLI_HUB_TIMEOUT", "DEBIASED_NLI_HUB_DEADLINE"
-MAX_SECONDS = 7 * 86400  # a week: longer is no deadline at all (and beyond what a thread's wait accepts)
 
 
 def env_seconds(env: str, default: float) -> float:
-    """A positive, finite number of seconds from ``env`` (``default`` when unset), at most a week; a
+    """A positive, finite number of seconds from ``env`` (``default`` when unset), at most a week
+    (:data:`~.environment.SETTINGS`: longer is no deadline at all, and beyond what a thread's wait accepts); a
     one-line error otherwise (``inf``, ``1e12``, ``-5``, ``lots``)."""
-    from .environment import env_number
+    from .environment import setting
 
-    return env_number(env, default, low=0, low_open=True, high=MAX_SECONDS)
+    return setting(env, default)
 
 
 class HubDeadlineExceeded(ConfigError):

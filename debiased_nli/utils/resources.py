@@ -29,10 +29,10 @@ RECIPE_SUFFIXES = (".yaml", ".yml")
 def data_folder(name: str) -> Path:
     """The folder ``name`` (``model_cards``, ``evaluation`` or ``builders``): the environment override,
     else the copy inside the installed package, else the repository root of a checkout."""
-    from .environment import env_path
+    from .environment import setting
 
     packaged, env = FOLDERS[name]
-    override = env_path(env, None)  # set but empty: an error, not the current folder
+    override = setting(env, None)  # set but empty: an error, not the current folder
     if override is not None:
         return override
     inside = resources.files("debiased_nli") / packaged
