@@ -323,3 +323,332 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys, m
     for fragment in case.expect:
         assert fragment.lower() in line.lower(), (fragment, line)
     assert snapshot(world.root) == before  # nothing written, nothing replaced, no lock or temporary file left
+
+
+# ------------------------------------------------------------------------------------------ real releases
+
+AFLITE = {"task": "snli", "features": {"hypothesis_only": "none"},
+          "filters": [{"step": "aflite", "m": 8, "train_size": 20, "k": 10, "target_n": 150, "warmup_epochs": 1,
+                       "audit": False, "random_control": False}]}
+
+
+@pytest.fixture(scope="module")
+def aflite_release(tmp_path_factory, shared_data):
+    """A release with AFLite's decisions: 300 real SNLI rows, a tiny BERT from a config as the encoder."""
+    import pandas as pd
+
+    from test_training import make_tiny_bert
+
+    tmp = tmp_path_factory.mktemp("aflite")
+    rows = pd.read_parquet(shared_data / "snli" / "train_sample.parquet").head(300)
+    rows.to_parquet(tmp / "train.parquet")
+    encoder = make_tiny_bert(tmp / "encoder", list(rows.premise) + list(rows.hypothesis))
+    recipe = json.loads(json.dumps(AFLITE))
+    recipe["filters"][0]["encoder"] = str(encoder)
+    (tmp / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEBIASED_NLI_CACHE", str(tmp / "cache"))
+        assert main(["build", str(tmp / "recipe.yaml"), "--data-files", str(tmp / "train.parquet"), "--out",
+                     str(tmp / "rel"), "--quiet"]) == 0
+    assert (tmp / "rel" / "decisions" / "aflite" / "added.parquet").is_file()
+    assert pq.read_metadata(tmp / "rel" / "decisions" / "aflite" / "added.parquet").num_rows == 0  # AFLite adds none
+    return tmp
+
+
+def _build_argv(src: Path, out: Path, *extra) -> list[str]:
+    return ["build", str(src / "recipe.yaml"), "--data-files", str(src / "train.parquet"), "--out", str(out),
+            "--quiet", *extra]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_rebuilds_a_release_with_decisions_in_place(aflite_release, tmp_path, capsys):
+    """`build --overwrite` of a release with decisions/ (AFLite, PDD, IBADR) replaces it: its decision records are
+    its own files. A file of the user's beside them is still refused, by name."""
+    rel = tmp_path / "rel"
+    shutil.copytree(aflite_release / "rel", rel)
+    before = _files(rel)
+    assert main(_build_argv(aflite_release, rel, "--overwrite")) == 0, capsys.readouterr().err[-2000:]
+    after = _files(rel)
+    assert set(after) == set(before)  # the same recipe and rows: the same files, rebuilt in place
+    for name in after:  # the z-path is deterministic; AFLite's kernels need not be (hence --replay)
+        if not name.startswith(("data/aflite", "rejected/aflite", "decisions/", "images/zstats_aflite")) \
+                and name not in ("README.md", "manifest.json"):
+            assert after[name] == before[name], name
+    (rel / "decisions" / "aflite" / "NOTES.md").write_text("mine")
+    capsys.readouterr()
+    assert main(_build_argv(aflite_release, rel, "--overwrite")) == 2
+    assert "decisions/aflite/NOTES.md" in _one_error_line(capsys.readouterr().err)
+    assert (rel / "decisions" / "aflite" / "NOTES.md").read_text() == "mine"
+
+
+def test_replay_of_an_aflite_release_is_byte_identical(aflite_release, tmp_path, capsys):
+    """`build --replay OLD` of an AFLite release gives OLD byte for byte (its card included); only the manifest's
+    stage says the step was replayed."""
+    new = tmp_path / "new"
+    assert main(_build_argv(aflite_release, new, "--replay", str(aflite_release / "rel"))) == 0, \
+        capsys.readouterr().err[-2000:]
+    old_files, new_files = _files(aflite_release / "rel"), _files(new)
+    assert set(old_files) == set(new_files)
+    for rel in old_files:
+        if rel != "manifest.json":
+            assert new_files[rel] == old_files[rel], rel
+    old_m, new_m = (json.loads(f["manifest.json"]) for f in (old_files, new_files))
+    stage = next(s for s in new_m["stages"] if s["stage"] == "aflite: aflite")
+    assert stage.pop("replay") == "replayed"
+    assert new_m == old_m
+
+
+def _tampered(src: Path, dst: Path, change: Callable[[dict], dict]) -> Path:
+    """A copy of the release whose decisions.parquet is changed by ``change`` (a dict of columns), with the
+    manifest's sha256 updated, so that only the record's content is wrong."""
+    shutil.copytree(src, dst)
+    path = dst / "decisions" / "aflite" / "decisions.parquet"
+    table = pq.read_table(path)
+    cols = change(table.to_pydict())
+    pq.write_table(pa.table(cols, schema=table.schema), path)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["decisions"]["aflite"]["files"]["decisions/aflite/decisions.parquet"] = sha(path)
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def _drop_one(cols: dict) -> dict:
+    i = cols["position"].index(-1)
+    return {k: v[:i] + v[i + 1:] for k, v in cols.items()}
+
+
+def _dropped_as_kept_too(cols: dict) -> dict:
+    i, j = cols["position"].index(-1), cols["position"].index(0)
+    cols["uid"][i] = cols["uid"][j]
+    return cols
+
+
+def _stranger(cols: dict) -> dict:
+    cols["uid"][cols["position"].index(-1)] = "snli:train:999999"
+    return cols
+
+
+@pytest.mark.parametrize("change, says", [(_drop_one, "in neither"), (_dropped_as_kept_too, "more than once"),
+                                           (_stranger, "not an input row")])
+def test_replay_refuses_a_record_whose_rows_are_not_a_partition_of_the_input(aflite_release, tmp_path, capsys,
+                                                                             change, says):
+    """A record whose kept and dropped rows are not the input rows each exactly once (a row in neither, in both,
+    or one that is no input row) would lose or repeat rows: one line, exit 2, nothing written."""
+    old = _tampered(aflite_release / "rel", tmp_path / "old", change)
+    assert main(_build_argv(aflite_release, tmp_path / "new", "--replay", str(old))) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "decisions.parquet" in line and says in line, line
+    assert not (tmp_path / "new").exists()
+
+
+def test_replay_reads_no_file_outside_the_release(aflite_release, tmp_path, capsys):
+    """Every file replay reads is one its record lists in its own folder, a regular file inside the release with
+    the manifest's sha256: a record naming a file outside, or a link to one with the same bytes, is refused."""
+    outside = tmp_path / "outside.parquet"
+    shutil.copy(aflite_release / "rel" / "decisions" / "aflite" / "decisions.parquet", outside)
+    old = tmp_path / "old"
+    shutil.copytree(aflite_release / "rel", old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["decisions"]["aflite"]["files"]["../outside.parquet"] = sha(outside)
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    assert main(_build_argv(aflite_release, tmp_path / "new", "--replay", str(old))) == 2
+    assert "../outside.parquet" in _one_error_line(capsys.readouterr().err)
+    shutil.rmtree(old)
+    shutil.copytree(aflite_release / "rel", old)
+    (old / "decisions" / "aflite" / "decisions.parquet").unlink()
+    (old / "decisions" / "aflite" / "decisions.parquet").symlink_to(outside)  # the same bytes, through a link
+    assert main(_build_argv(aflite_release, tmp_path / "new", "--replay", str(old))) == 2
+    assert "decisions.parquet" in (line := _one_error_line(capsys.readouterr().err)) and "outside" in line, line
+    (old / "decisions" / "aflite" / "decisions.parquet").unlink()  # a link that stays inside: still a link
+    shutil.copy(outside, old / "decisions" / "aflite" / "copy.parquet")
+    (old / "decisions" / "aflite" / "decisions.parquet").symlink_to("copy.parquet")
+    assert main(_build_argv(aflite_release, tmp_path / "new", "--replay", str(old))) == 2
+    assert "symbolic link" in _one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.fixture
+def online(monkeypatch):
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+
+
+def test_push_uploads_exactly_the_files_the_manifest_lists(aflite_release, tmp_path, online, capsys):
+    from debiased_nli.utils.outputs import release_files
+    from fake_hub import FakeHub
+
+    rel = tmp_path / "rel"
+    shutil.copytree(aflite_release / "rel", rel)
+    with FakeHub() as hub:
+        from debiased_nli.release.publish import push_release
+
+        push_release(rel, "org/x", revision="v1.0", token="hf_x", endpoint=hub.url)
+        commit = next(r for r in hub.requests if "/commit/" in r["path"])
+        sent = {json.loads(x)["value"]["path"] for x in commit["body"].decode().splitlines()
+                if json.loads(x)["key"] == "file"}
+        assert sent == set(_files(rel)) and sent <= release_files(rel)  # decisions/ included, nothing else
+        assert {"decisions/aflite/decisions.parquet", "decisions/aflite/added.parquet"} <= sent
+    # a link to a private key and a hidden file: refused by name before any request
+    (tmp_path / "id_rsa").write_text("PRIVATE KEY")
+    (rel / "data" / "aflite" / "key.parquet").symlink_to(tmp_path / "id_rsa")
+    (rel / "data" / ".env").write_text("HF_TOKEN=hf_secret")
+    with FakeHub() as hub:
+        from debiased_nli.utils.errors import ConfigError
+
+        with pytest.raises(ConfigError) as err:
+            push_release(rel, "org/x", revision="v1.1", token="hf_x", endpoint=hub.url)
+        assert hub.requests == []
+    assert "data/aflite/key.parquet" in str(err.value) and "data/.env" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------ replay, cache, card
+
+def test_a_cache_entry_whose_bytes_changed_is_a_miss(world, monkeypatch, caplog):
+    """The marker of a cache entry holds the sha256 of what was stored: an entry that still parses but holds other
+    numbers (the hypothesis-only predictions swapped for the gold labels) is recomputed, not used."""
+    import numpy as np
+
+    w = world
+    monkeypatch.setenv("DEBIASED_NLI_CACHE", str(w.path("cache")))
+    data = w.parquet("train.parquet", n=300)
+    build = ["build", str(SNLI), "--data-files", str(data), "--out"]
+    assert main(build + [str(w.path("r1"))]) == 0
+    (entry,) = w.path("cache").glob("hypo-only-*.npz")
+    with np.load(entry) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["pred"] = np.asarray(pq.read_table(data).column("label").to_pylist(), dtype=arrays["pred"].dtype)
+    tmp = entry.with_name("swap.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, entry)  # a valid entry, its marker untouched: only the sha256 tells
+    with caplog.at_level("WARNING"):
+        assert main(build + [str(w.path("r2"))]) == 0
+    assert any(entry.name in r.getMessage() and "sha256" in r.getMessage() for r in caplog.records)
+    for sub in ("data", "rejected"):
+        for f in sorted((w.path("r1") / sub).rglob("*.parquet")):
+            assert f.read_bytes() == (w.path("r2") / f.relative_to(w.path("r1"))).read_bytes(), f
+
+
+def test_a_recipe_card_text_with_the_markers_never_reaches_the_hub(world, capsys):
+    """The history table is found between the card's markers: a recipe whose summary holds one is refused while
+    it is read, so no card can lose its sections at push."""
+    recipe = world.write("r.yaml", yaml.safe_dump({"task": "demo", "summary": f"see {HISTORY_START} here"}))
+    assert main(["build", str(recipe), "--out", str(world.path("rel"))]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "summary" in line and "marker" in line and not world.path("rel").exists()
+
+
+# ------------------------------------------------------------------------------------------ outputs
+
+def test_each_writer_replaces_its_own_files_and_refuses_the_users(tmp_path):
+    """An output of this tool (marked with its sha256) is replaced by the next run; the same file edited by the
+    user since, or one the user put there, is refused by name."""
+    from debiased_nli.models.evaluation import SCHEMA, write_outputs
+    from debiased_nli.utils.errors import ConfigError
+
+    results = {"schema": SCHEMA, "models": [{"path": "m", "seed": 0}], "num_models": 1, "config": {},
+               "versions": {}, "suite": None,
+               "sets": {"hans": {"n": 10, "n_total": 10, "accuracy": 0.5, "accuracy_std": 0.0, "runs": [{}]}}}
+    out = tmp_path / "eval"
+    write_outputs(results, out, name="m")
+    first = (out / "report.md").read_text()
+    write_outputs(results, out, name="m")  # its own files: replaced
+    assert (out / "report.md").read_text() == first
+    (out / "report.md").write_text(first + "\nmy notes\n")  # edited by the user since
+    with pytest.raises(ConfigError, match="report.md"):
+        write_outputs(results, out, name="m")
+    assert (out / "report.md").read_text().endswith("my notes\n")
+    assert sorted(p.name for p in out.iterdir()) == [".accuracy.png.debiased-nli", ".report.md.debiased-nli",
+                                                     ".results.json.debiased-nli", "accuracy.png", "report.md",
+                                                     "results.json"]
+
+
+def test_diff_out_on_a_full_disk_leaves_no_file(aflite_release, tmp_path, monkeypatch, capsys):
+    """`diff --out FILE` writes FILE under a temporary name and renames it whole: a full disk leaves neither a
+    0-byte FILE nor the temporary one, and an earlier FILE of this tool stays as it was."""
+    rel = aflite_release / "rel"
+    notes = tmp_path / "notes.md"
+    assert main(["diff", str(rel), str(rel), "--out", str(notes)]) == 0
+    written = notes.read_bytes()
+    assert main(["diff", str(rel), str(rel), "--out", str(notes)]) == 0  # its own file: replaced
+    real = Path.write_text
+
+    def full(self, text, *a, **k):
+        if self.name.startswith(".notes") or self.name.startswith(".new"):
+            real(self, text[:10], *a, **k)
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, text, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    capsys.readouterr()
+    for target in (notes, tmp_path / "new.md"):
+        assert main(["diff", str(rel), str(rel), "--out", str(target)]) == 2
+        assert "no space left" in _one_error_line(capsys.readouterr().err)
+    assert notes.read_bytes() == written and not (tmp_path / "new.md").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".notes.md.debiased-nli", "notes.md"]
+
+
+def test_a_lock_file_is_never_opened_through_a_link_or_a_hard_link(tmp_path):
+    from debiased_nli.utils.errors import ConfigError
+    from debiased_nli.utils.outputs import lock_target
+
+    mine = tmp_path / "mine.txt"
+    mine.write_text("keep")
+    (tmp_path / ".rel.lock").symlink_to(mine)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        lock_target(tmp_path / "rel")
+    (tmp_path / ".rel.lock").unlink()
+    os.link(mine, tmp_path / ".rel.lock")
+    with pytest.raises(ConfigError, match="hard link"):
+        lock_target(tmp_path / "rel")
+    assert mine.read_text() == "keep"
+    (tmp_path / ".rel.lock").unlink()
+    release = lock_target(tmp_path / "rel")  # a lock of its own: taken, and removed when released
+    release()
+    assert not (tmp_path / ".rel.lock").exists()
+
+
+# ------------------------------------------------------------------------------------------ the Hub deadline
+
+def _trickle(monkeypatch, hub_url: str) -> None:
+    import huggingface_hub.constants as c
+
+    monkeypatch.setenv("HF_ENDPOINT", hub_url)
+    monkeypatch.setattr(c, "ENDPOINT", hub_url)
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    monkeypatch.setenv("DEBIASED_NLI_HUB_TIMEOUT", "2")
+    monkeypatch.setenv("DEBIASED_NLI_HUB_DEADLINE", "3")
+
+
+@pytest.mark.parametrize("call", ["diff ORG/NAME@REV", "push --diff-against", "evaluate --push-to",
+                                  "compare report --push-to"])
+def test_every_hub_call_ends_at_the_deadline(aflite_release, tmp_path, monkeypatch, capsys, call):
+    """`diff ORG/NAME@REV`, `push --diff-against ORG/NAME@REV`, `evaluate --push-to` and `compare report --push-to`
+    against a Hub that answers a byte a second: each ends at its deadline (3 s here) with one line."""
+    from test_bad_input import TricklingServer
+
+    from debiased_nli.models.evaluation import push_results
+    from debiased_nli.release.compare.hub import push_report
+    from debiased_nli.utils.errors import ConfigError
+
+    rel = aflite_release / "rel"
+    results = {"sets": {"snli_test_hard": {"n": 10, "accuracy": 0.5, "runs": [{"seed": 0}],
+                                           "hub_dataset": {"path": "stanfordnlp/snli", "split": "test"}}}}
+    calls = {"diff ORG/NAME@REV": lambda: main(["diff", "org/x@v1.0", str(rel)]),
+             "push --diff-against": lambda: main(["push", str(rel), "--repo-id", "org/x", "--diff-against",
+                                                  "org/x@v1.0"]),
+             "evaluate --push-to": lambda: push_results("org/model", results),
+             "compare report --push-to": lambda: push_report(None, {"rows": {}}, tmp_path / "report", "org/x")}
+    with TricklingServer("body") as hub:
+        _trickle(monkeypatch, hub.url)
+        start = time.monotonic()
+        try:
+            rc, message = calls[call](), _one_error_line(capsys.readouterr().err)
+        except ConfigError as err:
+            rc, message = 2, f"error: {err}"
+        took = time.monotonic() - start
+    _record(f"{call} against a Hub that trickles (deadline 3 s)", message)
+    assert rc == 2 and "deadline of 3 s" in message and took < 3 + 5, (rc, message, took)

@@ -34,6 +34,30 @@ class HubDeadlineExceeded(ConfigError):
     """A command's Hub work ran past its total deadline (checked before each request)."""
 
 
+def _refuse_abandoned(request) -> None:
+    """A request hook: a worker given up at its deadline starts no request any more. (Its retries would go on
+    otherwise, and ``huggingface_hub`` closes the shared client after a failed connection: the client of the
+    next command in the same process.)"""
+    import threading
+
+    if getattr(threading.current_thread(), "given_up", False):  # set by within_deadline
+        raise HubDeadlineExceeded(f"a Hub request to {request.url.host} after its command's deadline was refused")
+
+
+def _guarded(factory):
+    """``factory`` with :func:`_refuse_abandoned` among its clients' request hooks (once)."""
+    if getattr(factory, "refuses_abandoned", False):
+        return factory
+
+    def make():
+        client = factory()
+        client.event_hooks["request"] = [_refuse_abandoned, *client.event_hooks["request"]]
+        return client
+
+    make.refuses_abandoned = True
+    return make
+
+
 @contextlib.contextmanager
 def hub_timeouts(timeout: float, deadline: float) -> Iterator[None]:
     """Every ``huggingface_hub`` request in the block times out after ``timeout`` seconds, and none
@@ -44,7 +68,7 @@ def hub_timeouts(timeout: float, deadline: float) -> Iterator[None]:
     except (ImportError, AttributeError):  # an older huggingface_hub (requests): its own default timeouts
         yield
         return
-    previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", _http.default_client_factory)
+    previous = _guarded(getattr(_http, "_GLOBAL_CLIENT_FACTORY", _http.default_client_factory))
     end = time.monotonic() + deadline
 
     def check_deadline(request) -> None:
@@ -58,10 +82,22 @@ def hub_timeouts(timeout: float, deadline: float) -> Iterator[None]:
         client.event_hooks["request"] = [check_deadline, *client.event_hooks["request"]]
         return client
 
+    factory.refuses_abandoned = True  # made by `previous`, which is guarded
     set_factory(factory)
     try:
         yield
-    finally:
+    except HubDeadlineExceeded:
+        # a worker given up at the deadline may still be reading through the shared client: closing it under the
+        # worker (what set_client_factory does) could close a socket number a later connection reuses; the client
+        # is left to the worker, which starts no new request (_refuse_abandoned), and the next call gets a new one
+        with _http._CLIENT_LOCK:
+            _http._GLOBAL_CLIENT = None
+            _http._GLOBAL_CLIENT_FACTORY = previous
+        raise
+    except BaseException:
+        set_factory(previous)
+        raise
+    else:
         set_factory(previous)
 
 
@@ -83,6 +119,7 @@ def within_deadline(work, deadline: float, endpoint: str, what: str = "the push"
     worker.start()
     worker.join(deadline)
     if worker.is_alive():
+        worker.given_up = True  # it starts no request any more (_refuse_abandoned)
         host = re.sub(r"^[a-z]+://", "", endpoint).split("/")[0]
         raise HubDeadlineExceeded(f"{what} ({host}) ran past its deadline of {deadline:g} s and was given up "
                                   f"(set {DEADLINE_ENV} for a longer one); a request it had started may still "
