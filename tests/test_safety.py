@@ -240,6 +240,14 @@ CASES = [
     C("diff: a data file that is a link out of the release", lambda w: ["diff", release(w, "a", manifest={"files": {
         "z_filtered": {"train": [{"path": "data/z_filtered/link.parquet"}]}}},
         extra={"data/z_filtered/link.parquet": w.parquet("secret.parquet")}), release(w, "b")], "outside"),
+    C("train --release: its manifest names a data file out of the release",
+      lambda w: ["train", "snli", "--release", release(w, manifest={"files": {"z_filtered": {"train": [
+          {"path": "../secret.parquet"}]}}}), "--config", "z_filtered", "--model", w.model_folder(), "--out",
+          w.path("run")], "../secret.parquet"),
+    C("train --release: a data file whose bytes are not the manifest's",
+      lambda w: ["train", "snli", "--release", release(w, manifest={"files": {"z_filtered": {"train": [
+          {"path": "data/z_filtered/train-00000-of-00001.parquet", "sha256": "0" * 64}]}}}), "--config", "z_filtered",
+          "--model", w.model_folder(), "--out", w.path("run")], "sha256"),
     C("build --replay: manifest is a JSON list", lambda w: ["build", DEMO, "--out", w.path("out"), "--replay",
                                                            release(w, manifest="[1]")], "--replay", "list"),
     C("build --replay: decision records of the wrong shape",
@@ -529,6 +537,18 @@ def test_a_cache_entry_whose_bytes_changed_is_a_miss(world, monkeypatch, caplog)
     for sub in ("data", "rejected"):
         for f in sorted((w.path("r1") / sub).rglob("*.parquet")):
             assert f.read_bytes() == (w.path("r2") / f.relative_to(w.path("r1"))).read_bytes(), f
+    # a file without a record (an older version's entry, or a user's) is neither used nor replaced
+    from debiased_nli.utils.outputs import marker_of
+
+    marker_of(entry).unlink()
+    os.replace(tmp if tmp.exists() else entry, entry)
+    kept = entry.read_bytes()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert main(build + [str(w.path("r3"))]) == 0
+    assert any(entry.name in r.getMessage() and "no record" in r.getMessage() for r in caplog.records)
+    assert entry.read_bytes() == kept and not marker_of(entry).exists()
+    assert (w.path("r3") / "data").exists()
 
 
 def test_a_recipe_card_text_with_the_markers_never_reaches_the_hub(world, capsys):

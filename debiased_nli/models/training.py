@@ -229,7 +229,11 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
     if release is None:
         return load_task(task, split, data_files=data_files, on_invalid=on_invalid).dataset
     try:
-        raw = datasets.load_dataset(release, config, split=split)
+        raw = _release_split(Path(release), config, split)
+        if raw is None:  # a Hub repo, or a folder without a manifest's file list: as `datasets` reads it
+            raw = datasets.load_dataset(release, config, split=split)
+    except ConfigError:
+        raise
     except ValueError as err:  # unknown config / split: datasets lists the available ones
         raise ConfigError(f"cannot load split {split!r} of config {config!r} from {release}: {err}") from err
     except Exception as err:  # a missing, unreachable or corrupt release: one line, naming it
@@ -242,6 +246,40 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
     ds, _ = canonicalize(raw, task, split=split, columns={"premise": "premise", "hypothesis": "hypothesis",
                                                           "label": "label"}, on_invalid=on_invalid, where=release)
     return ds
+
+
+def _release_split(folder: Path, config: str | None, split: str):
+    """The rows of ``config``/``split`` of a local release folder, read from the files its manifest lists, each a
+    regular file inside the folder with the manifest's sha256 (:func:`~debiased_nli.utils.paths.release_file`), or
+    None where there is no such list (a Hub repo id, a folder without ``manifest.json`` or without its ``files``)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..utils.paths import read_json, release_file
+
+    if not folder.is_dir() or not (folder / "manifest.json").exists():
+        return None
+    manifest = read_json(folder / "manifest.json", "the release's manifest", kind=dict)
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return None
+    if config not in files or not isinstance(files[config], dict):
+        raise ConfigError(f"cannot load split {split!r} of config {config!r} from {folder}: the release has the "
+                          f"configs {sorted(map(str, files))}")
+    entries = files[config].get(split)
+    if not isinstance(entries, list) or not entries or not all(isinstance(f, dict) for f in entries):
+        raise ConfigError(f"cannot load split {split!r} of config {config!r} from {folder}: its manifest lists no "
+                          f"files for it (splits: {sorted(map(str, files[config]))})")
+    tables = []
+    for f in entries:
+        path = release_file(folder, f.get("path"), sha256=f.get("sha256"), what=f"release file of {config}/{split}")
+        try:
+            tables.append(pq.read_table(str(path)))
+        except Exception as err:  # ArrowInvalid, OSError: a file the manifest records no sha256 of, damaged
+            raise ConfigError(f"cannot load split {split!r} of config {config!r} from {folder}: {path} is not "
+                              f"readable Parquet ({type(err).__name__})") from None
+    return datasets.Dataset(pa.concat_tables(tables))
 
 
 def subsample(ds, n: int | None, seed: int):

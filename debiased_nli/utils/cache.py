@@ -80,14 +80,22 @@ def is_recorded(entry: "str | Path") -> bool:
     return marker_record(entry) is not None
 
 
+def _unrecorded(path: Path) -> None:
+    log.warning("cache entry %s has no record of being written by debiased-nli: not used, and left as it is "
+                "(`debiased-nli cache info` lists such files; delete it if it is an old entry)", path)
+
+
 def usable(path: "str | Path") -> bool:
-    """Whether a cache entry may be read: recorded, and its bytes the sha256 its marker holds. Otherwise it is
-    removed with a warning (:func:`discard_entry`) and the caller recomputes it."""
+    """Whether a cache entry may be read: recorded, and its bytes the sha256 its marker holds. An entry of this
+    tool whose bytes changed is removed with a warning (:func:`discard_entry`) and the caller recomputes it; a
+    file without a record (a user's, an older version's) is not used and left as it is."""
     if written_by_us(path):
         return True
     rec = marker_record(path)
-    discard_entry(path, "its record is missing" if rec is None else
-                  "it has no sha256 in its record" if not isinstance(rec.get("sha256"), str) else
+    if rec is None:
+        _unrecorded(Path(path))
+        return False
+    discard_entry(path, "it has no sha256 in its record" if not isinstance(rec.get("sha256"), str) else
                   "its bytes are not the ones recorded (sha256 differs)")
     return False
 
@@ -216,6 +224,8 @@ def write_entry(path: "str | Path", write) -> bool:
     from .outputs import os_reason
 
     path = Path(path)
+    if os.path.lexists(path) and marker_record(path) is None:  # never over a file this tool did not record
+        return False
     tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -302,10 +312,12 @@ def load_npy(path: "str | Path", rows: int | None = None):
     return array
 
 
-def check_arrow_entry(path: "str | Path", rows: int) -> None:
+def check_arrow_entry(path: "str | Path", rows: int) -> bool:
     """Before ``datasets.map(cache_file_name=path)`` reads a cached Arrow file (or the ``_NNNNN_of_NNNNN``
-    shards of a map in processes): every file must read whole, and together hold ``rows`` rows.
-    Otherwise they are removed, with a warning, so that the map recomputes them."""
+    shards of a map in processes): every file must be recorded with the sha256 of its bytes, read whole, and
+    together hold ``rows`` rows. Otherwise they are removed, with a warning, so that the map recomputes them.
+    Returns False when a file without any record (a user's, an older version's) holds the name: it is left as it
+    is, and the map must not use that name."""
     import glob as _glob
 
     import pyarrow as pa
@@ -314,12 +326,15 @@ def check_arrow_entry(path: "str | Path", rows: int) -> None:
     shards = sorted(Path(p) for p in _glob.glob(_glob.escape(str(path.with_suffix(""))) + "_*_of_*" + path.suffix))
     files = ([path] if path.exists() else []) + shards
     if not files:
-        return
+        return True
+    for f in files:
+        if marker_record(f) is None:  # not this tool's (or from before the markers): neither used nor replaced
+            _unrecorded(f)
+            return False
     problem, total, per_count = None, 0, {}
     for f in files:
-        if not written_by_us(f):  # unrecorded, or its bytes changed since: a miss
-            rec = marker_record(f)
-            problem = (f, "its record is missing" if rec is None else "its bytes are not the ones recorded")
+        if not written_by_us(f):  # its bytes changed since they were recorded: a miss
+            problem = (f, "its bytes are not the ones recorded (sha256 differs)")
             break
         try:
             with pa.memory_map(str(f)) as source:
@@ -344,3 +359,4 @@ def check_arrow_entry(path: "str | Path", rows: int) -> None:
         for f in files:
             f.unlink(missing_ok=True)
             marker_of(f).unlink(missing_ok=True)
+    return True
