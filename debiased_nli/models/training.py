@@ -503,11 +503,11 @@ _NOT_THE_RUN = ("output_dir", "resume", "use_cpu", "num_threads", "progress", "e
 
 def is_run_folder(folder: Path) -> bool:
     """A training folder of this tool: its run record or its training record is there (a JSON mapping), or a
-    file it wrote (with its marker)."""
+    file it wrote (with its marker: e.g. the selection rows `compare run` puts there first)."""
     from ..utils.outputs import holds_own_file, json_of
 
     return any(isinstance(json_of(Path(folder) / n), dict) for n in (RUN_FILE, TRAIN_CONFIG_FILE)) or \
-        holds_own_file(Path(folder), (RUN_FILE, TRAIN_CONFIG_FILE, "config.json", "model.safetensors"))
+        holds_own_file(Path(folder))
 
 
 def check_train_folder(out: "str | Path") -> Path:

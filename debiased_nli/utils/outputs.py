@@ -489,8 +489,11 @@ def check_output_folder(out: "str | Path", *, what: str, is_ours: Callable[[Path
     return target
 
 
-def holds_own_file(folder: Path, names: Iterable[str]) -> bool:
-    """Whether ``folder`` holds one of ``names`` as a file this tool wrote (see :func:`written_by_us`)."""
+def holds_own_file(folder: Path, names: "Iterable[str] | None" = None) -> bool:
+    """Whether ``folder`` holds one of ``names`` (None: any file with a marker) as a file this tool wrote (see
+    :func:`written_by_us`)."""
+    if names is None:
+        names = [p.name for p in folder.iterdir() if marker_of(p).is_file()] if folder.is_dir() else []
     return any(written_by_us(folder / n) for n in names)
 
 

@@ -199,10 +199,14 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
     dev, _, selection = selection_rows(plan)
     if plan.select_on:  # the selection rows as a file, so that the recorded `debiased-nli train` command reads them
         out.mkdir(parents=True, exist_ok=True)
+        from ...utils.outputs import marker_record, record_written
+
         if not (out / SELECTION_FILE).exists():
             tmp = out / f".{SELECTION_FILE}.tmp-{os.getpid()}"
             dev.to_parquet(str(tmp))
             os.replace(tmp, out / SELECTION_FILE)
+        if marker_record(out / SELECTION_FILE) is None:  # this run's folder (a run before the markers wrote it too)
+            record_written(out / SELECTION_FILE)  # the model folder is then this tool's (training.is_run_folder)
         shown = [f"validation={plan.show(out / SELECTION_FILE)}"]
     else:
         shown = [plan.show(plan.path_of(p)) for p in plan.train.get("dev_files") or []]
