@@ -97,7 +97,8 @@ def open_release(spec: str) -> Release:
                     raise ConfigError(f"{manifest_path}: files.{config}.{split} lists an entry without a path")
                 # inside the release, a regular file, the bytes the manifest records
                 release_file(path, f["path"], sha256=f.get("sha256") if "sha256" in f else None,
-                             what=f"{manifest_path}: files.{config}.{split}:")
+                             what=f"{manifest_path}: files.{config}.{split}:",
+                             links_within=path.parent.parent if hub else None)  # a snapshot: links into blobs/
     return Release(spec, path, manifest, hub)
 
 
@@ -113,8 +114,10 @@ def _download(spec: str) -> Path:
 
     try:  # inside the Hub deadline: a server that trickles ends it in bounded time
         return hub_call(work, what=f"the download of {spec}")
-    except ConfigError:
-        raise
+    except ConfigError as err:
+        if spec in str(err):
+            raise
+        raise ConfigError(f"{spec}: cannot download this release from the Hub ({err})") from None
     except Exception as err:  # unknown repo or revision, refused: one line
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{spec}: cannot download this release from the Hub ({type(err).__name__}: {first})") from err

@@ -57,11 +57,11 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def path_inside(root: "str | os.PathLike", rel: Any, what: str) -> Path:
+def path_inside(root: "str | os.PathLike", rel: Any, what: str, *, within: "str | os.PathLike | None" = None) -> Path:
     """``root / rel`` for a relative path ``rel`` (:func:`check_relative`) that, resolved (links followed),
-    stays inside ``root``."""
+    stays inside ``root`` (or ``within``, a folder around it)."""
     rel = check_relative(rel, what)
-    root_r = Path(root).resolve()
+    root_r = Path(within if within is not None else root).resolve()
     path = Path(root) / rel
     try:
         resolved = path.resolve()
@@ -72,16 +72,19 @@ def path_inside(root: "str | os.PathLike", rel: Any, what: str) -> Path:
     return path
 
 
-def release_file(root: "str | os.PathLike", rel: Any, *, sha256: str | None = None, what: str = "file") -> Path:
+def release_file(root: "str | os.PathLike", rel: Any, *, sha256: str | None = None, what: str = "file",
+                 links_within: "str | os.PathLike | None" = None) -> Path:
     """A file of a release (or any folder this tool wrote) named by its manifest: ``rel`` inside ``root``
     (:func:`path_inside`), no symbolic link on the way from ``root``, a regular file, and when ``sha256`` is
-    given, those bytes (:class:`ChecksumMismatch` otherwise)."""
-    path = path_inside(root, rel, what)
+    given, those bytes (:class:`ChecksumMismatch` otherwise). ``links_within``: a Hub snapshot in the
+    ``huggingface_hub`` cache, whose files are links into the repo's ``blobs/``: links are allowed there, as long
+    as they resolve inside that folder."""
+    path = path_inside(root, rel, what, within=links_within)
     here = Path(root)
     for part in Path(rel).parts:
         here = here / part
         try:
-            st = os.lstat(here)
+            st = os.stat(here) if links_within is not None else os.lstat(here)
         except FileNotFoundError:
             raise ConfigError(f"{what} {path}: missing (listed in {Path(root) / 'manifest.json'})") from None
         except OSError as err:
