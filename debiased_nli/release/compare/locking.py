@@ -55,7 +55,8 @@ class LockTurns:
 
             from ...utils.outputs import open_lock_file
 
-            self.fh = os.fdopen(open_lock_file(self.path), "r+")  # a link at the lock's path is not followed
+            # opened without following a link at the lock's path (open_lock_file); named by its path
+            self.fh = open(self.path, "a", opener=lambda path, flags: open_lock_file(path))
             log(f"{self.what}: waiting for {self.path}")
             t0 = time.time()
             fcntl.flock(self.fh, fcntl.LOCK_EX)
