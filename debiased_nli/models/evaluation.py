@@ -294,11 +294,14 @@ def load_results(path: "str | Path") -> dict:
         p = p / "results.json"
     if not p.exists():
         raise ConfigError(f"results file {p} does not exist (give a results.json written by `debiased-nli evaluate`)")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise ConfigError(f"{p} is not a JSON results file ({err}); give a results.json written by "
-                          f"`debiased-nli evaluate`") from err
+    from ..utils.paths import read_json
+
+    try:  # a regular UTF-8 file, JSON, not nested without end
+        data = read_json(p, "results file")
+    except ConfigError as err:
+        reason = str(err).split(str(p), 1)[-1].strip(" :")  # what read_json says of the file, after its name
+        raise ConfigError(f"{p} is not a JSON results file ({reason}); give a results.json written by "
+                          f"`debiased-nli evaluate`") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise ConfigError(f"{p} is not a debiased-nli results file (schema {found!r}, expected {SCHEMA!r})")
