@@ -13,7 +13,6 @@ folder, the offline models under ``models/`` included, is never touched.
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import os
 import shutil
