@@ -115,15 +115,15 @@ def write_aflite_outputs(kept, removed, report: Mapping[str, Any], out_dir, outp
 
     out = Path(outputs.paths[0].parent if outputs is not None else out_dir)
     paths = dict(zip(("kept", "removed", "json", "md", "png"), (out / n for n in OUTPUT_FILES)))
+    import contextlib
+
     own = outputs or OwnFiles(paths.values(), what=f"--out {out_dir}")
-    kept.to_parquet(str(own.temp(paths["kept"])))
-    removed.to_parquet(str(own.temp(paths["removed"])))
-    own.write_text(paths["json"], json.dumps(report, indent=2, default=_json_default) + "\n")
-    own.write_text(paths["md"], render_aflite_md(report))
-    plot_aflite(report, own.temp(paths["png"]))
-    if outputs is None:
-        with own:
-            pass
+    with own if outputs is None else contextlib.nullcontext():  # the caller's OwnFiles: it renames them
+        kept.to_parquet(str(own.temp(paths["kept"])))
+        removed.to_parquet(str(own.temp(paths["removed"])))
+        own.write_text(paths["json"], json.dumps(report, indent=2, default=_json_default) + "\n")
+        own.write_text(paths["md"], render_aflite_md(report))
+        plot_aflite(report, own.temp(paths["png"]))
     return paths
 
 

@@ -275,16 +275,16 @@ def write_pdd_outputs(kept, removed, report, log, out_dir, outputs=None) -> dict
 
     out = Path(outputs.paths[0].parent if outputs is not None else out_dir)
     paths = dict(zip(("debiased", "removed", "log", "json", "md", "png"), (out / n for n in OUTPUT_FILES)))
+    import contextlib
+
     own = outputs or OwnFiles(paths.values(), what=f"--out {out_dir}")
-    kept.to_parquet(str(own.temp(paths["debiased"])))
-    removed.to_parquet(str(own.temp(paths["removed"])))
-    log_dataset(log).to_parquet(str(own.temp(paths["log"])))
-    own.write_text(paths["json"], json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
-    own.write_text(paths["md"], render_pdd_md(report))
-    plot_pdd(report, own.temp(paths["png"]))
-    if outputs is None:
-        with own:
-            pass
+    with own if outputs is None else contextlib.nullcontext():  # the caller's OwnFiles: it renames them
+        kept.to_parquet(str(own.temp(paths["debiased"])))
+        removed.to_parquet(str(own.temp(paths["removed"])))
+        log_dataset(log).to_parquet(str(own.temp(paths["log"])))
+        own.write_text(paths["json"], json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+        own.write_text(paths["md"], render_pdd_md(report))
+        plot_pdd(report, own.temp(paths["png"]))
     return paths
 
 
