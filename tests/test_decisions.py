@@ -182,3 +182,34 @@ def test_a_recorded_report_keeps_what_the_rows_are_not_how_long_they_took():
               "filter": [{"kept": 3, "seconds": 0.5}]}
     assert stable_report(report) == {"generate": {"samples": 24, "parsed": 12, "labels": {"neutral": 5}},
                                      "filter": [{"kept": 3}]}
+
+
+@pytest.mark.parametrize("damage", ["a row in neither", "a row in both", "a uid not in the input"])
+def test_replay_checks_that_the_record_partitions_the_input(tmp_path, damage):
+    """A record whose kept and dropped rows are not the input rows, each exactly once (one row missing: 299 of
+    300 accounted for; one kept and dropped; one that is no input row), is not replayed: a one-line error, even
+    when its files are the ones its manifest records."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from debiased_nli.utils.errors import ConfigError
+    from debiased_nli.utils.provenance import file_sha256
+
+    build(RECIPE, tmp_path / "a", max_rows=300, progress=False)
+    path = tmp_path / "a" / "decisions" / "noisy" / "decisions.parquet"
+    table = pq.read_table(path)
+    cols = table.to_pydict()
+    i, j = cols["position"].index(-1), cols["position"].index(0)
+    if damage == "a row in neither":
+        cols = {k: v[:i] + v[i + 1:] for k, v in cols.items()}
+    elif damage == "a row in both":
+        cols["uid"][i] = cols["uid"][j]
+    else:
+        cols["uid"][i] = "demo:train:99999"
+    pq.write_table(pa.table(cols, schema=table.schema), path)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    manifest["decisions"]["noisy"]["files"]["decisions/noisy/decisions.parquet"] = file_sha256(path)
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="partition|not an input row"):
+        build(RECIPE, tmp_path / "b", max_rows=300, progress=False, replay=tmp_path / "a")
+    assert not (tmp_path / "b").exists()

@@ -15,6 +15,7 @@ import yaml
 from debiased_nli.cli import main
 from debiased_nli.release.diff import diff_releases
 from debiased_nli.release.recipe import build
+from debiased_nli.utils.provenance import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -114,6 +115,11 @@ def test_rows_whose_uid_changed_are_matched_by_content(releases, tmp_path):
     t = t.set_column(t.schema.get_field_index("hypothesis"), "hypothesis", pa.array(hyp))
     t = t.slice(0, t.num_rows - 5)                          # 5 removed
     pq.write_table(t, path)
+    # the manifest records the edited file's sha256 (diff reads only the bytes a manifest records)
+    manifest = json.loads((new / "manifest.json").read_text())
+    (entry,) = manifest["files"]["z_filtered"]["train"]
+    entry["sha256"] = file_sha256(path)
+    (new / "manifest.json").write_text(json.dumps(manifest))
     (z,) = diff_releases(releases["v1"], new, top_k=0).splits
     assert (z.moved, z.relabelled, z.edited, z.removed, z.added) == (10, 2, 1, 5, 0)
     assert z.kept == z.new_rows == z.old_rows - 5

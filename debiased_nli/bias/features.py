@@ -479,7 +479,8 @@ def add_feature_columns(ds, extractors: Sequence[str], labels: Sequence[str], *,
                 raise ConfigError(f"extractor {name!r} needs the column {col!r}, which the dataset lacks")
     if cache_file_name is not None:  # a cached file cut short or of another length is a miss, not an error
         from ..utils.cache import check_arrow_entry
-        check_arrow_entry(cache_file_name, len(ds))
+        if not check_arrow_entry(cache_file_name, len(ds)):  # a file this tool did not record holds the name
+            cache_file_name = None
     fmt = ds.format
     out = ds.with_format("arrow").map(
         _map_batch, batched=True, batch_size=batch_size, num_proc=num_proc, desc=desc,

@@ -359,7 +359,7 @@ def out_of_fold_transformer(hypotheses: Sequence[str], labels: np.ndarray, task,
             model_dir = work / f"fold-{i}-model"
             p = _train_and_predict(params, task, hyps[train].tolist(), labels[train], hyps[held].tolist(),
                                    model_dir, seed, progress)
-            save_npz(path, held=held, probs=p, record=False)
+            save_npz(path, held=held, probs=p)
             if not keep_models:
                 import shutil
                 shutil.rmtree(model_dir, ignore_errors=True)
@@ -382,7 +382,7 @@ def out_of_fold_transformer(hypotheses: Sequence[str], labels: np.ndarray, task,
         else:
             new_probs = _train_and_predict(params, task, hyps.tolist(), labels, list(new_hypotheses),
                                            work / "full-model", seed, progress)
-            save_npz(path, probs=new_probs, record=False)
+            save_npz(path, probs=new_probs)
     return result, new_probs
 
 

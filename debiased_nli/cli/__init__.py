@@ -208,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from ..utils.environment import check_environment
+
+        check_environment()  # a wrong DEBIASED_NLI_* setting stops the command before any work
         with quiet_libraries(level, progress=not args.quiet), warnings_as_log_lines():
             return int(args.func(args) or 0)
     except KeyboardInterrupt:

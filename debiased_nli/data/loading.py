@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -31,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..utils.errors import ConfigError, InvalidInputError
+from ..utils.paths import check_input_file, check_name
 from .tasks import TaskSpec, get_task
 
 ORIGINS = ("original", "generated", "perturbed")
@@ -75,6 +75,7 @@ def parse_data_files(spec: "str | Sequence[str] | Mapping[str, Any] | None") -> 
             items.append((split, path) if sep and not os.path.exists(entry) else ("train", entry))
     out: dict[str, list[str]] = {}
     for split, paths in items:
+        check_name(split, "split name")  # it names the release's files: <split>-00000-of-00001.parquet
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
             matches = sorted(glob.glob(str(path))) or ([str(path)] if os.path.lexists(path) else [])
             if not matches:
@@ -83,36 +84,6 @@ def parse_data_files(spec: "str | Sequence[str] | Mapping[str, Any] | None") -> 
                 check_input_file(match)
             out.setdefault(split, []).extend(matches)
     return out
-
-
-_NOT_REGULAR = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def check_input_file(path: "str | Path", what: str = "data file") -> None:
-    """An input must be a regular file (through any symbolic links), checked before it is opened: a
-    loop of links, a broken link, a folder, a pipe or a device (``/dev/zero``: reading it never ends;
-    a FIFO: opening it blocks) is a one-line :class:`ConfigError`. ``os.stat`` never blocks."""
-    import errno
-
-    p = str(path)
-    try:
-        st = os.stat(p)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise ConfigError(f"{what} {p}: a loop of symbolic links (it leads back to itself); point it at "
-                              f"a file") from None
-        if err.errno in (errno.ENOENT, errno.ENOTDIR):
-            if os.path.islink(p):
-                raise ConfigError(f"{what} {p}: a symbolic link to {os.readlink(p)!r}, which does not exist") from None
-            raise ConfigError(f"{what} {p} does not exist") from None
-        raise ConfigError(f"{what} {p}: cannot read it ({err.strerror or err})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{what} {p}: is a folder; give the files in it (e.g. {os.path.join(p, '*.parquet')})")
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), "not a file")
-        raise ConfigError(f"{what} {p}: not a regular file ({kind}); reading it could block or never end: "
-                          f"copy the data into a file")
 
 
 def file_fingerprint(path: str) -> dict[str, Any]:

@@ -166,13 +166,10 @@ def get_task(name_or_path: "str | TaskSpec") -> TaskSpec:
         return specs[name_or_path]
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
-        if not path.exists():
-            raise ConfigError(f"task file {path} does not exist")
-        if not path.is_file():  # a FIFO or a device would block the read
-            raise ConfigError(f"task file {path} is not a regular file")
-        from ..utils.safe_yaml import read_yaml_file
+        from ..utils.safe_yaml import read_yaml_input
 
-        return TaskSpec.from_dict(read_yaml_file(path, "task file"), source=str(path))
+        # a regular file (a FIFO or a device would block the read), UTF-8 YAML, bounded
+        return TaskSpec.from_dict(read_yaml_input(path, "task file"), source=str(path))
     raise ConfigError(
         f"unknown task {excerpt(name_or_path)}.{did_you_mean(name_or_path, list(specs))} "
         f"Registered tasks: {', '.join(sorted(specs))}; or pass a task YAML file "

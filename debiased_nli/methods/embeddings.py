@@ -46,7 +46,8 @@ from typing import Sequence
 import numpy as np
 
 from .. import __version__
-from ..utils.cache import discard_entry, load_npy, record_entry, save_npy, temp_name
+from ..utils.cache import discard_entry, load_npy, record_entry, save_npy, temp_name, usable
+from ..utils.outputs import marker_of
 from ..utils.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -212,11 +213,12 @@ def compute_embeddings(ds, model: str = DEFAULT_ENCODER, *, batch_size: int = 64
             rows = ds.select(range(a, b))
             chunks[i] = encode_pairs(rows["premise"], rows["hypothesis"], tok, enc, batch_size=batch_size,
                                      max_length=max_length, pooling=pooling, device=device, bar=bar)
-            save_npy(f, chunks[i], record=False)  # a shard is saved whole or not at all
+            save_npy(f, chunks[i])  # a shard is saved whole or not at all
     emb = np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)
     save_npy(path, emb)
     for f in names:
         f.unlink(missing_ok=True)
+        marker_of(f).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         parts.rmdir()
     return emb
@@ -345,6 +347,8 @@ def _read_warm_up(out_dir: Path, quiet: bool = False) -> dict | None:
     """The record of a cached warm-up encoder, or None: absent, or unreadable or missing a file it was
     saved with (then removed, with a warning, and trained again)."""
     if not out_dir.exists():
+        return None
+    if not quiet and not usable(out_dir):  # unrecorded, or its files changed since: trained again
         return None
     try:
         meta = json.loads((out_dir / "warmup.json").read_text())

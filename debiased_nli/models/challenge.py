@@ -49,9 +49,11 @@ def evaluation_dir() -> Path:
 
 def default_data_root() -> Path:
     """``$DEBIASED_NLI_DATA_ROOT``, else ``../shared/data`` next to the repository."""
-    env = os.environ.get("DEBIASED_NLI_DATA_ROOT")
-    if env:
-        return Path(env)
+    from ..utils.environment import setting
+
+    env = setting("DEBIASED_NLI_DATA_ROOT", None)  # set but empty: an error, not the current folder
+    if env is not None:
+        return env
     import debiased_nli
 
     return Path(debiased_nli.__file__).resolve().parents[2] / "shared" / "data"
@@ -209,11 +211,10 @@ def get_set(name: "str | ChallengeSet") -> ChallengeSet:
     if name in _SETS:
         return _SETS[name]
     if str(name).endswith((".yaml", ".yml")) and Path(name).exists():
-        from ..utils.safe_yaml import read_yaml_file
+        from ..utils.safe_yaml import read_yaml_input
 
-        if not Path(name).is_file():  # a FIFO or a device would block the read
-            raise ConfigError(f"challenge set {name}: not a regular file")
-        return ChallengeSet.from_dict(read_yaml_file(name, "challenge-set file"), source=str(name))
+        # a regular file (a FIFO or a device would block the read), UTF-8 YAML, bounded
+        return ChallengeSet.from_dict(read_yaml_input(name, "challenge-set file"), source=str(name))
     raise ConfigError(f"unknown challenge set {excerpt(name)}.{did_you_mean(str(name), list(_SETS))} "
                       f"Registered sets: {', '.join(sorted(_SETS))}")
 

@@ -298,11 +298,14 @@ def load_results(path: "str | Path") -> dict:
         p = p / "results.json"
     if not p.exists():
         raise ConfigError(f"results file {p} does not exist (give a results.json written by `debiased-nli evaluate`)")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise ConfigError(f"{p} is not a JSON results file ({err}); give a results.json written by "
-                          f"`debiased-nli evaluate`") from err
+    from ..utils.paths import read_json
+
+    try:  # a regular UTF-8 file, JSON, not nested without end
+        data = read_json(p, "results file")
+    except ConfigError as err:
+        reason = str(err).split(str(p), 1)[-1].strip(" :")  # what read_json says of the file, after its name
+        raise ConfigError(f"{p} is not a JSON results file ({reason}); give a results.json written by "
+                          f"`debiased-nli evaluate`") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise ConfigError(f"{p} is not a debiased-nli results file (schema {found!r}, expected {SCHEMA!r})")
@@ -320,6 +323,14 @@ def _fmt(entry: dict | None, num_models: int) -> str:
 def write_report(results: dict, out_dir: "str | Path", *, title: str = "Evaluation report",
                  name: str = "this model", compare: Mapping[str, dict] | None = None, notes: str = "") -> Path:
     """``report.md`` from ``model_cards/evaluation_report.md.j2`` (a table; one column per compared file)."""
+    out = Path(out_dir) / "report.md"
+    out.write_text(render_report(results, title=title, name=name, compare=compare, notes=notes))
+    return out
+
+
+def render_report(results: dict, *, title: str = "Evaluation report", name: str = "this model",
+                  compare: Mapping[str, dict] | None = None, notes: str = "") -> str:
+    """The text of ``report.md`` (see :func:`write_report`)."""
     import jinja2
 
     compare = dict(compare or {})
@@ -345,12 +356,9 @@ def write_report(results: dict, out_dir: "str | Path", *, title: str = "Evaluati
         raise ConfigError(f"report template {template} is missing")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template.parent)), autoescape=False,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    text = env.get_template(template.name).render(
+    return env.get_template(template.name).render(
         title=title, columns=columns, rows=rows, breakdowns=breakdowns, results=results, notes=notes,
         models=results["models"], subsampled=any(e.get("subsampled") for e in results["sets"].values()))
-    out = Path(out_dir) / "report.md"
-    out.write_text(text)
-    return out
 
 
 def plot_results(results: dict, path: "str | Path", *, name: str = "this model",
@@ -382,15 +390,39 @@ def plot_results(results: dict, path: "str | Path", *, name: str = "this model",
     return Path(path)
 
 
+OUTPUT_FILES = ("results.json", "report.md", "accuracy.png")
+
+
+def evaluation_outputs(out_dir: "str | Path"):
+    """The files ``evaluate --out DIR`` writes, checked before any model is scored: DIR is new, empty or an
+    evaluation folder of this tool (:func:`~debiased_nli.utils.outputs.check_output_folder`), and none of
+    ``results.json``, ``report.md``, ``accuracy.png`` there is a file this tool did not write (a user's
+    ``report.md`` is refused, not replaced). An evaluation written before the markers is recognised by its
+    ``results.json`` (this tool's schema). Returns the :class:`~debiased_nli.utils.outputs.OwnFiles`."""
+    from ..utils.outputs import OwnFiles, check_output_folder, holds_own_file, json_of
+
+    def legacy(folder: Path) -> bool:
+        data = json_of(folder / "results.json")
+        return isinstance(data, dict) and data.get("schema") == SCHEMA
+
+    folder = check_output_folder(out_dir, what="evaluation",
+                                 is_ours=lambda f: holds_own_file(f, OUTPUT_FILES) or legacy(f))
+    return OwnFiles([folder / n for n in OUTPUT_FILES], what=f"--out {out_dir}", legacy=lambda p: legacy(p.parent))
+
+
 def write_outputs(results: dict, out_dir: "str | Path", *, name: str = "this model",
                   compare: Mapping[str, dict] | None = None, title: str = "Evaluation report",
-                  notes: str = "") -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    return {"results": out / "results.json",
-            "report": write_report(results, out, title=title, name=name, compare=compare, notes=notes),
-            "chart": plot_results(results, out / "accuracy.png", name=name, compare=compare)}
+                  notes: str = "", outputs=None) -> dict[str, Path]:
+    """``results.json``, ``report.md`` and ``accuracy.png`` in ``out_dir``, each written whole or not at all and
+    never over a file this tool did not write (``outputs``: :func:`evaluation_outputs`, checked earlier)."""
+    outputs = outputs or evaluation_outputs(out_dir)
+    paths = dict(zip(("results", "report", "chart"), outputs.paths))
+    with outputs:
+        outputs.write_text(paths["results"], json.dumps(results, indent=2))
+        outputs.write_text(paths["report"], render_report(results, title=title, name=name, compare=compare,
+                                                          notes=notes))
+        plot_results(results, outputs.temp(paths["chart"]), name=name, compare=compare)
+    return paths
 
 
 # ------------------------------------------------------------------------------------ Hub push
@@ -449,11 +481,10 @@ def push_results(repo_id: str, results: dict, *, model_name: str | None = None, 
     from huggingface_hub import ModelCard, ModelCardData
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 
+    from ..utils.hub import check_repo_id, hub_call
+
+    check_repo_id(repo_id, "--push-to")
     model_name = model_name or repo_id.split("/")[-1]
-    try:
-        card = ModelCard.load(repo_id, token=token)
-    except (EntryNotFoundError, RepositoryNotFoundError):
-        card = ModelCard.from_template(ModelCardData(model_name=model_name), model_id=model_name)
     new, left_out = eval_results_for_card(results, model_name)
     if not new:
         raise ConfigError(f"none of the scored sets ({', '.join(results['sets'])}) was read from a Hub dataset "
@@ -462,10 +493,18 @@ def push_results(repo_id: str, results: dict, *, model_name: str | None = None, 
     for s in left_out:
         logger.warning("%s is not in the model-index: its rows are not those of a Hub dataset (see its spec's "
                        "hub.local_copy); its score is in report.md", s)
-    replaced = {(r.dataset_name, r.metric_type) for r in new}
-    kept = [r for r in (card.data.eval_results or []) if (r.dataset_name, r.metric_type) not in replaced]
-    card.data.eval_results = kept + new
-    card.data.model_name = card.data.model_name or model_name
-    message = commit_message or f"Add debiased-nli evaluation results ({len({r.dataset_name for r in new})} sets)"
-    info = card.push_to_hub(repo_id, token=token, revision=revision, commit_message=message, create_pr=create_pr)
+
+    def work():  # the card's download and its push, inside the Hub deadline
+        try:
+            card = ModelCard.load(repo_id, token=token)
+        except (EntryNotFoundError, RepositoryNotFoundError):
+            card = ModelCard.from_template(ModelCardData(model_name=model_name), model_id=model_name)
+        replaced = {(r.dataset_name, r.metric_type) for r in new}
+        kept = [r for r in (card.data.eval_results or []) if (r.dataset_name, r.metric_type) not in replaced]
+        card.data.eval_results = kept + new
+        card.data.model_name = card.data.model_name or model_name
+        message = commit_message or f"Add debiased-nli evaluation results ({len({r.dataset_name for r in new})} sets)"
+        return card.push_to_hub(repo_id, token=token, revision=revision, commit_message=message, create_pr=create_pr)
+
+    info = hub_call(work, what="the model card push")
     return info, left_out

@@ -250,11 +250,15 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
     if release is None:
         return load_task(task, split, data_files=data_files, on_invalid=on_invalid).dataset
     try:
-        files = _local_release_files(release, config, split)
-        # a local folder's files are read as parquet files: datasets' folder loader keys its cache on the folder's
-        # name and configs, not on the files, and serves the old rows after a release is rebuilt in place
-        raw = (datasets.load_dataset("parquet", data_files={split: files}, split=split) if files
-               else datasets.load_dataset(release, config, split=split))
+        raw = _release_split(Path(release), config, split)
+        if raw is None:  # no manifest's file list: a folder's card-listed parquet files, else as `datasets` reads it
+            files = _local_release_files(release, config, split)
+            # a local folder's files are read as parquet files: datasets' folder loader keys its cache on the folder's
+            # name and configs, not on the files, and serves the old rows after a release is rebuilt in place
+            raw = (datasets.load_dataset("parquet", data_files={split: files}, split=split) if files
+                   else datasets.load_dataset(release, config, split=split))
+    except ConfigError:
+        raise
     except ValueError as err:  # unknown config / split: datasets lists the available ones
         raise ConfigError(f"cannot load split {split!r} of config {config!r} from {release}: {err}") from err
     except Exception as err:  # a missing, unreachable or corrupt release: one line, naming it
@@ -267,6 +271,40 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
     ds, _ = canonicalize(raw, task, split=split, columns={"premise": "premise", "hypothesis": "hypothesis",
                                                           "label": "label"}, on_invalid=on_invalid, where=release)
     return ds
+
+
+def _release_split(folder: Path, config: str | None, split: str):
+    """The rows of ``config``/``split`` of a local release folder, read from the files its manifest lists, each a
+    regular file inside the folder with the manifest's sha256 (:func:`~debiased_nli.utils.paths.release_file`), or
+    None where there is no such list (a Hub repo id, a folder without ``manifest.json`` or without its ``files``)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..utils.paths import read_json, release_file
+
+    if not folder.is_dir() or not (folder / "manifest.json").exists():
+        return None
+    manifest = read_json(folder / "manifest.json", "the release's manifest", kind=dict)
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return None
+    if config not in files or not isinstance(files[config], dict):
+        raise ConfigError(f"cannot load split {split!r} of config {config!r} from {folder}: the release has the "
+                          f"configs {sorted(map(str, files))}")
+    entries = files[config].get(split)
+    if not isinstance(entries, list) or not entries or not all(isinstance(f, dict) for f in entries):
+        raise ConfigError(f"cannot load split {split!r} of config {config!r} from {folder}: its manifest lists no "
+                          f"files for it (splits: {sorted(map(str, files[config]))})")
+    tables = []
+    for f in entries:
+        path = release_file(folder, f.get("path"), sha256=f.get("sha256"), what=f"release file of {config}/{split}")
+        try:
+            tables.append(pq.read_table(str(path)))
+        except Exception as err:  # ArrowInvalid, OSError: a file the manifest records no sha256 of, damaged
+            raise ConfigError(f"cannot load split {split!r} of config {config!r} from {folder}: {path} is not "
+                              f"readable Parquet ({type(err).__name__})") from None
+    return datasets.Dataset(pa.concat_tables(tables))
 
 
 def subsample(ds, n: int | None, seed: int):
@@ -488,6 +526,32 @@ _NOT_THE_RUN = ("output_dir", "resume", "use_cpu", "num_threads", "progress", "e
                 "save_total_limit", "early_stopping_patience")
 
 
+def is_run_folder(folder: Path) -> bool:
+    """A training folder of this tool: its run record or its training record is there (a JSON mapping), or a
+    file it wrote (with its marker: e.g. the selection rows `compare run` puts there first)."""
+    from ..utils.outputs import holds_own_file, json_of
+
+    return any(isinstance(json_of(Path(folder) / n), dict) for n in (RUN_FILE, TRAIN_CONFIG_FILE)) or \
+        holds_own_file(Path(folder))
+
+
+def check_train_folder(out: "str | Path") -> Path:
+    """``train --out DIR``: DIR is new, empty or a training folder of this tool (:func:`is_run_folder`), never
+    a folder of the user's (its ``config.json`` and ``model.safetensors`` would be replaced): checked before
+    any work, a refusal names what is there."""
+    from ..utils.outputs import check_output_folder
+
+    return check_output_folder(out, what="training run", is_ours=is_run_folder)
+
+
+def _write_own(folder: Path, name: str, text: str) -> None:
+    """A record of the run (``RUN_FILE``, ``TRAIN_CONFIG_FILE``) written whole, with its marker."""
+    from ..utils.outputs import OwnFiles
+
+    with OwnFiles([folder / name], what=f"--out {folder}", legacy=lambda p: is_run_folder(p.parent)) as own:
+        own.write_text(folder / name, text)
+
+
 def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> dict:
     """Resume only the same run: the output folder's ``debiased_nli_run.json`` (model, task, data
     fingerprints, hyper-parameters) must match this one, as ``generate`` checks its shards. A folder
@@ -501,6 +565,7 @@ def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> dict:
            **{k: v for k, v in cfg.to_dict().items() if k not in _NOT_THE_RUN}}
     run = json.loads(json.dumps(run, default=str))  # as the file holds it (tuples are lists there)
     path = Path(cfg.output_dir, RUN_FILE)
+    check_train_folder(cfg.output_dir)
     if cfg.resume and _last_checkpoint(cfg.output_dir):
         try:
             old = json.loads(path.read_text())
@@ -513,7 +578,7 @@ def check_run(cfg: TrainConfig, task: TaskSpec, train_ds, dev_ds) -> dict:
                               f"{diff}); use another --out, the same settings to resume, or --no-resume to "
                               f"start over there")
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(run, indent=2, default=str))
+    _write_own(Path(cfg.output_dir), RUN_FILE, json.dumps(run, indent=2, default=str))
     return run
 
 
@@ -568,11 +633,7 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     if has_dev:
         dev_acc = float(trainer.evaluate()["eval_accuracy"])
     if trainer.is_world_process_zero():
-        if joint:  # at test time only p is used: save the main classifier alone, loadable by from_pretrained
-            trainer.accelerator.unwrap_model(trainer.model).model.save_pretrained(cfg.output_dir)
-        else:
-            trainer.save_model(cfg.output_dir)
-        tok.save_pretrained(cfg.output_dir)
+        _save_final(trainer, tok, Path(cfg.output_dir), joint)
     result = TrainResult(
         output_dir=cfg.output_dir, train_rows=len(train_ds), dev_rows=len(dev_ds) if dev_ds is not None else 0,
         train_seconds=round(seconds, 2),
@@ -582,6 +643,31 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     if trainer.is_world_process_zero():
         _write_train_record(cfg, task, run, result, trainer.args.world_size)
     return result
+
+
+def _save_final(trainer, tok, out: Path, joint: bool) -> None:
+    """The best model and its tokenizer into ``out``: saved into a folder beside them first, then each file renamed
+    into place with its marker (:class:`~debiased_nli.utils.outputs.OwnFiles`): a file there that this tool did
+    not write is refused, not replaced, and a full disk leaves the earlier files as they were."""
+    import shutil
+
+    from ..utils.outputs import OwnFiles
+
+    stage = out / f".final.tmp-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        if joint:  # at test time only p is used: save the main classifier alone, loadable by from_pretrained
+            trainer.accelerator.unwrap_model(trainer.model).model.save_pretrained(stage)
+        else:
+            trainer.save_model(str(stage))
+        tok.save_pretrained(stage)
+        names = sorted(p.name for p in stage.iterdir() if p.is_file())
+        with OwnFiles([out / n for n in names], what=f"--out {out}", legacy=lambda p: is_run_folder(out)) as own:
+            for n in names:
+                os.replace(stage / n, own.temp(out / n))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _poe_bias_model(cfg: TrainConfig, train_ds, bias_model) -> tuple[np.ndarray | None, dict | None]:
@@ -676,4 +762,4 @@ def _write_train_record(cfg: TrainConfig, task: TaskSpec, run: dict, result: Tra
               "result": result.to_dict(), "world_size": world_size,
               "versions": {"debiased_nli": __version__, "transformers": transformers.__version__,
                            "datasets": hf_datasets.__version__, "torch": torch.__version__}}
-    Path(cfg.output_dir, TRAIN_CONFIG_FILE).write_text(json.dumps(record, indent=2))
+    _write_own(Path(cfg.output_dir), TRAIN_CONFIG_FILE, json.dumps(record, indent=2))

@@ -74,6 +74,28 @@ HISTORY_START = "<!-- debiased-nli:history:start -->"
 
 
 HISTORY_END = "<!-- debiased-nli:history:end -->"
+CARD_MARKER_PREFIX = "<!-- debiased-nli:"  # what every marker of the card starts with
+
+
+def check_card_text(value: Any, where: str) -> None:
+    """Text that goes into the card (a recipe's summary, names, history notes, citations; a push's note) must
+    not contain the card's markers: the history table is found between them, so one in the text would make a
+    push replace the card from there on. A :class:`ConfigError` names the place; lists and mappings are
+    walked without recursion."""
+    from ..utils.errors import ConfigError
+
+    stack = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, str):
+            if CARD_MARKER_PREFIX in v or "debiased-nli:history" in v:
+                raise ConfigError(f"{at} contains the dataset card's marker {CARD_MARKER_PREFIX!r}...; the card's "
+                                  f"sections are found by these markers: remove it from the text")
+        elif isinstance(v, dict):
+            stack.extend((x, f"{at}.{k}") for k, x in v.items())
+            stack.extend((k, f"{at} (a key)") for k in v if isinstance(k, str))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
 
 
 def render_history_table(history: Sequence[Mapping[str, Any]]) -> str:

@@ -42,6 +42,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -194,17 +195,44 @@ def write_rows_record(folder: Path, key: str, rec: RowsRecord) -> dict:
     return {**rec.entry, "files": {p.relative_to(folder).as_posix(): file_sha256(p) for p in written}}
 
 
+def _read_parquet(path: Path):
+    """A decision record's table as a ``datasets.Dataset`` (its features from the file's metadata), read with
+    pyarrow: a table of no rows (AFLite adds none) is a table, and nothing is written to the datasets cache."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    try:
+        return datasets.Dataset(pq.read_table(str(path)))
+    except Exception as err:  # ArrowInvalid, OSError: a damaged file the manifest's sha256 did not catch
+        raise ConfigError(f"--replay: {path}: cannot read it as Parquet ({type(err).__name__}: "
+                          f"{' '.join(str(err).split())[:160]})") from None
+
+
 class Replay:
-    """The decision records of an earlier release (``--replay OLD``), looked up per filter config."""
+    """The decision records of an earlier release (``--replay OLD``), looked up per filter config.
+
+    Nothing outside OLD is read: every file comes from the record's own list, is a regular file inside OLD
+    (:func:`~debiased_nli.utils.paths.release_file`) and has the sha256 the manifest records. A record is used
+    only when its decisions make a partition of this build's input rows (each uid kept or dropped exactly
+    once, none that is not an input row) and the dropped rows are its ``rejected/<config>/`` rows; a record of
+    the wrong shape is a one-line error."""
 
     def __init__(self, release: "str | Path"):
+        from ..utils.paths import check_relative, read_json
+
         self.root = Path(release).expanduser()
         manifest = self.root / "manifest.json"
         if not manifest.is_file():
             raise ConfigError(f"--replay {release}: no manifest.json there; give the folder of a release written by "
                               f"debiased-nli build")
-        self.manifest = json.loads(manifest.read_text())
+        self.manifest = read_json(manifest, "--replay: manifest", kind=dict)
         self.records = self.manifest.get("decisions") or {}
+        if not isinstance(self.records, dict) or not all(isinstance(r, dict) for r in self.records.values()):
+            raise ConfigError(f"--replay: {manifest}: `decisions` is not a mapping of records; not a release's manifest")
+        for key in self.records:
+            check_relative(key, f"--replay: {manifest}: decision record")
+        if not isinstance(self.manifest.get("stages", []), list):
+            raise ConfigError(f"--replay: {manifest}: `stages` is not a list; not a release's manifest")
         if not self.records:
             log.warning("--replay %s: that release has no decision records (built before they were written, or "
                         "without filter steps); every step runs", release)
@@ -213,31 +241,76 @@ class Replay:
     def lookup(self, name: str, step: str, params: Mapping[str, Any], inputs):
         """(kept, dropped, report) from the record of config ``name``, or None (the reason is logged and
         kept in :attr:`used`)."""
-        rec = self._fitting(name, step, params, lambda: input_sha256(inputs), what=f"config {name!r}")
+        rec = self._fitting(name, step, params, lambda: input_sha256(inputs), what=f"config {name!r}",
+                            needs=(DECISIONS_FILE, ADDED_FILE))
         return None if rec is None else self._outputs(name, rec, inputs)
 
     def lookup_rows(self, key: str, step: str, params: Mapping[str, Any], input_hash: str):
         """(rows, dropped, report) from the record of the source step ``key`` (:func:`new_rows_key`), or None."""
         import datasets
 
-        rec = self._fitting(key, step, params, lambda: input_hash, what=f"new rows {key.split('/', 1)[1]!r}")
+        rec = self._fitting(key, step, params, lambda: input_hash, what=f"new rows {key.split('/', 1)[-1]!r}",
+                            needs=(ROWS_FILE,))
         if rec is None:
             return None
-        folder = self.root / DECISIONS_DIR / key
+        folder = f"{DECISIONS_DIR}/{key}"
         recorded = datasets.Features.from_dict(rec["rows_features"])
         features = datasets.Features({c: recorded[c] for c in rec["rows_columns"]})
-        rows = datasets.Dataset.from_parquet(str(folder / ROWS_FILE)).select_columns(rec["rows_columns"]).cast(features)
-        dropped = (datasets.Dataset.from_parquet(str(folder / DROPPED_FILE)) if (folder / DROPPED_FILE).is_file()
+        rows = self._table(rec, f"{folder}/{ROWS_FILE}").select_columns(rec["rows_columns"]).cast(features)
+        dropped = (self._table(rec, f"{folder}/{DROPPED_FILE}") if f"{folder}/{DROPPED_FILE}" in rec["files"]
                    else None)
-        return rows, dropped, rec.get("report") or {}
+        if len(rows) != rec["counts"]["rows"] or (len(dropped) if dropped is not None else 0) != rec["counts"]["dropped"]:
+            raise ConfigError(f"--replay: {self.root / folder}: its files hold {len(rows)} rows and "
+                              f"{len(dropped) if dropped is not None else 0} dropped rows, the manifest counts "
+                              f"{rec['counts']}; the record is not whole")
+        report = rec.get("report")
+        return rows, dropped, dict(report) if isinstance(report, dict) else {}
 
-    def _fitting(self, name: str, step: str, params: Mapping[str, Any], input_hash, what: str):
+    def _table(self, rec: Mapping[str, Any], rel: str):
+        """A file of the record: listed in it, inside the release, with the sha256 it records."""
+        from ..utils.paths import release_file
+
+        return _read_parquet(release_file(self.root, rel, sha256=rec["files"][rel], what="--replay: file"))
+
+    def _check_shape(self, name: str, rec: Mapping[str, Any], needs: tuple) -> None:
+        """A record has the fields a build writes, of their types, and lists its own files: else one line."""
+        where = f"--replay: {self.root / 'manifest.json'}: decisions.{name}"
+        strings = ("step", "params_sha256", "input_sha256")
+        if not all(isinstance(rec.get(k), str) for k in strings) or not isinstance(rec.get("files"), dict) \
+                or not isinstance(rec.get("counts"), dict) \
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in rec["counts"].values()) \
+                or not isinstance(rec.get("rejected_files", {}), dict):
+            raise ConfigError(f"{where} is not a decision record (it needs {', '.join(strings)}, files, counts); "
+                              f"not a release written by debiased-nli build")
+        features = ("kept_features", "kept_columns") if DECISIONS_FILE in needs else ("rows_features", "rows_columns")
+        if not isinstance(rec.get(features[0]), dict) or not isinstance(rec.get(features[1]), list) \
+                or not all(isinstance(c, str) for c in rec[features[1]]):
+            raise ConfigError(f"{where} lacks {features[0]} / {features[1]}; not a decision record of this kind")
+        counts = ("input", "kept", "added", "dropped") if DECISIONS_FILE in needs else ("rows", "dropped")
+        if any(k not in rec["counts"] for k in counts):
+            raise ConfigError(f"{where}: counts {rec['counts']} lack {', '.join(k for k in counts if k not in rec['counts'])}")
+        for f in needs:
+            if f"{DECISIONS_DIR}/{name}/{f}" not in rec["files"]:
+                raise ConfigError(f"{where} does not list its file {DECISIONS_DIR}/{name}/{f}")
+        allowed = f"{DECISIONS_DIR}/{name}/"
+        for rel in rec["files"]:
+            if not isinstance(rel, str) or not rel.startswith(allowed):
+                raise ConfigError(f"{where} lists the file {rel!r}, which is not in its own folder {allowed}")
+        for rel in rec.get("rejected_files", {}):
+            if not isinstance(rel, str) or not rel.startswith(f"rejected/{name}/"):
+                raise ConfigError(f"{where} lists the rejected file {rel!r}, which is not in rejected/{name}/")
+
+    def _fitting(self, name: str, step: str, params: Mapping[str, Any], input_hash, what: str, needs: tuple):
         """The record ``name`` when it fits this step, its parameters and its input (``input_hash()``), else
         None, with the reason logged and kept in :attr:`used`."""
         rec = self.records.get(name)
         why = None
         if rec is None:
             why = "no record of it"
+        else:
+            self._check_shape(name, rec, needs)
+        if why is not None:
+            pass
         elif rec["step"] != step:
             why = f"it was made by step {rec['step']!r}, not {step!r}"
         elif rec["params_sha256"] != params_sha256(params):
@@ -257,11 +330,17 @@ class Replay:
         return rec
 
     def _files_changed(self, rec: Mapping[str, Any]) -> str | None:
+        """Why the record's files are not the ones its manifest records (None: they are). A file that is not a
+        regular file inside the release (a link, a path out of it) is an error, not a reason."""
+        from ..utils.paths import ChecksumMismatch, release_file
+
         for rel, sha in {**rec["files"], **rec.get("rejected_files", {})}.items():
             path = self.root / rel
-            if not path.is_file():
+            if not os.path.lexists(path):
                 return f"{rel} is missing"
-            if file_sha256(path) != sha:
+            try:
+                release_file(self.root, rel, sha256=sha, what="--replay: file")
+            except ChecksumMismatch:
                 return f"{rel} is not the file the manifest records (sha256 differs)"
         return None
 
@@ -269,15 +348,20 @@ class Replay:
         import datasets
         import numpy as np
 
-        dec = datasets.Dataset.from_parquet(str(self.root / DECISIONS_DIR / name / DECISIONS_FILE))
-        added = datasets.Dataset.from_parquet(str(self.root / DECISIONS_DIR / name / ADDED_FILE))
+        where = self.root / DECISIONS_DIR / name
+        dec = self._table(rec, f"{DECISIONS_DIR}/{name}/{DECISIONS_FILE}")
+        added = self._table(rec, f"{DECISIONS_DIR}/{name}/{ADDED_FILE}")
+        for col, table in (("uid", dec), ("position", dec), ("added", dec), ("decision", dec), ("uid", added)):
+            if col not in table.column_names:
+                raise ConfigError(f"--replay: {where}: a decision table without the column {col!r}")
         # in the train split's column order (the manifest's JSON sorts its keys)
         recorded = datasets.Features.from_dict(rec["kept_features"])
         features = datasets.Features({c: recorded[c] for c in rec["kept_columns"]})
         kept_rows = dec.filter(lambda b: [p >= 0 for p in b["position"]], batched=True).sort("position")
         if list(kept_rows["position"]) != list(range(rec["counts"]["kept"])):
-            raise ConfigError(f"{self.root / DECISIONS_DIR / name / DECISIONS_FILE}: the kept rows' positions are "
+            raise ConfigError(f"{where / DECISIONS_FILE}: the kept rows' positions are "
                               f"not 0..{rec['counts']['kept'] - 1}")
+        self._check_partition(where, dec, added, inputs)
         index = {u: i for i, u in enumerate(inputs["uid"])}
         add_index = {u: i for i, u in enumerate(added["uid"])}
         base = [c for c in rec["kept_columns"] if c in inputs.column_names]
@@ -294,16 +378,59 @@ class Replay:
         kept = datasets.concatenate_datasets(parts).select(np.asarray(order, dtype=np.int64)) if parts else None
         for col in rec["kept_columns"]:
             if col not in base:
+                if col not in kept_rows.column_names:
+                    raise ConfigError(f"--replay: {where / DECISIONS_FILE}: lacks the column {col!r} its record names")
                 kept = kept.add_column(col, kept_rows[col], feature=features[col])
         kept = kept.select_columns(rec["kept_columns"]).cast(features).flatten_indices()
         rejected_files = sorted(rec.get("rejected_files", {}))
-        dropped = (datasets.Dataset.from_parquet([str(self.root / f) for f in rejected_files])
+        dropped = (datasets.concatenate_datasets([self._rejected(rec, f) for f in rejected_files])
                    if rejected_files else None)
+        dropped_uids = [u for u, p in zip(dec["uid"], dec["position"]) if p < 0]
+        have = list(dropped["uid"]) if dropped is not None and "uid" in dropped.column_names else []
+        if sorted(have) != sorted(dropped_uids):
+            raise ConfigError(f"--replay: {self.root / 'rejected' / name}: its rows are not the {len(dropped_uids):,} "
+                              f"rows {where / DECISIONS_FILE} records as dropped ({len(have):,} rows there)")
         return kept, dropped, self.report(name, rec["step"])
+
+    def _rejected(self, rec: Mapping[str, Any], rel: str):
+        from ..utils.paths import release_file
+
+        return _read_parquet(release_file(self.root, rel, sha256=rec["rejected_files"][rel], what="--replay: file"))
+
+    @staticmethod
+    def _check_partition(where: Path, dec, added, inputs) -> None:
+        """The record's rows from the input (kept ones not added, and every dropped one) are the input rows,
+        each exactly once; its added rows are in ``added.parquet``: else the record is not this step's on these
+        rows, and using it would lose or repeat rows."""
+        import collections
+
+        from ..utils.errors import excerpt
+
+        input_uids = list(inputs["uid"])
+        in_set = set(input_uids)
+        from_input = [u for u, a, p in zip(dec["uid"], dec["added"], dec["position"]) if not (a and p >= 0)]
+        strangers = [u for u in from_input if u not in in_set]
+        if strangers:
+            raise ConfigError(f"--replay: {where / DECISIONS_FILE}: {len(strangers):,} row(s) whose uid is not an input "
+                              f"row of this build (e.g. {excerpt(strangers[0], 60)}); not this step's record")
+        counts = collections.Counter(from_input)
+        twice = [u for u, c in counts.items() if c > 1]
+        missing = [u for u in input_uids if u not in counts]
+        if twice or missing:
+            raise ConfigError(f"--replay: {where / DECISIONS_FILE}: kept and dropped rows are not a partition of the "
+                              f"{len(input_uids):,} input rows ({len(twice):,} recorded more than once, e.g. "
+                              f"{excerpt(twice[0] if twice else None, 60)}; {len(missing):,} in neither, e.g. "
+                              f"{excerpt(missing[0] if missing else None, 60)})")
+        made = {u for u, a, p in zip(dec["uid"], dec["added"], dec["position"]) if a and p >= 0}
+        lacking = made - set(added["uid"])
+        if lacking:
+            raise ConfigError(f"--replay: {where / ADDED_FILE}: lacks {len(lacking):,} row(s) the record keeps as "
+                              f"added (e.g. {excerpt(sorted(lacking)[0], 60)})")
 
     def report(self, name: str, step: str) -> dict:
         """The step's report as the recorded release's manifest holds it."""
         for stage in self.manifest.get("stages", []):
-            if stage.get("stage") == f"{name}: {step}":
-                return dict(stage.get("report") or {})
+            if isinstance(stage, dict) and stage.get("stage") == f"{name}: {step}":
+                report = stage.get("report")
+                return dict(report) if isinstance(report, dict) else {}
         return {}

@@ -78,24 +78,27 @@ def open_release(spec: str) -> Release:
         path, hub = _download(spec), True
     else:
         raise ConfigError(f"{spec}: no such release folder (nor a Hub repo written as ORG/NAME@REVISION)")
+    from ..utils.paths import check_name, read_json, release_file
+
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise ConfigError(f"{manifest_path}: missing; {spec} is not a release folder written by `debiased-nli build`")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{manifest_path}: not valid JSON ({err})") from err
-    files = manifest.get("files") if isinstance(manifest, dict) else None
+    manifest = read_json(manifest_path, "manifest", kind=dict)
+    files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(s, dict) and all(isinstance(fs, list) for fs in s.values())
                                               for s in files.values()):
         raise ConfigError(f"{manifest_path}: has no `files` table of configs and splits; not a release's manifest")
     for config, splits in files.items():
+        check_name(config, f"{manifest_path}: config")
         for split, fs in splits.items():
+            check_name(split, f"{manifest_path}: files.{config}: split")
             for f in fs:
                 if not isinstance(f, dict) or "path" not in f:
                     raise ConfigError(f"{manifest_path}: files.{config}.{split} lists an entry without a path")
-                if not (path / f["path"]).is_file():
-                    raise ConfigError(f"{path / f['path']}: missing (listed in {manifest_path})")
+                # inside the release, a regular file, the bytes the manifest records
+                release_file(path, f["path"], sha256=f.get("sha256") if "sha256" in f else None,
+                             what=f"{manifest_path}: files.{config}.{split}:",
+                             links_within=path.parent.parent if hub else None)  # a snapshot: links into blobs/
     return Release(spec, path, manifest, hub)
 
 
@@ -103,10 +106,19 @@ def _download(spec: str) -> Path:
     repo_id, _, revision = spec.partition("@")
     from huggingface_hub import snapshot_download
 
-    try:
+    from ..utils.hub import hub_call
+
+    def work():
         return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision or None,
                                       allow_patterns=["manifest.json", "README.md", "data/**"]))
-    except Exception as err:  # offline, unknown repo or revision, refused: one line
+
+    try:  # inside the Hub deadline: a server that trickles ends it in bounded time
+        return hub_call(work, what=f"the download of {spec}")
+    except ConfigError as err:
+        if spec in str(err):
+            raise
+        raise ConfigError(f"{spec}: cannot download this release from the Hub ({err})") from None
+    except Exception as err:  # unknown repo or revision, refused: one line
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{spec}: cannot download this release from the Hub ({type(err).__name__}: {first})") from err
 

@@ -11,7 +11,6 @@ comparisons are the seeds-only calls (``*``).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -25,22 +24,14 @@ TABLE_SCHEMAS = (TABLE_SCHEMA, TABLE_SCHEMA_V2)
 def load_table(path: "str | Path") -> dict:
     """The efficacy table at ``path``; anything else (missing, not a regular file, not UTF-8, not JSON,
     JSON that is not the table) is a one-line :class:`ConfigError`."""
-    from ..data.loading import check_input_file
     from ..utils.errors import excerpt
+    from ..utils.paths import read_json
 
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise ConfigError(f"efficacy table {p} does not exist; give the JSON that `debiased-nli compare report` "
                           f"(or `python benchmarks/efficacy.py report`) writes")
-    check_input_file(p, "efficacy table")
-    try:
-        table = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"efficacy table {p} is not UTF-8 text; give the JSON that `debiased-nli compare report` "
-                          f"writes") from None
-    except ValueError as err:
-        raise ConfigError(f"efficacy table {p} is not valid JSON ({' '.join(str(err).split())[:120]}); give the "
-                          f"JSON that `debiased-nli compare report` writes") from None
+    table = read_json(p, "efficacy table")  # a regular UTF-8 file, JSON, not nested without end
     if not isinstance(table, dict):
         raise ConfigError(f"{p} is not an efficacy table (a JSON {type(table).__name__}: {excerpt(table, 60)}; "
                           f"expected a mapping with schema one of {list(TABLE_SCHEMAS)})")

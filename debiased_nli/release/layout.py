@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..bias.compose import worker_processes
 from ..bias.features import build_feature_matrix
@@ -81,8 +82,10 @@ def _write_parquet(ds, folder: Path, split: str, on_part=None) -> list[dict]:
                            else ds)
         path = folder / f"{split}-{i:05d}-of-{shards:05d}.parquet"
         part.to_parquet(str(path))
+        # the card's num_bytes: the Arrow size of the file's rows as read back, so that it depends on the file
+        # alone (not on how the rows were held in memory: a replayed config gives the same card)
         files.append({"path": str(path), "rows": len(part), "bytes": path.stat().st_size,
-                      "arrow_bytes": int(part.data.nbytes)})
+                      "arrow_bytes": int(pq.read_table(str(path), memory_map=True).nbytes)})
         if on_part is not None:
             on_part(part)
         del part
@@ -201,7 +204,13 @@ def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[Confi
 
 
 def _check_configs(configs: Sequence[ConfigData], default: str) -> None:
+    from ..utils.paths import check_name
+
     names = [c.name for c in configs]
+    for c in configs:  # they become folder and file names: data/<config>/<split>-00000-of-00001.parquet
+        check_name(c.name, "config name")
+        for split in c.splits:
+            check_name(split, f"config {c.name!r}: split name")
     if not configs:
         raise ConfigError("a release needs at least one config")
     if default not in names:

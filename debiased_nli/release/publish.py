@@ -15,32 +15,31 @@ table of its card, parsed once) comes first, then the local rows, then the new v
 snippet of the card is rewritten to the repo being pushed to. The token comes from the argument,
 ``HF_TOKEN`` or the user's ``huggingface-cli login``; it is never printed, logged or written into a file.
 
-A Hub that accepts the connection and never answers must not hang the push: every request has a
-timeout (``DEBIASED_NLI_HUB_TIMEOUT`` seconds, default 60; ``huggingface_hub`` retries timed-out
-requests with back-off), and the push as a whole has a deadline (``DEBIASED_NLI_HUB_DEADLINE``,
-default 3600 s): no request starts after it, and the push itself runs in a worker thread that is
-given up at the deadline, whatever the server does (a server that trickles a byte a second never
-trips a read timeout). Timeouts, the deadline, unreachable hosts, offline mode and refusals by the
-Hub end the push with a one-line :class:`ConfigError`.
+What is uploaded is exactly the release's own files, the ones its manifest lists (:func:`upload_list`), each
+checked against the sha256 the manifest records: a symbolic link in the folder (to a key elsewhere), a hidden
+file (``data/.env``) or any other file the manifest does not list stops the push, naming them.
+
+A Hub that accepts the connection and never answers must not hang the push: it runs inside
+:func:`debiased_nli.utils.hub.hub_call` (a timeout per request, ``DEBIASED_NLI_HUB_TIMEOUT``, and a deadline
+for the whole push, ``DEBIASED_NLI_HUB_DEADLINE``, whatever the server does). Timeouts, the deadline,
+unreachable hosts, offline mode and refusals by the Hub end the push with a one-line :class:`ConfigError`.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
-import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..utils.errors import ConfigError
+from ..utils.hub import TIMEOUT_ENV, check_repo_id, env_seconds, hub_call
 from .card import HISTORY_END, HISTORY_START, render_history_table
 from .layout import RELEASE_FILE_PATTERNS
 
 log = logging.getLogger(__name__)
 HISTORY_HEADING = "## Version history"
-TIMEOUT_ENV, DEADLINE_ENV = "DEBIASED_NLI_HUB_TIMEOUT", "DEBIASED_NLI_HUB_DEADLINE"
 _VERSION_RE = re.compile(r"^v?\d+(\.\d+){0,2}([.-][0-9A-Za-z.]+)?$")
 _RELEASE_FILE_RE = re.compile("|".join(f"(?:{p})" for p in RELEASE_FILE_PATTERNS))
 
@@ -78,6 +77,11 @@ def with_history(card: str, history: Sequence[Mapping[str, Any]]) -> str:
     if HISTORY_START not in card or HISTORY_END not in card:
         raise ConfigError("the release's README.md has no version-history markers (it was written by an older "
                           "debiased-nli); rebuild the release with `debiased-nli build` before pushing it")
+    if card.count(HISTORY_START) != 1 or card.count(HISTORY_END) != 1 or \
+            card.index(HISTORY_START) > card.index(HISTORY_END):
+        raise ConfigError(f"the release's README.md has its version-history markers {card.count(HISTORY_START)} and "
+                          f"{card.count(HISTORY_END)} times (or out of order), not once each: text in the card repeats "
+                          f"them; rebuild the release without them before pushing it")
     head, rest = card.split(HISTORY_START, 1)
     tail = rest.split(HISTORY_END, 1)[1]
     return f"{head}{render_history_table(history)}{tail}"
@@ -108,19 +112,24 @@ def _download(api, repo_id: str, filename: str) -> str | None:
         raise ConfigError(f"could not read {filename} of {repo_id} from {api.endpoint}: {err}") from err
     except (EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError):
         return None
-    return Path(path).read_text()
+    from ..utils.paths import read_text
+
+    return read_text(path, f"{filename} of {repo_id} on the Hub")
 
 
 def remote_history(api, repo_id: str) -> list[dict[str, str]]:
     """The history of the release on the Hub: its manifest's, else its card's table (older pushes)."""
     manifest = _download(api, repo_id, "manifest.json")
     if manifest is not None:
+        from ..utils.paths import parse_json
+
         try:
-            history = json.loads(manifest).get("history")
-        except json.JSONDecodeError:
-            history = None
+            remote = parse_json(manifest, f"manifest.json of {repo_id} on the Hub")
+        except ConfigError:
+            remote = None
+        history = remote.get("history") if isinstance(remote, dict) else None
         if isinstance(history, list):
-            return [dict(h) for h in history]
+            return [dict(h) for h in history if isinstance(h, dict) and "version" in h]
     card = _download(api, repo_id, "README.md")
     return legacy_history(card) if card else []
 
@@ -144,100 +153,38 @@ def stale_files(remote: Sequence[str], local: Sequence[str]) -> tuple[list[str],
             [p for p in gone if not _RELEASE_FILE_RE.fullmatch(p) and p.split("/")[0] in ("data", "rejected", "images", "decisions")])
 
 
-def env_seconds(env: str, default: float) -> float:
-    """A positive number of seconds from ``env`` (``default`` when unset); a one-line error otherwise."""
-    value = os.environ.get(env)
-    try:
-        seconds = float(value) if value else default
-    except ValueError:
-        raise ConfigError(f"{env}={value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise ConfigError(f"{env}={value!r} must be a positive number of seconds")
-    return seconds
+def upload_list(folder: Path) -> list[str]:
+    """The files of a release to upload: exactly those its manifest lists (:func:`~debiased_nli.utils.outputs.
+    release_file_hashes`), each a regular file inside the folder with the sha256 the manifest records. A symbolic
+    link anywhere in the folder, or a file it does not list (``data/.env``, a note), is refused with one line
+    naming them: nothing is uploaded that the build did not write."""
+    from ..utils.outputs import release_file_hashes
+    from ..utils.paths import release_file
 
-
-class HubDeadlineExceeded(ConfigError):
-    """The push ran past its total deadline (checked before each request)."""
-
-
-@contextlib.contextmanager
-def hub_timeouts(timeout: float, deadline: float) -> Iterator[None]:
-    """Every ``huggingface_hub`` request in the block times out after ``timeout`` seconds, and none
-    starts after ``deadline`` seconds: a Hub that never answers ends the push in bounded time."""
-    try:
-        from huggingface_hub.utils import _http
-        set_factory = _http.set_client_factory
-    except (ImportError, AttributeError):  # an older huggingface_hub (requests): its own default timeouts
-        yield
-        return
-    previous = getattr(_http, "_GLOBAL_CLIENT_FACTORY", _http.default_client_factory)
-    end = time.monotonic() + deadline
-
-    def check_deadline(request) -> None:
-        if time.monotonic() > end:
-            raise HubDeadlineExceeded(f"the push to {request.url.host} ran past its deadline of {deadline:g} s "
-                                      f"(set {DEADLINE_ENV} for a longer one)")
-
-    def factory():
-        client = previous()
-        client.timeout = _http.httpx2.Timeout(timeout)
-        client.event_hooks["request"] = [check_deadline, *client.event_hooks["request"]]
-        return client
-
-    set_factory(factory)
-    try:
-        yield
-    finally:
-        set_factory(previous)
-
-
-def within_deadline(work, deadline: float, endpoint: str):
-    """``work()``, run in a worker thread that is given up after ``deadline`` seconds: its result, or its
-    exception, or a :class:`HubDeadlineExceeded`. The worker is a daemon thread: it cannot keep the
-    process alive, and it starts no new request once the deadline has passed (:func:`hub_timeouts`)."""
-    import threading
-
-    done: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            done["result"] = work()
-        except BaseException as err:  # handed to the caller's thread
-            done["error"] = err
-
-    worker = threading.Thread(target=run, name="debiased-nli-push", daemon=True)
-    worker.start()
-    worker.join(deadline)
-    if worker.is_alive():
-        host = re.sub(r"^[a-z]+://", "", endpoint).split("/")[0]
-        raise HubDeadlineExceeded(f"the push to {host} ran past its deadline of {deadline:g} s and was given up "
-                                  f"(set {DEADLINE_ENV} for a longer one); a request it had started may still "
-                                  f"reach the Hub: check the repo before pushing again")
-    if "error" in done:
-        raise done["error"]
-    return done["result"]
-
-
-def hub_error(err: Exception, endpoint: str, timeout: float, what: str = "the push") -> ConfigError | None:
-    """A one-line error for a failed Hub call (None: not a network/Hub error); ``what`` the Hub refused."""
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-    if isinstance(err, OfflineModeIsEnabled):
-        return ConfigError("cannot push: offline mode is on (HF_HUB_OFFLINE is set); unset it to reach the Hub")
-    try:
-        from huggingface_hub.utils._http import httpx2 as httpx
-    except ImportError:
-        httpx = None
-    if httpx is not None and isinstance(err, httpx.TimeoutException):
-        return ConfigError(f"the Hub at {endpoint} did not answer within {timeout:g} s (after retries); check the "
-                           f"network or the endpoint, or set {TIMEOUT_ENV} for a longer timeout")
-    if httpx is not None and isinstance(err, (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ProxyError)):
-        return ConfigError(f"cannot reach the Hub at {endpoint}: {type(err).__name__}: {err}")
-    if isinstance(err, HfHubHTTPError):
-        status = getattr(getattr(err, "response", None), "status_code", None)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return ConfigError(f"the Hub at {endpoint} refused {what} (HTTP {status}): {first}")
-    return None
+    listed = release_file_hashes(folder)
+    links, unlisted, present = [], [], []
+    for root, dirs, files in os.walk(folder):
+        rel_root = Path(root).relative_to(folder)
+        for name in sorted(files + dirs):
+            p = Path(root) / name
+            rel = (rel_root / name).as_posix()
+            if p.is_symlink():
+                links.append(rel)
+            elif name in files:
+                (present if rel in listed else unlisted).append(rel)
+        dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
+    if links or unlisted:
+        parts = ([f"symbolic link(s) {', '.join(sorted(links)[:5])}"] if links else []) + \
+                ([f"file(s) its manifest does not list {', '.join(sorted(unlisted)[:5])}"
+                  + (f" and {len(unlisted) - 5} more" if len(unlisted) > 5 else "")] if unlisted else [])
+        raise ConfigError(f"{folder} holds {' and '.join(parts)}; push uploads exactly the release's own files: "
+                          f"move them out of the folder (nothing was uploaded)")
+    for rel in sorted(present):  # a listed file must be the one the manifest records
+        release_file(folder, rel, sha256=listed[rel], what="release file")
+    for rel, sha in listed.items():
+        if sha is not None and rel not in present:
+            raise ConfigError(f"{folder / rel}: missing (listed in {folder / 'manifest.json'}); rebuild the release")
+    return sorted(present)
 
 
 def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = None, private: bool = False,
@@ -248,36 +195,33 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
     description on the Hub (``push --diff-against`` puts the release diff there)."""
     from huggingface_hub import HfApi
 
+    from ..utils.paths import read_json, read_text
+    from .card import check_card_text
+
     folder = Path(folder)
     readme, manifest_path = folder / "README.md", folder / "manifest.json"
     if not readme.exists() or not manifest_path.exists() or not (folder / "data").is_dir():
         raise ConfigError(f"{folder} is not a release folder (it needs README.md, manifest.json and data/); "
                           f"build one with `debiased-nli build`")
-    if "/" not in repo_id or repo_id.count("/") != 1:
-        raise ConfigError(f"--repo-id must look like ORG/NAME, got {repo_id!r}")
+    check_repo_id(repo_id)
     if revision is not None and not _VERSION_RE.match(revision):
         raise ConfigError(f"--revision {revision!r} is not a version tag (e.g. v1.0 or 1.2.0)")
-    manifest = json.loads(manifest_path.read_text())
-    card = readme.read_text()
-    if HISTORY_START not in card:
-        with_history(card, [])  # the error that says to rebuild
+    if note is not None:
+        check_card_text(note, "--note")
+    manifest = read_json(manifest_path, "the release's manifest", kind=dict)
+    if not isinstance(manifest.get("history", []), list):
+        raise ConfigError(f"{manifest_path}: `history` is not a list of versions; not a release's manifest")
+    card = read_text(readme, "the release's card")
+    with_history(card, [])  # the markers once each, or the error that says to rebuild
+    files = upload_list(folder)
     api = api or HfApi(token=token, endpoint=endpoint)
-    timeout, deadline = env_seconds(TIMEOUT_ENV, 60), env_seconds(DEADLINE_ENV, 3600)
-    try:
-        with hub_timeouts(timeout, deadline):
-            return within_deadline(lambda: _push(api, folder, card, manifest, repo_id, revision, private,
-                                                 commit_message, note, commit_description), deadline, api.endpoint)
-    except ConfigError:
-        raise
-    except Exception as err:
-        mapped = hub_error(err, api.endpoint, timeout)
-        if mapped is None:
-            raise
-        raise mapped from err
+    return hub_call(lambda: _push(api, folder, card, manifest, repo_id, revision, private, commit_message, note,
+                                  commit_description, files), what="the push", endpoint=api.endpoint)
 
 
 def _push(api, folder: Path, card: str, manifest: dict, repo_id: str, revision: str | None, private: bool,
-          commit_message: str | None, note: str | None, commit_description: str | None = None) -> dict[str, Any]:
+          commit_message: str | None, note: str | None, commit_description: str | None = None,
+          files: Sequence[str] = ()) -> dict[str, Any]:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
@@ -286,17 +230,17 @@ def _push(api, folder: Path, card: str, manifest: dict, repo_id: str, revision: 
         if any(t.name == revision for t in refs.tags):
             raise ConfigError(f"{repo_id} already has the tag {revision!r}; versions are immutable, "
                               f"choose a new --revision")
-    history = merge_history(remote_history(api, repo_id), manifest.get("history") or [], revision, note)
+    local_history = [h for h in manifest.get("history") or [] if isinstance(h, dict) and "version" in h]
+    history = merge_history(remote_history(api, repo_id), local_history, revision, note)
     card = with_repo_id(with_history(card, history), manifest.get("repo_id"), repo_id)
     manifest.update(history=history, repo_id=repo_id)
     ops: list = [CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode()),
                  CommitOperationAdd(path_in_repo="manifest.json",
                                     path_or_fileobj=(json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())]
     local = ["README.md", "manifest.json"]
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        if rel not in ("README.md", "manifest.json") and not rel.startswith("."):
-            ops.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path)))
+    for rel in files:  # exactly the manifest's files (upload_list)
+        if rel not in ("README.md", "manifest.json"):
+            ops.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(folder / rel)))
             local.append(rel)
     delete, kept = stale_files(remote_files(api, repo_id), local)
     ops += [CommitOperationDelete(path_in_repo=p) for p in delete]

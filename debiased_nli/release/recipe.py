@@ -23,17 +23,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
 
 from ..data.tasks import get_task
 from ..utils.errors import ConfigError, EmptyResultError, did_you_mean, excerpt
 from ..utils.provenance import library_versions
-from ..utils.safe_yaml import read_yaml_file
+from ..utils.safe_yaml import read_yaml_input
 from .steps import Rejects, StepResult, get_step, known_steps, register_filter_step, register_source_step
 
 __all__ = ["DEFAULTS", "SCHEMA", "Z_CONFIGS", "BuildResult", "build", "check_recipe_types", "known_steps",
@@ -177,6 +175,27 @@ def check_recipe_types(recipe: Mapping[str, Any], where: str = "<recipe>") -> No
                 raise ConfigError(f"{where}: `{name}` must be {k.says}, got {excerpt(value)} ({type(value).__name__})")
 
 
+def _check_names(recipe: Mapping[str, Any], where: str) -> None:
+    """The names that become file names (the splits, each filter step's config) are names, not paths
+    (:func:`~debiased_nli.utils.paths.check_name`), and no text that goes into the card contains its markers
+    (:func:`~.card.check_card_text`): refused while the recipe is read, before anything is written."""
+    from ..utils.paths import check_name
+    from .card import check_card_text
+
+    check_name(recipe["data"]["split"], f"{where}: data.split")
+    for i, split in enumerate(recipe["data"]["eval_splits"]):
+        check_name(split, f"{where}: data.eval_splits[{i}]")
+    files = recipe["data"]["data_files"]
+    for split in (files if isinstance(files, Mapping) else ()):
+        check_name(split, f"{where}: data.data_files split")
+    for i, step in enumerate(recipe["filters"] or []):
+        if isinstance(step, Mapping) and "config" in step:
+            check_name(step["config"], f"{where}: filters[{i}].config")
+    check_card_text({k: v for k, v in recipe.items() if k in ("name", "pretty_name", "summary", "release_version",
+                                                              "repo_id", "history", "extra_citations", "profiles")},
+                    where)
+
+
 def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | None = None) -> dict[str, Any]:
     """Read and validate a recipe (unknown keys are errors, with "did you mean").
 
@@ -187,18 +206,8 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         raw, where = dict(path_or_dict), "<recipe>"
     else:
         p = Path(path_or_dict)
-        if not p.is_file():
-            raise ConfigError(f"recipe {p} does not exist" if not p.exists() else
-                              f"recipe {p} is not a regular file (a folder, a pipe or a device)")
-        try:  # bounded: at most 1 MB, and what its aliases expand to (see utils.safe_yaml)
-            raw, where = read_yaml_file(p, "recipe") or {}, str(p)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise ConfigError(f"recipe {p} is not valid YAML{at}: {problem}") from err
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"cannot read the recipe {p}: {err}") from err
+        # a regular file (no FIFO, no device), bounded: at most 1 MB, and what its aliases expand to (utils.safe_yaml)
+        raw, where = read_yaml_input(p, "recipe") or {}, str(p)
         if not isinstance(raw, Mapping):
             raise ConfigError(f"recipe {p} must be a YAML mapping (key: value lines), not a {type(raw).__name__}")
     if profile is not None:
@@ -231,6 +240,7 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     if not recipe["task"]:
         raise ConfigError(f"{where}: a recipe needs `task`")
     check_recipe_types(recipe, where)
+    _check_names(recipe, where)
     get_task(recipe["task"])
     recipe["name"] = recipe["name"] or f"debiased-{recipe['task']}"
     recipe["pretty_name"] = recipe["pretty_name"] or recipe["name"]
@@ -309,12 +319,16 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
 
 def world_size() -> int:
     """How many processes run this build (``WORLD_SIZE``, set by ``accelerate launch`` and ``torchrun``)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    from ..utils.environment import setting
+
+    return int(setting("WORLD_SIZE", 1))
 
 
 def is_main_rank() -> bool:
     """Whether this process is the one that checks, locks and writes the release (rank 0)."""
-    return int(os.environ.get("RANK", "0")) == 0
+    from ..utils.environment import setting
+
+    return int(setting("RANK", 0)) == 0
 
 
 def _cuda_available() -> bool:
@@ -618,13 +632,24 @@ def _run_filter_steps(run: _Run, d0, eval_splits: dict) -> list:
         record = decision_record(spec["step"], params, d0_filters, kept, rejected, step.rejects.extra,
                                  reason=step.rejects.reason)
         configs.append(ConfigData(name, {"train": kept, **eval_splits}, rejected,
-                                  card_section=step.section(report), decisions=record))
+                                  card_section=step.section(_as_recorded(report)), decisions=record))
         run.reports[f"{name}: {spec['step']}"] = report
         replay = {"replay": run.replay.used[name]} if run.replay is not None else {}
         run.stage(f"{name}: {spec['step']}", clock,
                   counts={"kept": len(kept), "removed": len(dropped) if dropped is not None else 0}, report=report,
                   **replay)
     return configs
+
+
+def _as_recorded(report: Any) -> Any:
+    """A step's report as the manifest records it (paths reduced to file names, keys sorted, JSON values), the
+    form its card section is rendered from: a build that replays the step (from the recorded report) then
+    writes the same card as the build it replays."""
+    import json
+
+    from .card import public_paths
+
+    return json.loads(json.dumps(public_paths(report), sort_keys=True, default=str))
 
 
 def _assemble_configs(run: _Run, configs: list, feats: _Features, eval_splits: dict) -> tuple[list, str]:

@@ -13,14 +13,14 @@ folder, the offline models under ``models/`` included, is never touched.
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
-from .outputs import pid_alive
+from .environment import setting
+from .outputs import MARKER_SUFFIX, marker_of, marker_record, pid_alive, record_written, written_by_us
 
 # (kind, pattern relative to the cache folder): the only entries this tool writes into its cache
 OWN_ENTRIES = (
@@ -31,13 +31,17 @@ OWN_ENTRIES = (
     ("warm-up encoders", "embeddings/warmup-*"),
 )
 MAX_ENV, DEFAULT_MAX_MB = "DEBIASED_NLI_CACHE_MAX_MB", 10240
-MARKER_SUFFIX = ".debiased-nli"  # .<entry name>.debiased-nli beside every entry this tool wrote
 log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
-    """``$DEBIASED_NLI_CACHE``, or ``~/.cache/debiased-nli``."""
-    return Path(os.environ.get("DEBIASED_NLI_CACHE", Path.home() / ".cache" / "debiased-nli"))
+    """``$DEBIASED_NLI_CACHE``, or ``~/.cache/debiased-nli`` (set but empty: an error, not the current folder)."""
+    return setting("DEBIASED_NLI_CACHE", Path.home() / ".cache" / "debiased-nli")
+
+
+def max_cache_bytes() -> int:
+    """``$DEBIASED_NLI_CACHE_MAX_MB`` (default 10240) in bytes: a finite number of MB, 0 or more."""
+    return int(setting(MAX_ENV, DEFAULT_MAX_MB) * 2**20)
 
 
 def cache_dir() -> Path:
@@ -50,24 +54,15 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
-def marker_of(entry: "str | Path") -> Path:
-    """The marker that records ``entry`` as written by this tool."""
-    entry = Path(entry)
-    return entry.parent / f".{entry.name}{MARKER_SUFFIX}"
-
-
 def record_entry(entry: "str | Path") -> None:
-    """Record a complete cache entry (a file or a folder) as written by this tool, so that ``cache clear``
-    and the prune after a build may delete it. A marker that cannot be written leaves the entry
-    unrecorded (never deleted by this tool), with a warning."""
-    marker = marker_of(entry)
-    tmp = marker.with_name(f"{marker.name}.tmp-{os.getpid()}")
+    """Record a complete cache entry (a file or a folder) as written by this tool, with the sha256 of what it
+    holds (:func:`~.outputs.record_written`): ``cache clear`` and the prune after a build may then delete it,
+    and a run uses it only while its bytes are still those. A marker that cannot be written leaves the entry
+    unrecorded (never deleted by this tool, and never used), with a warning."""
     try:
-        tmp.write_text(json.dumps({"written_by": "debiased-nli", "entry": Path(entry).name}) + "\n")
-        os.replace(tmp, marker)
+        record_written(entry)
     except OSError as err:
-        log.warning("could not record the cache entry %s (%s); it will not be pruned", entry, err)
-        tmp.unlink(missing_ok=True)
+        log.warning("could not record the cache entry %s (%s); it will not be used or pruned", entry, err)
 
 
 def record_dataset_files(ds, folder: "str | Path") -> None:
@@ -80,7 +75,28 @@ def record_dataset_files(ds, folder: "str | Path") -> None:
 
 
 def is_recorded(entry: "str | Path") -> bool:
-    return marker_of(entry).is_file()
+    """Whether this tool recorded writing ``entry`` (its marker is there; clearing and pruning go by it)."""
+    return marker_record(entry) is not None
+
+
+def _unrecorded(path: Path) -> None:
+    log.warning("cache entry %s has no record of being written by debiased-nli: not used, and left as it is "
+                "(`debiased-nli cache info` lists such files; delete it if it is an old entry)", path)
+
+
+def usable(path: "str | Path") -> bool:
+    """Whether a cache entry may be read: recorded, and its bytes the sha256 its marker holds. An entry of this
+    tool whose bytes changed is removed with a warning (:func:`discard_entry`) and the caller recomputes it; a
+    file without a record (a user's, an older version's) is not used and left as it is."""
+    if written_by_us(path):
+        return True
+    rec = marker_record(path)
+    if rec is None:
+        _unrecorded(Path(path))
+        return False
+    discard_entry(path, "it has no sha256 in its record" if not isinstance(rec.get("sha256"), str) else
+                  "its bytes are not the ones recorded (sha256 differs)")
+    return False
 
 
 def _matching(folder: Path) -> list[tuple[str, Path]]:
@@ -173,10 +189,7 @@ def prune_cache(max_bytes: int | None = None, folder: Path | None = None) -> tup
     """Delete this tool's oldest cache entries until they take at most ``max_bytes``
     (default ``$DEBIASED_NLI_CACHE_MAX_MB``). Returns (entries, bytes) deleted."""
     if max_bytes is None:
-        try:
-            max_bytes = int(float(os.environ.get(MAX_ENV, DEFAULT_MAX_MB)) * 2**20)
-        except ValueError:
-            max_bytes = DEFAULT_MAX_MB * 2**20
+        max_bytes = max_cache_bytes()
     for tmp in _stale_temporaries(folder or cache_dir()):  # what runs killed while writing an entry left
         _remove(tmp)
     entries = cache_entries(folder)
@@ -204,12 +217,14 @@ def temp_name(path: "str | Path") -> Path:
     return path.parent / f".{path.name}.tmp-{os.getpid()}"
 
 
-def write_entry(path: "str | Path", write, *, record: bool = True) -> bool:
-    """Write ``path`` through ``write(binary file)`` atomically; returns whether it was written. A
-    failure of the disk is a warning, not an error: the entry is simply not cached."""
+def write_entry(path: "str | Path", write) -> bool:
+    """Write ``path`` through ``write(binary file)`` atomically, then its marker with its sha256; returns
+    whether it was written. A failure of the disk is a warning, not an error: the entry is simply not cached."""
     from .outputs import os_reason
 
     path = Path(path)
+    if os.path.lexists(path) and marker_record(path) is None:  # never over a file this tool did not record
+        return False
     tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -222,23 +237,22 @@ def write_entry(path: "str | Path", write, *, record: bool = True) -> bool:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if record:
-        record_entry(path)
+    record_entry(path)
     return True
 
 
-def save_npz(path: "str | Path", *, record: bool = True, **arrays) -> bool:
+def save_npz(path: "str | Path", **arrays) -> bool:
     """``np.savez`` of a cache entry, atomically (see :func:`write_entry`)."""
     import numpy as np
 
-    return write_entry(path, lambda f: np.savez(f, **arrays), record=record)
+    return write_entry(path, lambda f: np.savez(f, **arrays))
 
 
-def save_npy(path: "str | Path", array, *, record: bool = True) -> bool:
+def save_npy(path: "str | Path", array) -> bool:
     """``np.save`` of a cache entry, atomically (see :func:`write_entry`)."""
     import numpy as np
 
-    return write_entry(path, lambda f: np.save(f, array, allow_pickle=False), record=record)
+    return write_entry(path, lambda f: np.save(f, array, allow_pickle=False))
 
 
 def _why(err: BaseException) -> str:
@@ -249,7 +263,7 @@ def _why(err: BaseException) -> str:
 def discard_entry(path: "str | Path", why: "str | BaseException") -> None:
     """Remove an unreadable cache entry (a file or a folder, and its marker), with a warning."""
     path = Path(path)
-    log.warning("cache entry %s is unreadable (%s); recomputing it", path,
+    log.warning("cache entry %s cannot be used (%s); recomputing it", path,
                 _why(why) if isinstance(why, BaseException) else why)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -264,7 +278,7 @@ def load_npz(path: "str | Path", keys) -> dict | None:
     import numpy as np
 
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path) or not usable(path):
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -282,7 +296,7 @@ def load_npy(path: "str | Path", rows: int | None = None):
     import numpy as np
 
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path) or not usable(path):
         return None
     try:
         array = np.load(path, allow_pickle=False)
@@ -297,10 +311,12 @@ def load_npy(path: "str | Path", rows: int | None = None):
     return array
 
 
-def check_arrow_entry(path: "str | Path", rows: int) -> None:
+def check_arrow_entry(path: "str | Path", rows: int) -> bool:
     """Before ``datasets.map(cache_file_name=path)`` reads a cached Arrow file (or the ``_NNNNN_of_NNNNN``
-    shards of a map in processes): every file must read whole, and together hold ``rows`` rows.
-    Otherwise they are removed, with a warning, so that the map recomputes them."""
+    shards of a map in processes): every file must be recorded with the sha256 of its bytes, read whole, and
+    together hold ``rows`` rows. Otherwise they are removed, with a warning, so that the map recomputes them.
+    Returns False when a file without any record (a user's, an older version's) holds the name: it is left as it
+    is, and the map must not use that name."""
     import glob as _glob
 
     import pyarrow as pa
@@ -309,9 +325,16 @@ def check_arrow_entry(path: "str | Path", rows: int) -> None:
     shards = sorted(Path(p) for p in _glob.glob(_glob.escape(str(path.with_suffix(""))) + "_*_of_*" + path.suffix))
     files = ([path] if path.exists() else []) + shards
     if not files:
-        return
+        return True
+    for f in files:
+        if marker_record(f) is None:  # not this tool's (or from before the markers): neither used nor replaced
+            _unrecorded(f)
+            return False
     problem, total, per_count = None, 0, {}
     for f in files:
+        if not written_by_us(f):  # its bytes changed since they were recorded: a miss
+            problem = (f, "its bytes are not the ones recorded (sha256 differs)")
+            break
         try:
             with pa.memory_map(str(f)) as source:
                 n = pa.ipc.open_stream(source).read_all().num_rows
@@ -331,7 +354,8 @@ def check_arrow_entry(path: "str | Path", rows: int) -> None:
             if len(sizes) == int(count) and sum(sizes) != rows:
                 problem = (shards[0], f"its {count} shards hold {sum(sizes)} rows, expected {rows}")
     if problem is not None:
-        log.warning("cache entry %s is unreadable (%s); recomputing it", problem[0], problem[1])
+        log.warning("cache entry %s cannot be used (%s); recomputing it", problem[0], problem[1])
         for f in files:
             f.unlink(missing_ok=True)
             marker_of(f).unlink(missing_ok=True)
+    return True

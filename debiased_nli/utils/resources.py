@@ -29,9 +29,12 @@ RECIPE_SUFFIXES = (".yaml", ".yml")
 def data_folder(name: str) -> Path:
     """The folder ``name`` (``model_cards``, ``evaluation`` or ``builders``): the environment override,
     else the copy inside the installed package, else the repository root of a checkout."""
+    from .environment import setting
+
     packaged, env = FOLDERS[name]
-    if os.environ.get(env):
-        return Path(os.environ[env])
+    override = setting(env, None)  # set but empty: an error, not the current folder
+    if override is not None:
+        return override
     inside = resources.files("debiased_nli") / packaged
     if inside.is_dir():
         return Path(str(inside))

@@ -85,6 +85,27 @@ def load_yaml(text: str, where: str) -> Any:
         loader.dispose()
 
 
+def read_yaml_input(path: "str | Path", what: str = "file") -> Any:
+    """A YAML file named by the user (a recipe, a plan, a task or set spec): a regular file (a FIFO or a
+    device is refused before it is opened), read with :func:`read_yaml_file`'s bounds; not UTF-8, not YAML
+    (with its line and column) or unreadable is a one-line :class:`ConfigError`."""
+    from .paths import check_input_file
+
+    p = Path(path)
+    check_input_file(p, what)
+    try:
+        return read_yaml_file(p, what)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{what} {p} is not valid YAML{at}: {problem}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what} {p} is not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read the {what} {p}: {err.strerror or err}") from None
+
+
 def read_yaml_file(path: "str | Path", what: str = "file") -> Any:
     """:func:`load_yaml` of a file of at most :data:`MAX_BYTES` (a FIFO or device is refused before it
     is opened: see the caller's ``is_file`` check)."""

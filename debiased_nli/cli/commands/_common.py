@@ -169,7 +169,39 @@ def run_method(args: argparse.Namespace, step, write, *, task: TaskSpec | None =
     return write(result, loaded, manifest)
 
 
-def write_set_aside(loaded, out: "str | Path") -> None:
-    """The rows ``--on-invalid set_aside`` set aside, with their reason, as ``out/set_aside.parquet``."""
+def write_set_aside(loaded, out: "str | Path", outputs=None) -> None:
+    """The rows ``--on-invalid set_aside`` set aside, with their reason, as ``out/set_aside.parquet``
+    (``outputs``: the command's :class:`~debiased_nli.utils.outputs.OwnFiles`, which then writes it)."""
     if loaded.set_aside is not None and len(loaded.set_aside):
-        loaded.set_aside.to_parquet(str(Path(out) / "set_aside.parquet"))
+        path = Path(out) / "set_aside.parquet"
+        loaded.set_aside.to_parquet(str(outputs.temp(path) if outputs is not None else path))
+
+
+def run_folder(out: "str | Path", command: str, markers: "tuple[str, ...]") -> Path:
+    """``--out`` of a resumable command (generate, train-generator): new, empty, or a run of that command
+    (one of ``markers`` there: its run's config or report as a JSON mapping, or a folder it writes); checked
+    before any work, so that a folder of the user's is never written into."""
+    from ...utils.outputs import check_output_folder, json_of
+
+    def ours(folder: Path) -> bool:
+        return any((folder / n).is_dir() if n.endswith("/") else isinstance(json_of(folder / n), dict) for n in markers)
+
+    return check_output_folder(out, what=f"{command} run", is_ours=ours)
+
+
+def command_outputs(out: "str | Path", command: str, files: "tuple[str, ...]", *, legacy: "tuple[str, ...]" = ()):
+    """The files a command writes into ``--out`` (aflite, pdd, ibadr, confidence-filter), checked before any
+    work: the folder is new, empty or this command's (one of ``files`` written by this tool, or, from before
+    the markers, one of ``legacy``: a report JSON or the folder of a resumable run), and no file there is
+    replaced that this tool did not write. Returns the :class:`~debiased_nli.utils.outputs.OwnFiles` (with
+    ``set_aside.parquet``)."""
+    from ...utils.outputs import OwnFiles, check_output_folder, holds_own_file, json_of
+
+    names = tuple(files) + ("set_aside.parquet",)
+
+    def old_run(folder: Path) -> bool:
+        return any((folder / n).is_dir() if n.endswith("/") else isinstance(json_of(folder / n), dict)
+                   for n in legacy)
+
+    folder = check_output_folder(out, what=f"{command} output", is_ours=lambda f: holds_own_file(f, names) or old_run(f))
+    return OwnFiles([folder / n for n in names], what=f"--out {out}", legacy=lambda p: old_run(folder))

@@ -10,6 +10,7 @@ from ._common import (
     add_run_arguments,
     add_task_arguments,
     check_model_reference,
+    command_outputs,
     number,
     run_method,
     task_from_args,
@@ -106,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
               "top_k": args.top_k}
     params = {k: v for k, v in params.items() if v is not None}
 
+    from ...methods.aflite.report import OUTPUT_FILES
+
+    outputs = command_outputs(args.out, "aflite", OUTPUT_FILES, legacy=("aflite.json",))  # before any work
+
     def step(ds, task):
         require_two_labels(ds, task, f"{task.name} split {args.split!r}")
         return aflite_step(ds, task, params)
@@ -113,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
     def write(result, loaded, manifest) -> int:
         kept, removed, report = result
         report["manifest"] = {**manifest, "input_fingerprint": loaded.dataset._fingerprint}
-        paths = write_aflite_outputs(kept, removed, report, args.out)
-        write_set_aside(loaded, paths["json"].parent)
+        with outputs:
+            paths = write_aflite_outputs(kept, removed, report, args.out, outputs=outputs)
+            write_set_aside(loaded, paths["json"].parent, outputs)
         print(json.dumps({"kept": report["n_kept"], "removed": report["removed_by_reason"], "rounds": report["rounds"],
                           "stop_reason": report["stop_reason"], "out": str(paths["json"].parent)}))
         return 0

@@ -12,11 +12,10 @@ included, is never touched. After every build the cache is pruned to ``$DEBIASED
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-from ...utils.cache import DEFAULT_MAX_MB, MAX_ENV, cache_dir, cache_entries, clear_cache, unrecorded_entries
+from ...utils.cache import MAX_ENV, cache_dir, cache_entries, clear_cache, max_cache_bytes, unrecorded_entries
 from ._common import POSITIVE_FLOAT
 
 
@@ -47,7 +46,7 @@ def run(args) -> int:
             print(f"  {kind:18s} {len(es):>6} entries  {_mb(sum(e['bytes'] for e in es)):>12}")
         total = sum(e["bytes"] for e in entries)
         print(f"  {'total':18s} {len(entries):>6} entries  {_mb(total):>12}  (pruned to "
-              f"{os.environ.get(MAX_ENV, DEFAULT_MAX_MB)} MB after each build; ${MAX_ENV})")
+              f"{max_cache_bytes() / 2**20:g} MB after each build; ${MAX_ENV})")
         if entries:
             age = (time.time() - entries[0]["mtime"]) / 86400
             print(f"  oldest entry: {age:.1f} days")

@@ -133,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
                       claims=args.claims, seed_major=args.seed_major)
         if args.no_report or args.claims:
             return 0
+    if getattr(args, "push_to", None):  # before the report: a wrong repo id wastes no bootstrap
+        from ...utils.hub import check_repo_id
+
+        check_repo_id(args.push_to, "--push-to")
     out = Path(args.out).resolve() if getattr(args, "out", None) else None
     table = report(plan, out)
     stem = out or plan.results_dir.parent / plan.results_dir.name

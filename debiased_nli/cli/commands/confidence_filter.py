@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from ._common import POSITIVE_INT, add_task_arguments, check_model_reference, number, task_from_args
+from ._common import POSITIVE_INT, add_task_arguments, check_model_reference, command_outputs, number, task_from_args
 
 DESCRIPTION = """\
 Confidence filtering (Wu et al. 2022): an NLI model M (any AutoModelForSequenceClassification, Hub id or
@@ -48,6 +47,10 @@ def run(args) -> int:
 
     task = task_from_args(args)
     check_model_reference(args.model, "--model")
+    outputs = command_outputs(args.out, "confidence-filter", ("kept.parquet", "rejected.parquet",
+                                                              "confidence_report.json", "calibration.json",
+                                                              "reliability.png"),
+                              legacy=("confidence_report.json",))  # before any work
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -73,17 +76,18 @@ def run(args) -> int:
                                                                "max_length": args.max_length,
                                                                "calibration": calibration,
                                                                "probabilities": args.probabilities})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    kept.to_parquet(str(out / "kept.parquet"))
-    rejected.to_parquet(str(out / "rejected.parquet"))
     report["model"] = args.model
     if "calibration" in report:
-        from ...methods.calibration import plot_reliability
         report["calibration"]["data"] = args.calibration_data
-        (out / "calibration.json").write_text(json.dumps(report["calibration"], indent=2))
-        plot_reliability(report["calibration"], out / "reliability.png")
-    (out / "confidence_report.json").write_text(json.dumps(report, indent=2))
+    with outputs:
+        out = outputs.paths[0].parent
+        kept.to_parquet(str(outputs.temp(out / "kept.parquet")))
+        rejected.to_parquet(str(outputs.temp(out / "rejected.parquet")))
+        outputs.write_text(out / "confidence_report.json", json.dumps(report, indent=2))
+        if "calibration" in report:
+            from ...methods.calibration import plot_reliability
+            outputs.write_text(out / "calibration.json", json.dumps(report["calibration"], indent=2))
+            plot_reliability(report["calibration"], outputs.temp(out / "reliability.png"))
     print(json.dumps({k: v for k, v in report.items() if k != "calibration"}, indent=2))
     if "calibration" in report:
         c = report["calibration"]

@@ -37,10 +37,15 @@ def run(args) -> int:
 
     from ...release.diff import diff_releases
 
+    from ...utils.outputs import OwnFiles
+
+    # --out: never a file this tool did not write; written under a temporary name, renamed when whole
+    out = OwnFiles([Path(args.out)], what=f"--out {args.out}") if args.out else None
     d = diff_releases(args.old, args.new, top_k=args.top_k)
     text = d.markdown()
-    if args.out:
-        Path(args.out).write_text(text)
+    if out is not None:
+        with out:
+            out.write_text(Path(args.out), text)
     print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else text, end="" if not args.json else "\n")
     print(("identical: " if d.identical else "different: ") + d.summary(), file=sys.stderr)
     return 0 if d.identical else 1

@@ -69,7 +69,7 @@ def _compare_args(items):
 
 def run(args: argparse.Namespace) -> int:
     from ...models.challenge import get_set, get_suite, list_sets, list_suites, resolve_sets
-    from ...models.evaluation import EvalConfig, evaluate_models, push_results, write_outputs
+    from ...models.evaluation import EvalConfig, evaluate_models, evaluation_outputs, push_results, write_outputs
     from ...utils.errors import ConfigError
 
     if args.list:
@@ -82,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.model or not args.out:
         raise ConfigError("evaluate needs --model DIR [DIR ...] and --out DIR (or --list)")
+    if args.push_to:
+        from ...utils.hub import check_repo_id
+
+        check_repo_id(args.push_to, "--push-to")
     for model in args.model:
         check_model_reference(model, "--model")
     label_order = [x.strip() for x in args.label_order.split(",")] if args.label_order else None
@@ -89,13 +93,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--label-order {args.label_order!r}: give each label name once, comma-separated")
     sets = resolve_sets(args.suite, args.sets)
     compare = _compare_args(args.compare)
+    outputs = evaluation_outputs(args.out)  # before any model is scored: never over a file of the user's
     cfg = EvalConfig(max_examples=args.max_examples, sample_seed=args.sample_seed, batch_size=args.batch_size,
                      max_length=args.max_length, max_tokens=args.max_tokens, data_root=args.data_root,
                      device=args.device, label_order=label_order, dtype=args.dtype)
     results = evaluate_models(args.model, sets, cfg)
     results["suite"] = args.suite
     name = args.name or Path(args.out).name
-    paths = write_outputs(results, args.out, name=name, compare=compare, notes=args.notes or "",
+    paths = write_outputs(results, args.out, outputs=outputs, name=name, compare=compare, notes=args.notes or "",
                           title=f"Evaluation report: {name}")
     for s, e in results["sets"].items():
         std = f" ± {100 * e['accuracy_std']:.1f}" if len(e["runs"]) > 1 else ""

@@ -5,7 +5,7 @@ import argparse
 import json
 
 from ...utils.errors import ConfigError
-from ._common import POSITIVE_FLOAT, POSITIVE_INT, SEED, check_model_reference, number
+from ._common import POSITIVE_FLOAT, POSITIVE_INT, SEED, check_model_reference, number, run_folder
 
 DESCRIPTION = """\
 Sample rows from a generator trained by `debiased-nli train-generator` (a folder with a full model or a
@@ -74,9 +74,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...methods.generation.sample import generate_samples
+    from ...methods.generation.sample import CONFIG_FILE, REPORT_FILE, generate_samples
 
     check_model_reference(args.generator, "--generator", files=("config.json", "adapter_config.json"))
+    run_folder(args.out, "generate", (CONFIG_FILE, REPORT_FILE))  # never a folder of the user's
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)

@@ -4,9 +4,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
-from ._common import add_run_arguments, add_task_arguments, run_method
+from ._common import (
+    NON_NEGATIVE_INT,
+    POSITIVE_FLOAT,
+    POSITIVE_INT,
+    add_run_arguments,
+    add_task_arguments,
+    command_outputs,
+    number,
+    run_method,
+)
 
 DESCRIPTION = """\
 IBADR (Wang et al. 2023). The pool S starts as the task's rows D0. Each iteration:
@@ -39,51 +47,51 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="run folder (one resumable folder per iteration)")
     p.add_argument("--generator", default=P["generator"], help="causal LM to start from (Hub id or folder)")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (peft) instead of the full model")
-    p.add_argument("--lora-r", type=int, default=8)
-    p.add_argument("--lora-alpha", type=int, default=16)
-    p.add_argument("--lora-dropout", type=float, default=0.05)
+    p.add_argument("--lora-r", type=POSITIVE_INT, default=8)
+    p.add_argument("--lora-alpha", type=POSITIVE_INT, default=16)
+    p.add_argument("--lora-dropout", type=number(float, low=0, high=1, high_open=True), default=0.05)
     p.add_argument("--lora-targets", default="all-linear")
     p.add_argument("--confidence-model", required=True, help="the NLI classifier M of the confidence filter")
-    p.add_argument("--epsilon", type=float, default=P["epsilon"], help="keep samples with p_M(label) > epsilon")
+    p.add_argument("--epsilon", type=number(float, low=0, high=1, high_open=True), default=P["epsilon"], help="keep samples with p_M(label) > epsilon")
     p.add_argument("--shallow-model", default=P["shallow_model"], help="the shallow model theta_s (a classifier to fine-tune)")
-    p.add_argument("--shallow-rows", type=int, help="rows theta_s is trained on (default 2000; FEVER 500)")
-    p.add_argument("--shallow-epochs", type=float, default=P["shallow_epochs"])
-    p.add_argument("--shallow-lr", type=float, default=P["shallow_lr"])
-    p.add_argument("--shallow-batch-size", type=int, default=16)
-    p.add_argument("--shallow-max-length", type=int, default=128)
+    p.add_argument("--shallow-rows", type=POSITIVE_INT, help="rows theta_s is trained on (default 2000; FEVER 500)")
+    p.add_argument("--shallow-epochs", type=POSITIVE_FLOAT, default=P["shallow_epochs"])
+    p.add_argument("--shallow-lr", type=POSITIVE_FLOAT, default=P["shallow_lr"])
+    p.add_argument("--shallow-batch-size", type=POSITIVE_INT, default=16)
+    p.add_argument("--shallow-max-length", type=POSITIVE_INT, default=128)
     p.add_argument("--no-update-shallow", action="store_true", help="ablation: keep the first theta_s (w/o USM)")
-    p.add_argument("--usm-rows", type=int, default=P["usm_rows"], help="pool rows theta_s is re-trained on (USM)")
+    p.add_argument("--usm-rows", type=POSITIVE_INT, default=P["usm_rows"], help="pool rows theta_s is re-trained on (USM)")
     p.add_argument("--usm-continue", action="store_true", help="USM fine-tunes the previous theta_s, not the pretrained model")
-    p.add_argument("--n-bi", type=int, default=P["n_bi"], help="number of bias indicators N_bi")
-    p.add_argument("--n-iter", type=int, default=P["n_iter"], help="iterations N_iter")
-    p.add_argument("--samples-per-iter", type=int, default=P["samples_per_iter"])
+    p.add_argument("--n-bi", type=POSITIVE_INT, default=P["n_bi"], help="number of bias indicators N_bi")
+    p.add_argument("--n-iter", type=POSITIVE_INT, default=P["n_iter"], help="iterations N_iter")
+    p.add_argument("--samples-per-iter", type=POSITIVE_INT, default=P["samples_per_iter"])
     p.add_argument("--indicator", choices=["random_low", "lowest", "none"], default=P["indicator"],
                    help="b-bar: random among b1..b_{N_bi/2} (the paper), always b1, or no indicator at all")
     p.add_argument("--no-iterate", action="store_true",
                    help="ablation: one iteration sampling n-iter x samples-per-iter rows")
-    p.add_argument("--gen-lr", type=float, default=P["gen_lr"])
-    p.add_argument("--gen-epochs-first", type=int, default=P["gen_epochs_first"])
-    p.add_argument("--gen-epochs-later", type=int, default=P["gen_epochs_later"])
-    p.add_argument("--gen-batch-size", type=int, default=8)
-    p.add_argument("--gen-grad-accum", type=int, default=1)
-    p.add_argument("--gen-max-length", type=int, default=128)
-    p.add_argument("--gen-rows", type=int, help="train the generator on this many indicator-stratified pool rows "
+    p.add_argument("--gen-lr", type=POSITIVE_FLOAT, default=P["gen_lr"])
+    p.add_argument("--gen-epochs-first", type=NON_NEGATIVE_INT, default=P["gen_epochs_first"])
+    p.add_argument("--gen-epochs-later", type=NON_NEGATIVE_INT, default=P["gen_epochs_later"])
+    p.add_argument("--gen-batch-size", type=POSITIVE_INT, default=8)
+    p.add_argument("--gen-grad-accum", type=POSITIVE_INT, default=1)
+    p.add_argument("--gen-max-length", type=POSITIVE_INT, default=128)
+    p.add_argument("--gen-rows", type=POSITIVE_INT, help="train the generator on this many indicator-stratified pool rows "
                                                 "per iteration (default: all of S, the paper)")
-    p.add_argument("--checkpoint-every", type=int, default=500, help="generator checkpoint interval (steps)")
-    p.add_argument("--top-p", type=float, default=P["top_p"])
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--sample-batch-size", type=int, default=16)
-    p.add_argument("--shard-size", type=int, default=1000)
-    p.add_argument("--confidence-batch-size", type=int, default=64)
+    p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=500, help="generator checkpoint interval (steps)")
+    p.add_argument("--top-p", type=number(float, low=0, high=1, low_open=True), default=P["top_p"])
+    p.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)
+    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=96)
+    p.add_argument("--sample-batch-size", type=POSITIVE_INT, default=16)
+    p.add_argument("--shard-size", type=POSITIVE_INT, default=1000)
+    p.add_argument("--confidence-batch-size", type=POSITIVE_INT, default=64)
     add_run_arguments(p, seed_help="seed of the run's random choices (theta_s's rows, the indicators, the generator's "
                                    "training and sampling; iteration k uses seed + k; default 0)")
     p.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="generator dtype for sampling")
     p.add_argument("--cpu", action="store_true", help="run on CPU even when a GPU is visible")
-    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+    p.add_argument("--time-budget", type=POSITIVE_FLOAT, metavar="SECONDS",
                    help="stop between units of work after this long (resume by rerunning); single process only")
-    p.add_argument("--gen-chunk-steps", type=int, default=20,
+    p.add_argument("--gen-chunk-steps", type=POSITIVE_INT, default=20,
                    help="with --time-budget: generator steps between deadline checks (default 20)")
     p.set_defaults(func=run)
 
@@ -110,6 +118,10 @@ def run(args) -> int:
               "shard_size": args.shard_size, "confidence_batch_size": args.confidence_batch_size, "seed": args.seed,
               "cpu": args.cpu, "mixed_precision": args.mixed_precision, "dtype": args.dtype}
 
+    # before any work: the folder is new, empty or this command's run (its iterations resume)
+    outputs = command_outputs(args.out, "ibadr", ("ibadr.json", "pool.parquet", "generated.parquet", "rejected.parquet",
+                                                  "ibadr.md"), legacy=("iter-1/", "ibadr.json"))
+
     def step(d0, task):
         cfg = config_from_params(task, params)
         deadline = time.time() + args.time_budget if args.time_budget else None
@@ -119,18 +131,20 @@ def run(args) -> int:
         from accelerate import PartialState
         if not PartialState().is_main_process:
             return 0
-        out = Path(args.out)
-        (out / "ibadr.json").write_text(json.dumps(res.report, indent=2, default=str))
+        out = outputs.paths[0].parent
+        with outputs:  # each file under a temporary name, renamed into place once all are written
+            outputs.write_text(out / "ibadr.json", json.dumps(res.report, indent=2, default=str))
+            if res.complete:
+                res.pool.to_parquet(str(outputs.temp(out / "pool.parquet")))
+                if res.generated is not None:
+                    res.generated.to_parquet(str(outputs.temp(out / "generated.parquet")))
+                if res.rejected is not None:
+                    res.rejected.to_parquet(str(outputs.temp(out / "rejected.parquet")))
+                outputs.write_text(out / "ibadr.md", render_ibadr_md(res.report))
         if not res.complete:
             print(f"IBADR paused after {res.report['iterations_complete']} complete iteration(s); rerun the same "
                   f"command to continue")
             return 3
-        res.pool.to_parquet(str(out / "pool.parquet"))
-        if res.generated is not None:
-            res.generated.to_parquet(str(out / "generated.parquet"))
-        if res.rejected is not None:
-            res.rejected.to_parquet(str(out / "rejected.parquet"))
-        (out / "ibadr.md").write_text(render_ibadr_md(res.report))
         print(json.dumps({k: v for k, v in res.report.items() if k != "iterations"}, indent=2, default=str))
         return 0
 

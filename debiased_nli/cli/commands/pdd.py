@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import add_run_arguments, add_task_arguments, run_method, write_set_aside
+from ._common import add_run_arguments, add_task_arguments, command_outputs, run_method, write_set_aside
 
 DESCRIPTION = """\
 PDD (Guo et al. 2023, Algorithm 1). For each biased feature x (|z*| > tau) of three families (pair
@@ -104,14 +104,19 @@ def run(args: argparse.Namespace) -> int:
               "engine": args.engine, "dtype": args.dtype, "seed": args.seed, "work_dir": str(Path(args.out) / "work"),
               "progress": not args.no_progress}
 
+    from ...methods.pdd.step import OUTPUT_FILES
+
+    outputs = command_outputs(args.out, "pdd", OUTPUT_FILES, legacy=("pdd.json", "work/"))  # before any work
+
     def write(result, loaded, manifest) -> int:
         import pyarrow.parquet as pq
 
         kept, removed, report = result
         report["manifest"] = manifest
         log = pq.read_table(report["log_path"]).to_pylist()
-        paths = write_pdd_outputs(kept, removed, report, log, args.out)
-        write_set_aside(loaded, paths["json"].parent)
+        with outputs:
+            paths = write_pdd_outputs(kept, removed, report, log, args.out, outputs=outputs)
+            write_set_aside(loaded, paths["json"].parent, outputs)
         print(json.dumps({"rows": report["rows"], "operations": {k: report["operations"][k] for k in
                                                                  ("attempted", "keep", "lose", "failed", "acceptance")},
                           "features": report["feature_status"], "out": str(paths["json"].parent)}))

@@ -139,9 +139,12 @@ def run(args: argparse.Namespace) -> int:
     from ...models.training import load_training_split, train_classifier
     from ...utils.errors import ConfigError
 
+    from ...models.training import check_train_folder
+
     task = task_from_args(args)
     if args.release and args.data_files:
         raise ConfigError("give either --release (with --config) or --data-files, not both")
+    check_train_folder(args.out)  # before any work: never a folder of the user's
     check_model_reference(args.model, "--model")
     if args.poe and args.bias_model != "tfidf":
         check_model_reference(args.bias_model, "--bias-model")

@@ -13,6 +13,7 @@ from ._common import (
     add_task_arguments,
     check_model_reference,
     number,
+    run_folder,
     task_from_args,
 )
 
@@ -99,6 +100,7 @@ def run(args) -> int:
     task = task_from_args(args)
     # a LoRA adapter folder (adapter_config.json) continues that adapter: G* is fine-tuned from a LoRA G
     check_model_reference(args.model, "--model", files=("config.json", "adapter_config.json"))
+    run_folder(args.out, "train-generator", ("train_report.json", "checkpoints/"))  # never a folder of the user's
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)

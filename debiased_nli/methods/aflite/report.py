@@ -101,20 +101,29 @@ def plot_aflite(report: Mapping[str, Any], path) -> None:
     plt.close(fig)
 
 
-def write_aflite_outputs(kept, removed, report: Mapping[str, Any], out_dir) -> dict:
-    """kept.parquet, removed.parquet, aflite.json, aflite.md and aflite.png in ``out_dir``."""
+OUTPUT_FILES = ("kept.parquet", "removed.parquet", "aflite.json", "aflite.md", "aflite.png")
+
+
+def write_aflite_outputs(kept, removed, report: Mapping[str, Any], out_dir, outputs=None) -> dict:
+    """kept.parquet, removed.parquet, aflite.json, aflite.md and aflite.png in ``out_dir``, each under a
+    temporary name first and never over a file this tool did not write (``outputs``: the command's
+    :class:`~debiased_nli.utils.outputs.OwnFiles`; the caller then closes it)."""
     import json
     from pathlib import Path
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"kept": out / "kept.parquet", "removed": out / "removed.parquet", "json": out / "aflite.json",
-             "md": out / "aflite.md", "png": out / "aflite.png"}
-    kept.to_parquet(str(paths["kept"]))
-    removed.to_parquet(str(paths["removed"]))
-    paths["json"].write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
-    paths["md"].write_text(render_aflite_md(report))
-    plot_aflite(report, paths["png"])
+    from ...utils.outputs import OwnFiles
+
+    out = Path(outputs.paths[0].parent if outputs is not None else out_dir)
+    paths = dict(zip(("kept", "removed", "json", "md", "png"), (out / n for n in OUTPUT_FILES)))
+    import contextlib
+
+    own = outputs or OwnFiles(paths.values(), what=f"--out {out_dir}")
+    with own if outputs is None else contextlib.nullcontext():  # the caller's OwnFiles: it renames them
+        kept.to_parquet(str(own.temp(paths["kept"])))
+        removed.to_parquet(str(own.temp(paths["removed"])))
+        own.write_text(paths["json"], json.dumps(report, indent=2, default=_json_default) + "\n")
+        own.write_text(paths["md"], render_aflite_md(report))
+        plot_aflite(report, own.temp(paths["png"]))
     return paths
 
 

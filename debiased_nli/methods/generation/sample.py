@@ -296,10 +296,10 @@ GROWABLE = ("num_samples", "num_shards")  # what --extend may change; "extended_
 
 
 def _read_config(out: Path) -> dict:
-    try:
-        return json.loads((out / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    from ...utils.outputs import json_of
+
+    config = json_of(out / CONFIG_FILE)  # absent, unreadable, not a mapping, nested without end: no config
+    return config if isinstance(config, dict) else {}
 
 
 def _write_config(out: Path, config: dict) -> None:

@@ -264,19 +264,27 @@ def examples_from_log(log, n: int = 20, seed: int = 0) -> list[dict]:
     return out
 
 
-def write_pdd_outputs(kept, removed, report, log, out_dir) -> dict[str, Path]:
-    """debiased.parquet, removed.parquet, perturbations.parquet, pdd.json, pdd.md, pdd_z.png."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"debiased": out / "debiased.parquet", "removed": out / "removed.parquet",
-             "log": out / "perturbations.parquet", "json": out / "pdd.json", "md": out / "pdd.md",
-             "png": out / "pdd_z.png"}
-    kept.to_parquet(str(paths["debiased"]))
-    removed.to_parquet(str(paths["removed"]))
-    log_dataset(log).to_parquet(str(paths["log"]))
-    paths["json"].write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
-    paths["md"].write_text(render_pdd_md(report))
-    plot_pdd(report, paths["png"])
+OUTPUT_FILES = ("debiased.parquet", "removed.parquet", "perturbations.parquet", "pdd.json", "pdd.md", "pdd_z.png")
+
+
+def write_pdd_outputs(kept, removed, report, log, out_dir, outputs=None) -> dict[str, Path]:
+    """debiased.parquet, removed.parquet, perturbations.parquet, pdd.json, pdd.md, pdd_z.png, each under a
+    temporary name first and never over a file this tool did not write (``outputs``: the command's
+    :class:`~debiased_nli.utils.outputs.OwnFiles`; the caller then closes it)."""
+    from ...utils.outputs import OwnFiles
+
+    out = Path(outputs.paths[0].parent if outputs is not None else out_dir)
+    paths = dict(zip(("debiased", "removed", "log", "json", "md", "png"), (out / n for n in OUTPUT_FILES)))
+    import contextlib
+
+    own = outputs or OwnFiles(paths.values(), what=f"--out {out_dir}")
+    with own if outputs is None else contextlib.nullcontext():  # the caller's OwnFiles: it renames them
+        kept.to_parquet(str(own.temp(paths["debiased"])))
+        removed.to_parquet(str(own.temp(paths["removed"])))
+        log_dataset(log).to_parquet(str(own.temp(paths["log"])))
+        own.write_text(paths["json"], json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+        own.write_text(paths["md"], render_pdd_md(report))
+        plot_pdd(report, own.temp(paths["png"]))
     return paths
 
 

@@ -189,36 +189,32 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
     ``<stem>_intervals.png`` into the dataset repo ``repo_id`` (which must exist: the release). Returns ``{commit, commit_url, files, notes}``."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from ..publish import DEADLINE_ENV, TIMEOUT_ENV, env_seconds, hub_error, hub_timeouts
+    from ..publish import check_repo_id, hub_call
     from .report import intervals_path
 
-    if repo_id.count("/") != 1:
-        raise ConfigError(f"--push-to must look like ORG/NAME, got {repo_id!r}")
+    check_repo_id(repo_id, "--push-to")
     api = api or HfApi(token=token, endpoint=endpoint)
-    timeout, deadline = env_seconds(TIMEOUT_ENV, 60), env_seconds(DEADLINE_ENV, 3600)
-    try:
-        with hub_timeouts(timeout, deadline):
-            if not api.repo_exists(repo_id, repo_type="dataset"):
-                raise ConfigError(f"{repo_id} is not a dataset repo on the Hub: push the release first "
-                                  f"(`debiased-nli push FOLDER --repo-id {repo_id}`), then its evaluation")
-            revisions = _Revisions(api, repo_id, plan, revision, endpoint or api.endpoint, token)
-            trained = trained_on(plan, table, revisions)
-            index, left_out = model_index(plan, table, trained)
-            md = stem.with_suffix(".md").read_text()
-            ops = [CommitOperationAdd(path_in_repo=f"{FOLDER}/README.md",
-                                      path_or_fileobj=readme(plan, table, md, repo_id, trained, index, left_out).encode())]
-            for f in (*(stem.with_suffix(x) for x in (".md", ".json", ".png")), intervals_path(stem)):
-                if f.exists():
-                    ops.append(CommitOperationAdd(path_in_repo=f"{FOLDER}/{f.name}", path_or_fileobj=str(f)))
-            info = api.create_commit(repo_id, ops, repo_type="dataset",
-                                     commit_message=f"debiased-nli evaluation report ({len(trained)} rows)")
-    except ConfigError:
-        raise
-    except Exception as err:
-        mapped = hub_error(err, getattr(api, "endpoint", None) or endpoint or "the Hub", timeout, "the evaluation report")
-        if mapped is None:
-            raise
-        raise mapped from err
+
+    def work():
+        if not api.repo_exists(repo_id, repo_type="dataset"):
+            raise ConfigError(f"{repo_id} is not a dataset repo on the Hub: push the release first "
+                              f"(`debiased-nli push FOLDER --repo-id {repo_id}`), then its evaluation")
+        revisions = _Revisions(api, repo_id, plan, revision, endpoint or api.endpoint, token)
+        trained = trained_on(plan, table, revisions)
+        index, left_out = model_index(plan, table, trained)
+        md = stem.with_suffix(".md").read_text()
+        ops = [CommitOperationAdd(path_in_repo=f"{FOLDER}/README.md",
+                                  path_or_fileobj=readme(plan, table, md, repo_id, trained, index, left_out).encode())]
+        for f in (*(stem.with_suffix(x) for x in (".md", ".json", ".png")), intervals_path(stem)):
+            if f.exists():
+                ops.append(CommitOperationAdd(path_in_repo=f"{FOLDER}/{f.name}", path_or_fileobj=str(f)))
+        info = api.create_commit(repo_id, ops, repo_type="dataset",
+                                 commit_message=f"debiased-nli evaluation report ({len(trained)} rows)")
+        return info, ops, trained, index, left_out
+
+    # every request of the push, the revisions' downloads included, inside the Hub deadline
+    info, ops, trained, index, left_out = hub_call(work, what="the evaluation report",
+                                                   endpoint=getattr(api, "endpoint", None) or endpoint)
     notes = [f"{name}: trained on {t['text']}" for name, t in trained.items()]
     if left_out:
         notes.append("not in the model-index (no Hub dataset with these rows): " + ", ".join(left_out))

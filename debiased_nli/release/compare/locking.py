@@ -53,7 +53,10 @@ class LockTurns:
         if self.fh is None:
             import fcntl
 
-            self.fh = open(self.path, "a")
+            from ...utils.outputs import open_lock_file
+
+            # opened without following a link at the lock's path (open_lock_file); named by its path
+            self.fh = open(self.path, "a", opener=lambda path, flags: open_lock_file(path))
             log(f"{self.what}: waiting for {self.path}")
             t0 = time.time()
             fcntl.flock(self.fh, fcntl.LOCK_EX)

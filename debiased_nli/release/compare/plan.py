@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ...utils.errors import ConfigError
+from ...utils.paths import check_name
 
 DEVICES = ("any", "cpu", "cuda")
 CORRECTIONS = ("holm", "bonferroni", "bh")
@@ -56,6 +57,8 @@ _TOP_KEYS = {"task", "model", "model_name", "seeds", "runs_dir", "results_dir", 
              "select_on", "evaluate", "releases", "rows", "primary", "correction", "statistics", "bootstrap", "extends",
              "replicates", "note", "commands", "lock_budget_minutes", "title", "intro", "paths_relative_to"}
 _ROW_KEYS = {"name", "description", "data", "poe", "compare_with", "hold"}
+MAX_EXTENDS = 16
+SEED_LIMIT = 2 ** 32  # numpy's and torch's seeds: 0 .. 2**32 - 1
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -64,6 +67,22 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def report_outputs(stem: Path, intervals: Path):
+    """The files ``compare report`` writes at ``stem`` (.md, .json, .png and the forest ``intervals``), as
+    :class:`~debiased_nli.utils.outputs.OwnFiles`: a file there that this tool did not write (a ``results.md`` of
+    the user's) is refused before the bootstrap runs, and each is written whole or not at all. A report written
+    before the markers is recognised by its JSON (the report's schema), and replaced."""
+    from ...utils.outputs import OwnFiles, json_of
+    from ..efficacy import TABLE_SCHEMAS
+
+    def legacy(path: Path) -> bool:
+        table = json_of(stem.with_suffix(".json"))
+        return isinstance(table, dict) and table.get("schema") in TABLE_SCHEMAS
+
+    return OwnFiles([stem.with_suffix(".md"), stem.with_suffix(".json"), stem.with_suffix(".png"), intervals],
+                    what=f"compare report {stem}", legacy=legacy)
 
 
 def _expand(value: "str | os.PathLike", base: Path) -> Path:
@@ -228,21 +247,27 @@ def read_plan(path: Path, base: Path | None = None, _seen: tuple = ()) -> dict:
     """The plan's YAML; ``extends: other.yaml`` (relative to this file) starts from that plan: a key given
     here replaces the other's, except the mappings ``train``, ``evaluate`` and ``releases``, which are
     updated key by key (so a GPU plan restates only what differs from the CPU one)."""
-    import yaml
+    from ...utils.safe_yaml import read_yaml_input
 
     path = path.resolve()
     if path in _seen:
         raise ConfigError(f"{path}: `extends` loops: {' -> '.join(map(str, (*_seen, path)))}")
-    if not path.exists():
+    if len(_seen) >= MAX_EXTENDS:
+        raise ConfigError(f"{path}: `extends` goes {len(_seen)} plans deep; at most {MAX_EXTENDS}")
+    if not path.exists() and not path.is_symlink():
         raise ConfigError(f"plan {path} does not exist")
-    raw = yaml.safe_load(path.read_text()) or {}
+    # the recipe reader's bounds: a regular file (no FIFO, no device), at most 1 MB, aliases expanded at most
+    # 100,000 values, UTF-8
+    raw = read_yaml_input(path, "plan") or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a plan is a YAML mapping (task, model, seeds, train, evaluate, rows, ...)")
     parent = raw.pop("extends", None)
     if not parent:
         return raw
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: extends must be the path of another plan, got {parent!r:.80}")
     parent_path = _expand(parent, path.parent)
-    if not parent_path.exists():
+    if not parent_path.exists() and not parent_path.is_symlink():
         raise ConfigError(f"{path}: extends {parent!r}, which does not exist ({parent_path})")
     merged = read_plan(parent_path, base, (*_seen, path))
     for key, value in raw.items():
@@ -308,14 +333,53 @@ def _check_keys(raw: dict, where: str) -> None:
     for key in ("task", "model", "seeds", "train", "evaluate", "rows"):
         if key not in raw:
             raise ConfigError(f"{where}: the plan needs {key!r}")
-    # bool is an int in Python: `seeds: [true]` would be seed 1
+    from ...utils.errors import excerpt
+
     if not isinstance(raw["seeds"], list) or not raw["seeds"] or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in raw["seeds"]):
-        raise ConfigError(f"{where}: seeds must be a list of non-negative integers, got {raw['seeds']!r}")
-    if not isinstance(raw["evaluate"], dict) or not raw["evaluate"].get("sets"):
-        raise ConfigError(f"{where}: evaluate needs `sets:` (the challenge sets to score)")
-    if not isinstance(raw["rows"], list) or not raw["rows"]:
-        raise ConfigError(f"{where}: rows must be a non-empty list")
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < SEED_LIMIT for s in raw["seeds"]):
+        raise ConfigError(f"{where}: seeds must be a list of integers from 0 to {SEED_LIMIT - 1} (what numpy and torch "
+                          f"take), got {excerpt(raw['seeds'])}")
+    if len(set(raw["seeds"])) != len(raw["seeds"]):
+        raise ConfigError(f"{where}: seeds names a seed twice: {excerpt(raw['seeds'])}")
+    for key in ("task", "model"):
+        if not isinstance(raw[key], str) or not raw[key].strip():
+            raise ConfigError(f"{where}: {key} must be a string, got {excerpt(raw[key])}")
+    if not isinstance(raw["train"], dict):
+        raise ConfigError(f"{where}: train must be a mapping of training settings, got {excerpt(raw['train'])}")
+    if not isinstance(raw["evaluate"], dict) or not raw["evaluate"].get("sets") \
+            or not isinstance(raw["evaluate"]["sets"], list):
+        raise ConfigError(f"{where}: evaluate needs `sets:` (a list of the challenge sets to score)")
+    if not isinstance(raw["rows"], list) or not raw["rows"] or not all(isinstance(r, dict) for r in raw["rows"]):
+        raise ConfigError(f"{where}: rows must be a non-empty list of mappings")
+    for key in ("runs_dir", "results_dir", "paths_relative_to"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key].strip()):
+            raise ConfigError(f"{where}: {key} must be a non-empty path, got {excerpt(raw[key])}")
+    releases = raw.get("releases") or {}
+    if not isinstance(releases, dict):
+        raise ConfigError(f"{where}: releases must map names to builds, got {excerpt(releases)}")
+    for name in releases:
+        check_name(name, f"{where}: release")
+    _check_bootstrap(raw.get("bootstrap"), where)
+
+
+def _check_bootstrap(b: Any, where: str) -> None:
+    """``bootstrap: {replicates, seed, level}``: integers and a level the statistics can use."""
+    if b is None:
+        return
+    if not isinstance(b, dict):
+        raise ConfigError(f"{where}: bootstrap must be {{replicates, seed, level}}, got {b!r:.80}")
+    checks = {"replicates": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000,
+                             "an integer from 1 to 1,000,000"),
+              "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < SEED_LIMIT,
+                       f"an integer from 0 to {SEED_LIMIT - 1}"),
+              "level": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
+                        "a number strictly between 0 and 1")}
+    for key, value in b.items():
+        if key not in checks:
+            raise ConfigError(f"{where}: bootstrap has an unknown key {key!r:.40}; known: {', '.join(checks)}")
+        ok, says = checks[key]
+        if not ok(value):
+            raise ConfigError(f"{where}: bootstrap.{key} must be {says}, got {value!r:.60}")
 
 
 def _check_rows(raw: dict, where: str) -> list[str]:
@@ -324,9 +388,8 @@ def _check_rows(raw: dict, where: str) -> list[str]:
     names = [r.get("name") for r in raw["rows"]]
     if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
         raise ConfigError(f"{where}: every row needs a name, each once: {names}")
-    for n in names:
-        if "/" in n or n.startswith("."):
-            raise ConfigError(f"{where}: row name {n!r} names a file: use letters, digits, - and _")
+    for n in names:  # a row's name is the name of its result, predictions and model files
+        check_name(n, f"{where}: row name")
     for r in raw["rows"]:
         extra = set(r) - _ROW_KEYS
         if extra:

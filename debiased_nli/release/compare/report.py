@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from ..efficacy import TABLE_SCHEMA_V2, difference_cells, train_rows_text
 from . import stats
-from .plan import Plan, write_json_atomic
+from .plan import Plan, report_outputs, write_json_atomic
 from .rows import per_unit_subset
 from .units import load_units, unit_states
 
@@ -473,12 +473,13 @@ def _statistics_md(plan: Plan, table: dict, intervals_figure: str | None = None)
 def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, title: str | None = None,
                    intro: str | None = None, commands: Sequence[str] | None = None,
                    share_sets: Sequence[str] = SHARE_SETS, times_note: str | None = None,
-                   intervals_figure: str | None = None) -> None:
+                   intervals_figure: str | None = None, stem: Path | None = None) -> None:
     """The report's markdown: what was run, the accuracy table, the statistics, the seeds-only view, the
-    verdict, the breakdowns, predicted-label shares, and each row's data, cost and status."""
+    verdict, the breakdowns, predicted-label shares, and each row's data, cost and status. ``stem``: the
+    report's (``path`` may be the temporary name it is written under)."""
     gpus = [d for d in table.get("devices", []) if not d.startswith("CPU") and d != "not recorded"]
     L = _header_md(table, plan, title=title, intro=intro, commands=commands, gpus=gpus)
-    speed_file = path.parent / f"{path.stem}_speed.json"
+    speed_file = (stem or path.with_suffix("")).with_name(f"{(stem or path.with_suffix('')).name}_speed.json")
     if speed_file.exists():
         L += _speed_md(json.loads(speed_file.read_text()))
     if figure:
@@ -828,13 +829,17 @@ def report(plan: Plan, out_stem: Path | None = None, *, replicates_of=None, **ma
     """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>.png`` (default stem: the results folder's path) and
     return the table. ``replicates_of``: see :func:`summarise`."""
     stem = out_stem or plan.results_dir.parent / plan.results_dir.name
-    # the folder first: reading the units' predictions before the writing takes a while
+    # the folder and the files first: the bootstrap before the writing can take minutes
     stem.parent.mkdir(parents=True, exist_ok=True)
+    outputs = report_outputs(stem, intervals_path(stem))  # never a file this tool did not write
     share_sets = markdown_options.get("share_sets", SHARE_SETS)
     table = summarise(plan, share_sets=share_sets, replicates_of=replicates_of)
-    fig = plot(table, stem.with_suffix(".png"))
-    forest = plot_intervals(table, intervals_path(stem))
-    write_json_atomic(stem.with_suffix(".json"), table)
-    write_markdown(table, plan, stem.with_suffix(".md"), fig.name if fig else None,
-                   intervals_figure=forest.name if forest else None, **markdown_options)
+    with outputs:  # each file under a temporary name, renamed into place once all are written
+        fig = plot(table, outputs.temp(stem.with_suffix(".png")))
+        forest = plot_intervals(table, outputs.temp(intervals_path(stem)))
+        write_json_atomic(outputs.temp(stem.with_suffix(".json")), table)
+        write_markdown(table, plan, outputs.temp(stem.with_suffix(".md")),
+                       stem.with_suffix(".png").name if fig else None,
+                       intervals_figure=intervals_path(stem).name if forest else None, stem=stem,
+                       **markdown_options)
     return table

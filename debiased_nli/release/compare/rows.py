@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import shlex
 import time
 from pathlib import Path
@@ -15,6 +14,14 @@ from .locking import heavy_lock, log
 from .plan import Plan, write_json_atomic
 
 BUILD_RECORD = "efficacy_build.json"
+
+
+def build_record(folder: Path) -> Path:
+    """Where the build record of the release ``folder`` is: beside it (``<name>.efficacy_build.json``), not in
+    it, so that the release holds only its own files (``push`` uploads exactly those); a release built before
+    has it inside."""
+    beside = folder.with_name(f"{folder.name}.{BUILD_RECORD}")
+    return folder / BUILD_RECORD if not beside.exists() and (folder / BUILD_RECORD).exists() else beside
 
 
 class Pending(Exception):
@@ -79,18 +86,18 @@ def build_release(plan: Plan, name: str, lock: str | None, progress: bool = True
     from ..recipe import build
 
     out = plan.release_dir(name)
-    if (out / BUILD_RECORD).exists():
+    if build_record(out).exists():
         return out
     cmd = build_command(plan, name)
     files, new_rows = release_inputs(plan, name)
     with heavy_lock(lock, f"build release {name}"):
-        if (out / BUILD_RECORD).exists():
+        if build_record(out).exists():
             return out
         log("+ " + shlex.join(cmd))
         t0, c0 = time.perf_counter(), time.process_time()
         res = build(plan.path_of(plan.releases[name]["recipe"]), out, data_files=files, new_rows_files=new_rows or None,
                     overwrite=True, progress=progress)
-        write_json_atomic(out / BUILD_RECORD, {
+        write_json_atomic(build_record(out), {
             "command": shlex.join(cmd), "git": _git(), "configs": res.configs,
             "seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1)})
     return out
@@ -112,8 +119,16 @@ def per_unit_subset(row: dict) -> bool:
 def _release_manifest(folder: Path) -> tuple[dict, str | None]:
     if not (folder / "manifest.json").exists():
         return {}, None
+    from ...utils.paths import parse_json
+
     text = (folder / "manifest.json").read_bytes()
-    return json.loads(text), hashlib.sha256(text).hexdigest()
+    try:
+        manifest = parse_json(text.decode("utf-8"), str(folder / "manifest.json"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{folder / 'manifest.json'} is not UTF-8 text; not a release's manifest") from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{folder / 'manifest.json'}: a JSON {type(manifest).__name__}, not a release's manifest")
+    return manifest, hashlib.sha256(text).hexdigest()
 
 
 def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None = None,
@@ -149,12 +164,14 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
     elif "release" in d:
         name = d["release"]
         folder = plan.release_dir(name)
-        if not (folder / BUILD_RECORD).exists():
+        if not build_record(folder).exists():
             cmd = build_command(plan, name)  # Pending when an input is missing
             if not build:
                 raise NotBuilt(f"release {name!r} is not built yet; `run` builds it: {shlex.join(cmd)}")
             build_release(plan, name, lock)
-        rec = json.loads((folder / BUILD_RECORD).read_text())
+        from ...utils.paths import read_json
+
+        rec = read_json(build_record(folder), "build record", kind=dict)
         if d["config"] not in rec["configs"]:
             raise Pending(f"release {name!r} has no config {d['config']!r} (it has {sorted(rec['configs'])})")
         ds = _load_release(plan, folder, d["config"])

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...utils.errors import ConfigError
+from ...utils.paths import read_json
 from .locking import LockTurns, claim, log
 from .plan import Plan, write_json_atomic
 from .rows import NotBuilt, Pending, RowData, poe_settings, resolve_row
@@ -198,20 +199,24 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
     out = plan.model_dir(row["name"], seed)
     rec_path = out / TRAIN_RECORD
     if rec_path.exists():
-        return json.loads(rec_path.read_text())
+        return read_json(rec_path, "unit training record", kind=dict)
     cfg = train_config(plan, row, seed, progress)
     dev, _, selection = selection_rows(plan)
     if plan.select_on:  # the selection rows as a file, so that the recorded `debiased-nli train` command reads them
         out.mkdir(parents=True, exist_ok=True)
+        from ...utils.outputs import marker_record, record_written
+
         if not (out / SELECTION_FILE).exists():
             tmp = out / f".{SELECTION_FILE}.tmp-{os.getpid()}"
             dev.to_parquet(str(tmp))
             os.replace(tmp, out / SELECTION_FILE)
+        if marker_record(out / SELECTION_FILE) is None:  # this run's folder (a run before the markers wrote it too)
+            record_written(out / SELECTION_FILE)  # the model folder is then this tool's (training.is_run_folder)
         shown = [f"validation={plan.show(out / SELECTION_FILE)}"]
     else:
         shown = [plan.show(plan.path_of(p)) for p in plan.train.get("dev_files") or []]
     sessions_path = out / "efficacy_train_sessions.json"
-    sessions = json.loads(sessions_path.read_text()) if sessions_path.exists() else []
+    sessions = read_json(sessions_path, "training sessions", kind=list) if sessions_path.exists() else []
     what = f"train {row['name']} seed {seed}"
     with LockTurns(lock, _budget(plan) if lock else None, what) as turns:
         while True:
@@ -291,15 +296,28 @@ def read_predictions(path: Path) -> tuple[dict, dict]:
     """``(meta, {set: {"predicted", "gold", "gold_probability"}})`` of a unit's predictions file."""
     import numpy as np
 
-    with np.load(path) as z:
-        meta = json.loads(str(z["meta"]))
-        sets: dict[str, dict] = {}
-        for key in z.files:
-            if key != "meta":
-                name, _, field = key.rpartition("/")
-                sets.setdefault(name, {})[field] = z[key]
-    if meta.get("schema") != PREDICTIONS_SCHEMA:
-        raise ConfigError(f"{path}: not a predictions file of a unit (schema {meta.get('schema')!r})")
+    from ...utils.paths import check_input_file, parse_json
+
+    check_input_file(path, "predictions file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = parse_json(str(z["meta"]), f"{path}: meta")
+            sets: dict[str, dict] = {}
+            for key in z.files:
+                if key != "meta":
+                    name, _, field = key.rpartition("/")
+                    sets.setdefault(name, {})[field] = z[key]
+    except ConfigError:
+        raise
+    except MemoryError:
+        raise
+    except Exception as err:  # BadZipFile, EOFError, zlib.error, ValueError, KeyError: a file cut short or another
+        raise ConfigError(f"predictions file {path} cannot be read ({type(err).__name__}: "
+                          f"{' '.join(str(err).split())[:120]}); remove it and its unit's result file to rerun "
+                          f"the unit") from None
+    if not isinstance(meta, dict) or meta.get("schema") != PREDICTIONS_SCHEMA:
+        raise ConfigError(f"{path}: not a predictions file of a unit (schema "
+                          f"{meta.get('schema') if isinstance(meta, dict) else type(meta).__name__!r})")
     return meta, sets
 
 
@@ -452,11 +470,10 @@ def check_unit(unit, path: Path) -> None:
 def read_unit(path: Path) -> dict | None:
     """A unit's result file, checked (:func:`check_unit`); None for a JSON file that is not a unit's (another
     schema)."""
-    try:
-        unit = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not a unit's result (not JSON: {' '.join(str(err).split())[:100]}); delete it "
-                          f"(`compare run` then runs the unit again)") from None
+    try:  # a regular file, UTF-8, JSON, bounded in size and nesting
+        unit = read_json(path, "unit result file")
+    except ConfigError as err:
+        raise ConfigError(f"{err}; delete it (`compare run` then runs the unit again)") from None
     if not isinstance(unit, dict) or unit.get("schema") not in SCHEMAS:
         return None
     check_unit(unit, path)
