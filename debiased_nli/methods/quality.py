@@ -196,6 +196,15 @@ def _fit(task: TaskSpec, model: str, train_ds, out_dir: str, *, seed: int, epoch
     return out_dir
 
 
+def rows_fingerprint(ds) -> str:
+    """12 hex digits of the sha256 of the rows' (premise, hypothesis, label): names a classifier trained on them, so
+    that a folder of trained classifiers shared by several runs never serves one trained on other rows."""
+    h = hashlib.sha256()
+    for p, hy, lab in zip(ds["premise"], ds["hypothesis"], labels_of(ds).tolist()):
+        h.update(f"{p}\t{hy}\t{lab}\n".encode())
+    return h.hexdigest()[:12]
+
+
 def _probs(model_dir: str, ds, task: TaskSpec, progress: bool) -> np.ndarray:
     from ..models.classifier import load_classifier, predict_probabilities
 
@@ -218,8 +227,9 @@ def cross_fitted_agreement(rows, d0, task: "str | TaskSpec", model: str, work_di
     fold = np.random.default_rng(seed).permutation(len(d0)) % k
     ens = np.zeros((len(rows), task.num_labels))
     oof = np.zeros(len(d0), dtype=np.int64)
+    name = f"k{k}-e{epochs:g}-s{seed}-{rows_fingerprint(d0)}"  # what the ensemble depends on
     for i in range(k):
-        out = str(Path(work_dir) / f"fold-{i}")
+        out = str(Path(work_dir) / name / f"fold-{i}")
         if not (Path(out) / "debiased_nli_train.json").is_file():
             _fit(task, model, d0.select(np.nonzero(fold != i)[0]), out, seed=seed + i, epochs=epochs, threads=threads,
                  max_length=max_length, progress=progress)
@@ -253,7 +263,7 @@ def train_on_generated(generated, real, heldout, task: "str | TaskSpec", model: 
         row = {"seed": s}
         for name, ds in (("generated", generated), ("real", real)):
             pick = np.sort(np.random.default_rng(s).permutation(len(ds))[:n])
-            out = str(Path(work_dir) / f"{name}-n{n}-s{s}")
+            out = str(Path(work_dir) / f"{name}-n{n}-s{s}-e{epochs:g}-{rows_fingerprint(ds)}")
             if not (Path(out) / "debiased_nli_train.json").is_file():
                 _fit(task, model, ds.select(pick), out, seed=s, epochs=epochs, threads=threads, max_length=max_length,
                      progress=progress)

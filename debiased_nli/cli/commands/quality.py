@@ -49,6 +49,8 @@ def register(sub) -> None:
     p.add_argument("--epochs", type=number(float, low=0, low_open=True), default=1.0, help="classifier epochs")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
+    p.add_argument("--models", metavar="DIR", help="where the trained classifiers go (default OUT/models); give one "
+                                                   "folder to several runs against the same D0 to train the ensemble once")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=run)
 
@@ -124,7 +126,8 @@ def run(args) -> int:
             col[pick] = fl
             scores["fluency"] = col.tolist()
         if args.classifier:
-            work = out / "models"  # resumable: a rerun with the same --out reuses the trained classifiers
+            # resumable: a rerun (or another run with the same --models) reuses the trained classifiers
+            work = Path(args.models).expanduser() if args.models else out / "models"
             ag = Q.cross_fitted_agreement(rows, d0, task, args.classifier, str(work / "ensemble"), k=args.k,
                                           seed=args.seed, epochs=args.epochs, threads=args.threads)
             scores["ensemble_label"] = [task.labels[i] for i in ag.pop("ensemble_label")]
