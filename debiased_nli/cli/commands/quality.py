@@ -55,9 +55,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _load(task, files, on_invalid):
+def _load(task, files, on_invalid, max_rows=None):
     from ...data.loading import load_task
-    return load_task(task, "train", data_files={"train": list(files)}, on_invalid=on_invalid).dataset
+    return load_task(task, "train", data_files={"train": list(files)}, on_invalid=on_invalid, max_rows=max_rows).dataset
 
 
 def run(args) -> int:
@@ -91,7 +91,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     unlock = lock_target(out)  # one run per folder at a time
     try:
-        rows = _load(task, files, args.on_invalid)
+        rows = _load(task, files, args.on_invalid, args.max_rows)  # --max-rows: the first N rows measured
         d0 = _load(task, [args.reference], args.on_invalid)
         heldout = _load(task, [args.heldout], args.on_invalid) if args.heldout else None
         rejected = _load(task, args.rejected, args.on_invalid) if args.rejected else None
