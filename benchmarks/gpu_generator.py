@@ -112,7 +112,8 @@ PLAN_GPU = {
     "g_samples": 20_000,  # samples of G itself, to show what G* changes (z-statistics, yield through the filters)
     "sweep": False, "sweep_batches": [256, 512, 1024, 2048, 4096],
     "max_new_tokens": 128, "generate_args": ["--dtype", "bfloat16"],
-    # M calibrated on the held-out SNLI dev rows (temperature scaling) before the paper's tau 0.95 (Table 8)
+    # M calibrated on the held-out SNLI dev rows (confidence-filter --calibration-method auto: temperature scaling or
+    # per-label isotonic regression, the lower cross-fitted NLL) before the paper's tau 0.95 (Table 8)
     "filter": {"tau": 0.95, "batch_size": 512, "tf32": True, "calibrate": True},
     "gpt2_tiny": False,
     # seconds G and M wait for the GPT-2 benchmark to finish alone on the GPU (its sampling figures come first and
@@ -1285,7 +1286,7 @@ class Chain:
         self.state["done"]["filter"] = True
         cal = F["calibration"]
         return (f"ok: {rep['kept']:,} of {rep['rows']:,} kept at tau {rep['tau']} ({rep['acceptance_rate']:.2%})"
-                + (f"; M calibrated on {cal['rows']:,} dev rows, T {cal['temperature']:.3f}, ECE {cal['ece_before']:.4f} -> "
+                + (f"; M calibrated on {cal['rows']:,} dev rows ({cal['method']}), ECE {cal['ece_before']:.4f} -> "
                    f"{cal['ece_after']:.4f}" if cal else ""))
 
     # G's own samples, to show what G* changes -----------------------------------------------
@@ -1793,8 +1794,9 @@ def render(s: dict) -> str:
     cal = F.get("calibration") or {}
     L += ["", f"## Confidence filter (M{', calibrated' if cal else ''}, tau {plan['filter']['tau']})", ""]
     if cal:
-        L += [f"M calibrated on {cal['rows']:,} held-out SNLI dev rows by temperature scaling (Guo et al. 2017): T = "
-              f"{cal['temperature']:.3f}; ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f}, NLL {cal['nll_before']:.4f} -> "
+        L += [f"M calibrated on {cal['rows']:,} held-out SNLI dev rows by {cal['method']}"
+              + (f", T = {cal['temperature']:.3f}" if cal.get("temperature") is not None else "")
+              + f" ({(cal.get('selection') or {}).get('rule', 'given')}); ECE {cal['ece_before']:.4f} -> {cal['ece_after']:.4f}, NLL {cal['nll_before']:.4f} -> "
               f"{cal['nll_after']:.4f} (accuracy {cal['accuracy']:.4f}, unchanged). Largest probability per label before / after: "
               + ", ".join(f"{k} {cal['max_probability_before'][k]:.3f} / {cal['max_probability_after'][k]:.3f}" for k in LABELS
                           if k in cal.get("max_probability_before", {})) + ". tau applies to the calibrated probabilities.", ""]

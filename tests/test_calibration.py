@@ -9,8 +9,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from debiased_nli.methods.calibration import (calibration_report, expected_calibration_error, fit_temperature,
-                                               reliability, temperature_scale)
+from debiased_nli.methods.calibration import (Calibrator, calibration_report, choose_calibrator,
+                                               expected_calibration_error, fit_isotonic, fit_temperature,
+                                               isotonic_scale, reliability, temperature_scale)
 from debiased_nli.utils.errors import ConfigError
 
 SHARED = Path(os.environ.get("DEBIASED_NLI_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -82,7 +83,8 @@ def test_the_cli_calibrates_m_on_held_out_rows_and_applies_tau_to_calibrated_pro
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "confidence-filter", "snli", "--data-files",
                         str(tmp_path / "gen.parquet"), "--model", model, "--tau", "0.5", "--calibration-data",
-                        str(tmp_path / "heldout.parquet"), "--probabilities", "--out", str(out), "--quiet"],
+                        str(tmp_path / "heldout.parquet"), "--calibration-method", "temperature", "--probabilities",
+                        "--out", str(out), "--quiet"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     cal = json.loads((out / "calibration.json").read_text())
@@ -100,3 +102,71 @@ def test_the_cli_calibrates_m_on_held_out_rows_and_applies_tau_to_calibrated_pro
     assert np.allclose(both["confidence"].to_numpy(), want, atol=1e-6)
     assert np.allclose(both["confidence_uncalibrated"].to_numpy(), raw[np.arange(len(both)), both["label"].to_numpy()])
     assert (kept["confidence"] > 0.5).all() and (rej["confidence"] <= 0.5).all()
+
+
+def miscalibrated_at_the_top(n=6000, seed=1):
+    """A 3-label model over-confident in the middle of its range and under-confident at the top (rows it gives
+    0.9-0.95 are right 99% of the time): what one temperature cannot fix and a monotone map can."""
+    rng = np.random.default_rng(seed)
+    conf = rng.uniform(0.34, 0.95, n)
+    truth = np.where(conf > 0.9, 0.99, np.clip(conf - 0.12, 0.34, 1))  # P(label right | conf)
+    labels = rng.integers(0, 3, n)
+    right = rng.random(n) < truth
+    pred = np.where(right, labels, (labels + rng.integers(1, 3, n)) % 3)
+    probs = np.full((n, 3), 0.0)
+    probs[np.arange(n), pred] = conf
+    for i in range(n):
+        others = [c for c in range(3) if c != pred[i]]
+        probs[i, others] = (1 - conf[i]) / 2
+    return probs, labels
+
+
+def test_isotonic_calibration_fixes_what_a_temperature_cannot_and_auto_chooses_it_on_held_out_rows():
+    probs, labels = miscalibrated_at_the_top()
+    knots = fit_isotonic(probs, labels)
+    after = isotonic_scale(probs, knots)
+    assert np.allclose(after.sum(1), 1) and (after > 0).all()
+    top = probs.max(1) > 0.9
+    # the top rows: right 99% of the time, given <= 0.95 before; after the map their label's probability is > 0.95
+    assert after.max(1)[top].mean() > 0.95 > probs.max(1)[top].mean()
+    assert expected_calibration_error(after, labels) < expected_calibration_error(probs, labels) / 2
+    t = fit_temperature(probs, labels)
+    assert temperature_scale(probs, t).max(1)[top].mean() < 0.95  # one temperature cannot lift the top alone
+    cal, sel = choose_calibrator(probs, labels, "auto")
+    assert cal.method == "isotonic" and sel["chosen"] == "isotonic"
+    assert sel["cross_fitted"]["isotonic"]["nll"] < sel["cross_fitted"]["temperature"]["nll"]
+    rep = calibration_report(probs, labels, cal, selection=sel)
+    assert rep["method"].startswith("per-label isotonic") and rep["temperature"] is None
+    # the calibrator goes to JSON and back to the same map
+    again = Calibrator.from_dict(json.loads(json.dumps(cal.to_dict())))
+    np.testing.assert_allclose(again.apply(probs), cal.apply(probs))
+    # on a model whose only fault is a temperature, auto keeps temperature scaling
+    p2, l2 = overconfident()
+    assert choose_calibrator(p2, l2, "auto")[0].method == "temperature"
+
+
+def test_a_second_filter_reuses_the_stored_probabilities_without_running_m(tmp_path):
+    """--reuse-probabilities: the rows of an earlier --probabilities run, thresholded again (another tau, another
+    calibration) from their m_prob_* columns; M scores only the calibration rows. A damaged M folder for the rows
+    would fail; a row whose stored probabilities are no distribution is refused with its number."""
+    import datasets
+    from test_confidence import make_model
+
+    from debiased_nli.data.loading import new_rows
+    from debiased_nli.methods.confidence import confidence_filter
+
+    model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    names = ["entailment", "neutral", "contradiction"]
+    rows = new_rows("snli", ["A dog runs.", "Two men play.", "A girl eats."] * 5, ["An animal moves.", "Nobody plays.",
+                    "A child eats."] * 5, [names[i % 3] for i in range(15)], origin="generated", method="generator:test")
+    k1, r1 = confidence_filter(rows, model, "snli", 0.5, probabilities=True, progress=False)
+    first = datasets.concatenate_datasets([k1, r1])
+    cal = Calibrator("temperature", temperature=2.0)
+    k2, r2 = confidence_filter(first, str(tmp_path / "absent-model"), "snli", 0.4, calibrator=cal,
+                               reuse_probabilities=True, progress=False)
+    direct_k, _ = confidence_filter(rows, model, "snli", 0.4, calibrator=cal, progress=False)
+    assert sorted(k2["uid"]) == sorted(direct_k["uid"]) and len(k2) + len(r2) == 15
+    assert set(r2["rejected_by"]) <= {"confidence<=0.4"}
+    broken = first.remove_columns(["m_prob_neutral"]).add_column("m_prob_neutral", [0.9] * 15)
+    with pytest.raises(ConfigError, match="row 0: the stored probabilities"):
+        confidence_filter(broken, model, "snli", 0.4, reuse_probabilities=True, progress=False)

@@ -93,8 +93,8 @@ def test_the_calibrated_confidence_filter_on_cuda_matches_the_cpu(tmp_path):
     held = new_rows("snli", prem[::-1], hyp, [names[(i + 1) % 3] for i in range(24)], origin="generated", method="x")
     got = {}
     for device in ("cpu", "cuda"):
-        clf, cal = calibrate(held, model, "snli", device=device, progress=False)
-        kept, rej = confidence_filter(ds, clf, "snli", 0.5, temperature=cal["temperature"], probabilities=True,
+        clf, calibrator, cal = calibrate(held, model, "snli", method="temperature", device=device, progress=False)
+        kept, rej = confidence_filter(ds, clf, "snli", 0.5, calibrator=calibrator, probabilities=True,
                                       device=device, progress=False)
         conf = dict(zip(list(kept["uid"]) + list(rej["uid"]), list(kept["confidence"]) + list(rej["confidence"])))
         got[device] = (cal["temperature"], np.array([conf[u] for u in ds["uid"]]))

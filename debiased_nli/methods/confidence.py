@@ -9,9 +9,9 @@ refused). Each (premise, hypothesis) pair is scored in batches of rows in input 
 ``p_M(label | premise, hypothesis) > tau`` (tau = 0.95). Both outputs carry the probability in
 ``confidence``; the rejected rows also carry ``rejected_by = "confidence<=tau"``.
 
-Calibrated (``temperature``, fitted on held-out real rows by :func:`calibrate` with
-:mod:`debiased_nli.methods.calibration`): tau is applied to M's temperature-scaled probability, and the
-rows also carry M's own probability in ``confidence_uncalibrated``. With ``probabilities=True`` every
+Calibrated (a :class:`~debiased_nli.methods.calibration.Calibrator` fitted on held-out real rows by
+:func:`calibrate`: temperature scaling or per-label isotonic regression): tau is applied to M's calibrated
+probability, and the rows also carry M's own probability in ``confidence_uncalibrated``. With ``probabilities=True`` every
 row carries M's (uncalibrated) probability of each label in ``m_prob_<label>``, so that another tau or
 temperature can be applied later without M.
 """
@@ -25,7 +25,7 @@ from ..data.loading import column_numpy, labels_of
 from ..data.tasks import TaskSpec, get_task
 from ..models.classifier import load_classifier, predict_probabilities
 from ..utils.errors import ConfigError, EmptyResultError
-from .calibration import calibration_report, fit_temperature, temperature_scale
+from .calibration import Calibrator, calibration_report, choose_calibrator
 
 CONFIDENCE_COLUMN = "confidence"
 UNCALIBRATED_COLUMN = "confidence_uncalibrated"
@@ -35,31 +35,43 @@ DEFAULT_TAU = 0.95
 
 def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float = DEFAULT_TAU, *,
                       batch_size: int = 64, max_length: int = 128, tokenizer: Any = None,
-                      device: str | None = None, progress: bool = True, temperature: float | None = None,
-                      probabilities: bool = False):
+                      device: str | None = None, progress: bool = True, calibrator: "Calibrator | None" = None,
+                      probabilities: bool = False, reuse_probabilities: bool = False):
     """(kept, rejected): rows with ``p_M(label) > tau`` and the others, both with ``confidence``
-    (temperature-scaled by ``temperature`` when given, M's own probability then in
-    ``confidence_uncalibrated``; with ``probabilities``, M's probability of every label in ``m_prob_<label>``)."""
+    (calibrated by ``calibrator`` when given, M's own probability then in ``confidence_uncalibrated``; with
+    ``probabilities``, M's probability of every label in ``m_prob_<label>``). With ``reuse_probabilities``, rows that
+    carry every ``m_prob_<label>`` (an earlier run's) are thresholded on those, without running M over them."""
     task = get_task(task)
     if not 0.0 <= tau < 1.0:
         raise ConfigError(f"tau must be in [0, 1), got {tau}")
     for col in ("premise", "hypothesis", "label"):
         if col not in ds.column_names:
             raise ConfigError(f"confidence filtering needs the column {col!r}; the data has {ds.column_names}")
-    clf = load_classifier(model, device, tokenizer=tokenizer)
-    raw = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
-                                order=range(len(ds)), labels=task.labels, desc="confidence filter",
-                                progress=progress)
-    probs = raw if temperature is None else temperature_scale(raw, temperature)
+    stored = [f"{PROB_PREFIX}{name}" for name in task.labels]
+    if reuse_probabilities and all(c in ds.column_names for c in stored):
+        # M's probabilities of an earlier --probabilities run: another tau or calibration without running M again
+        raw = np.stack([np.asarray(ds[c], dtype=np.float64) for c in stored], axis=1) if len(ds) \
+            else np.zeros((0, task.num_labels))
+        bad = np.nonzero(~np.isfinite(raw).all(1) | (np.abs(raw.sum(1) - 1) > 1e-3))[0] if len(ds) else []
+        if len(bad):
+            raise ConfigError(f"row {int(bad[0])}: the stored probabilities {raw[bad[0]].tolist()} ({', '.join(stored)}) "
+                              f"are not a probability distribution")
+    else:
+        clf = load_classifier(model, device, tokenizer=tokenizer)
+        raw = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
+                                    order=range(len(ds)), labels=task.labels, desc="confidence filter",
+                                    progress=progress)
+    probs = raw if calibrator is None else calibrator.apply(raw)
     labels = labels_of(ds)
     rows = np.arange(len(labels))
     conf = probs[rows, labels] if len(labels) else np.zeros(0)
     added = {CONFIDENCE_COLUMN: conf}
-    if temperature is not None:
+    if calibrator is not None:
         added[UNCALIBRATED_COLUMN] = raw[rows, labels] if len(labels) else np.zeros(0)
     if probabilities:
         added.update({f"{PROB_PREFIX}{name}": raw[:, k] for k, name in enumerate(task.labels)})
-    scored = ds.remove_columns([c for c in added if c in ds.column_names])
+    # an earlier run's columns (its confidence, its reason) are replaced, never carried over as if they were this one's
+    scored = ds.remove_columns([c for c in (*added, UNCALIBRATED_COLUMN, "rejected_by") if c in ds.column_names])
     for name, values in added.items():
         scored = scored.add_column(name, np.asarray(values, dtype=np.float64).tolist())
     keep = conf > tau
@@ -70,11 +82,12 @@ def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float
     return kept, rejected
 
 
-def calibrate(held_out, model: "str | Any", task: "str | TaskSpec", *, batch_size: int = 64,
+def calibrate(held_out, model: "str | Any", task: "str | TaskSpec", *, method: str = "auto", batch_size: int = 64,
               max_length: int = 128, tokenizer: Any = None, device: str | None = None, progress: bool = True):
-    """M's temperature (:func:`debiased_nli.methods.calibration.fit_temperature`) fitted on ``held_out``: real
-    rows with gold labels that M did not train on. Returns (the loaded M, its calibration report: T, NLL and
-    ECE before and after, the reliability tables), so that the filter scores with the same M."""
+    """M's calibration (:func:`debiased_nli.methods.calibration.choose_calibrator`: temperature scaling, per-label
+    isotonic regression, or ``auto``: the one with the lower cross-fitted NLL) fitted on ``held_out``: real rows
+    with gold labels that M did not train on. Returns (the loaded M, the :class:`Calibrator`, its report: NLL and
+    ECE before and after, the reliability tables, the selection), so that the filter scores with the same M."""
     task = get_task(task)
     for col in ("premise", "hypothesis", "label"):
         if col not in held_out.column_names:
@@ -86,8 +99,8 @@ def calibrate(held_out, model: "str | Any", task: "str | TaskSpec", *, batch_siz
                                   max_length=max_length, order=range(len(held_out)), labels=task.labels,
                                   desc="calibration rows", progress=progress)
     labels = labels_of(held_out)
-    t = fit_temperature(probs, labels)
-    return clf, calibration_report(probs, labels, t, label_names=task.labels)
+    calibrator, selection = choose_calibrator(probs, labels, method)
+    return clf, calibrator, calibration_report(probs, labels, calibrator, label_names=task.labels, selection=selection)
 
 
 def confidence_report(kept, rejected, task: TaskSpec, tau: float) -> dict:

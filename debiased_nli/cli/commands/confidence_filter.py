@@ -13,7 +13,9 @@ kept when M's probability of its label is above --tau (0.95, Table 8 of the pape
 matched to the task's by name. Writes kept.parquet and rejected.parquet (both with a `confidence`
 column) and confidence_report.json (acceptance rate, per label, confidence quantiles) into --out.
 
---calibration-data FILE calibrates M first (temperature scaling, Guo et al. 2017) on held-out real rows
+--calibration-data FILE calibrates M first (--calibration-method: temperature scaling, Guo et al. 2017;
+per-label isotonic regression, Zadrozny & Elkan 2002; auto, the default: the one with the lower
+cross-fitted NLL) on held-out real rows
 with gold labels that M did not train on (e.g. the task's validation split; never a challenge set), and
 applies --tau to the calibrated probabilities: an over-confident or under-confident M otherwise keeps a
 different share at the same tau. It also writes calibration.json (T, NLL and expected calibration error
@@ -33,6 +35,12 @@ def register(sub) -> None:
     p.add_argument("--max-length", type=POSITIVE_INT, default=128)
     p.add_argument("--calibration-data", metavar="FILE",
                    help="held-out real rows with gold labels (parquet/json/csv) to calibrate M on before --tau")
+    p.add_argument("--calibration-method", choices=["auto", "temperature", "isotonic"], default="auto",
+                   help="temperature scaling, per-label isotonic regression, or auto: the lower cross-fitted NLL on the "
+                        "calibration rows")
+    p.add_argument("--reuse-probabilities", action="store_true",
+                   help="rows that carry every m_prob_<label> (an earlier --probabilities run's output) are thresholded on "
+                        "those, without running M over them (M still scores --calibration-data)")
     p.add_argument("--probabilities", action="store_true", help="add M's probability of every label (m_prob_<label>)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
@@ -75,6 +83,8 @@ def run(args) -> int:
                                                                "batch_size": args.batch_size,
                                                                "max_length": args.max_length,
                                                                "calibration": calibration,
+                                                               "calibration_method": args.calibration_method,
+                                                               "reuse_probabilities": args.reuse_probabilities,
                                                                "probabilities": args.probabilities})
     report["model"] = args.model
     if "calibration" in report:
@@ -91,6 +101,7 @@ def run(args) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "calibration"}, indent=2))
     if "calibration" in report:
         c = report["calibration"]
-        print(f"calibration on {c['rows']:,} held-out rows: T = {c['temperature']:.3f}, ECE {c['ece_before']:.4f} -> "
+        how = f"T = {c['temperature']:.3f}" if c.get("temperature") is not None else c["method"]
+        print(f"calibration on {c['rows']:,} held-out rows ({c['selection']['rule']}): {how}, ECE {c['ece_before']:.4f} -> "
               f"{c['ece_after']:.4f}, NLL {c['nll_before']:.4f} -> {c['nll_after']:.4f}")
     return 0

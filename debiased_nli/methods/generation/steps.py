@@ -119,14 +119,16 @@ def confidence_filter_step(ds, task, params: dict):
     tau = _p(params, "tau", PAPER_DEFAULTS["tau"])  # Table 8: "data filtering threshold τ 0.95"
     model = _p(params, "model", PAPER_DEFAULTS["confidence_model"])
     batch_size, max_length = _p(params, "batch_size", 64), _p(params, "max_length", 128)
-    calibration = None
+    calibration = calibrator = None
     if params.get("calibration") is not None:
-        model, calibration = calibrate(params["calibration"], model, task, batch_size=batch_size,
-                                       max_length=max_length, progress=_p(params, "progress", True))
+        model, calibrator, calibration = calibrate(params["calibration"], model, task,
+                                                   method=_p(params, "calibration_method", "auto"),
+                                                   batch_size=batch_size, max_length=max_length,
+                                                   progress=_p(params, "progress", True))
     kept, rejected = confidence_filter(ds, model, task, tau, batch_size=batch_size, max_length=max_length,
-                                       progress=_p(params, "progress", True),
-                                       temperature=None if calibration is None else calibration["temperature"],
-                                       probabilities=bool(params.get("probabilities")))
+                                       progress=_p(params, "progress", True), calibrator=calibrator,
+                                       probabilities=bool(params.get("probabilities")),
+                                       reuse_probabilities=bool(params.get("reuse_probabilities")))
     report = confidence_report(kept, rejected, task, tau)
     if calibration is not None:
         report["calibration"] = calibration
