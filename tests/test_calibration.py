@@ -170,3 +170,36 @@ def test_a_second_filter_reuses_the_stored_probabilities_without_running_m(tmp_p
     broken = first.remove_columns(["m_prob_neutral"]).add_column("m_prob_neutral", [0.9] * 15)
     with pytest.raises(ConfigError, match="row 0: the stored probabilities"):
         confidence_filter(broken, model, "snli", 0.4, reuse_probabilities=True, progress=False)
+
+
+def test_stored_probabilities_threshold_the_rows_again_without_m(tmp_path):
+    """--probabilities-from: M's stored scores (uid, m_prob_*) joined onto the rows by uid; the same rows kept as a
+    run of M itself at that tau, with no model at all; a row without stored scores is named."""
+    import pandas as pd
+    from test_confidence import make_model
+
+    from debiased_nli.data.loading import new_rows
+
+    model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    raw = pq.read_table(SHARED / "data" / "snli" / "train_sample.parquet").slice(0, 40).to_pydict()
+    names = ["entailment", "neutral", "contradiction"]
+    new_rows("snli", raw["premise"], raw["hypothesis"], [names[x] for x in raw["label"]], origin="generated",
+             method="generator:test").to_parquet(str(tmp_path / "gen.parquet"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    base = [sys.executable, "-m", "debiased_nli.cli", "confidence-filter", "snli", "--data-files",
+            str(tmp_path / "gen.parquet"), "--quiet"]
+    r = subprocess.run([*base, "--model", model, "--tau", "0.4", "--probabilities", "--out", str(tmp_path / "a")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-1500:]
+    both = pd.concat([pd.read_parquet(tmp_path / "a" / f"{n}.parquet") for n in ("kept", "rejected")])
+    both[["uid", "m_prob_entailment", "m_prob_neutral", "m_prob_contradiction"]].to_parquet(tmp_path / "scores.parquet")
+    r = subprocess.run([*base, "--model", str(tmp_path / "no-such-model"), "--tau", "0.4", "--probabilities-from",
+                        str(tmp_path / "scores.parquet"), "--out", str(tmp_path / "b")], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-1500:]
+    a, b = pd.read_parquet(tmp_path / "a" / "kept.parquet"), pd.read_parquet(tmp_path / "b" / "kept.parquet")
+    assert sorted(a.uid) == sorted(b.uid) and len(a) > 0
+    both.iloc[1:][["uid", "m_prob_entailment", "m_prob_neutral", "m_prob_contradiction"]].to_parquet(tmp_path / "s2.parquet")
+    r = subprocess.run([*base, "--tau", "0.4", "--probabilities-from", str(tmp_path / "s2.parquet"), "--out",
+                        str(tmp_path / "c")], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "has no stored probabilities" in r.stderr

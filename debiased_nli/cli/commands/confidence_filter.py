@@ -41,6 +41,10 @@ def register(sub) -> None:
     p.add_argument("--reuse-probabilities", action="store_true",
                    help="rows that carry every m_prob_<label> (an earlier --probabilities run's output) are thresholded on "
                         "those, without running M over them (M still scores --calibration-data)")
+    p.add_argument("--probabilities-from", metavar="FILE",
+                   help="M's stored probabilities (a parquet of uid and m_prob_<label>, e.g. written by "
+                        "`--probabilities` and kept with a release): joined onto the rows by uid and used as "
+                        "--reuse-probabilities does; without --calibration-data, M is not needed at all")
     p.add_argument("--probabilities", action="store_true", help="add M's probability of every label (m_prob_<label>)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
@@ -54,7 +58,8 @@ def run(args) -> int:
     from ...methods.generation.steps import confidence_filter_step
 
     task = task_from_args(args)
-    check_model_reference(args.model, "--model")
+    if not (args.probabilities_from and not args.calibration_data):  # else M is never loaded
+        check_model_reference(args.model, "--model")
     outputs = command_outputs(args.out, "confidence-filter", ("kept.parquet", "rejected.parquet",
                                                               "confidence_report.json", "calibration.json",
                                                               "reliability.png"),
@@ -74,6 +79,9 @@ def run(args) -> int:
         from ...data.loading import load_task
         ds = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
                        revision=args.revision, max_rows=args.max_rows).dataset
+    if args.probabilities_from:
+        ds = join_probabilities(ds, args.probabilities_from, task)
+        args.reuse_probabilities = True
     calibration = None
     if args.calibration_data:
         from ...data.loading import load_task
@@ -105,3 +113,36 @@ def run(args) -> int:
         print(f"calibration on {c['rows']:,} held-out rows ({c['selection']['rule']}): {how}, ECE {c['ece_before']:.4f} -> "
               f"{c['ece_after']:.4f}, NLL {c['nll_before']:.4f} -> {c['nll_after']:.4f}")
     return 0
+
+
+def join_probabilities(ds, path: str, task):
+    """``ds`` with M's stored probabilities (``m_prob_<label>`` by ``uid`` from ``path``) in place of any it had; every
+    row must have its uid there (else one line naming the first that does not)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from ...methods.confidence import PROB_PREFIX
+    from ...utils.errors import ConfigError
+    from ...utils.paths import check_input_file
+
+    check_input_file(path, "--probabilities-from")
+    cols = ["uid", *(f"{PROB_PREFIX}{n}" for n in task.labels)]
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # not Parquet, damaged
+        raise ConfigError(f"--probabilities-from {path}: not a readable Parquet file ({type(err).__name__})") from None
+    missing = [c for c in cols if c not in table.column_names]
+    if missing:
+        raise ConfigError(f"--probabilities-from {path}: needs the columns {cols}; it lacks {missing}")
+    if "uid" not in ds.column_names:
+        raise ConfigError("--probabilities-from joins by uid: the rows have no uid column")
+    index = {u: i for i, u in enumerate(table.column("uid").to_pylist())}
+    where = np.empty(len(ds), dtype=np.int64)
+    for r, u in enumerate(ds["uid"]):
+        if u not in index:
+            raise ConfigError(f"row {r}: uid {u!r} has no stored probabilities in {path}")
+        where[r] = index[u]
+    out = ds.remove_columns([c for c in cols[1:] if c in ds.column_names])
+    for c in cols[1:]:
+        out = out.add_column(c, table.column(c).to_numpy()[where].astype(np.float64).tolist())
+    return out
