@@ -199,6 +199,13 @@ def test_stored_probabilities_threshold_the_rows_again_without_m(tmp_path):
     assert r.returncode == 0, r.stderr[-1500:]
     a, b = pd.read_parquet(tmp_path / "a" / "kept.parquet"), pd.read_parquet(tmp_path / "b" / "kept.parquet")
     assert sorted(a.uid) == sorted(b.uid) and len(a) > 0
+    # an earlier run's kept and rejected files as the input (their columns differ by the reason): the same rows kept
+    r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "confidence-filter", "snli", "--data-files",
+                        str(tmp_path / "a" / "kept.parquet"), str(tmp_path / "a" / "rejected.parquet"), "--quiet",
+                        "--model", model, "--tau", "0.4", "--reuse-probabilities", "--out", str(tmp_path / "d")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert sorted(pd.read_parquet(tmp_path / "d" / "kept.parquet").uid) == sorted(a.uid)
     both.iloc[1:][["uid", "m_prob_entailment", "m_prob_neutral", "m_prob_contradiction"]].to_parquet(tmp_path / "s2.parquet")
     r = subprocess.run([*base, "--tau", "0.4", "--probabilities-from", str(tmp_path / "s2.parquet"), "--out",
                         str(tmp_path / "c")], capture_output=True, text=True, env=env)

@@ -72,7 +72,8 @@ def run(args) -> int:
         # keep every column of generated shards (provenance), not just the canonical ones
         import pyarrow as pa
         import pyarrow.parquet as pq
-        ds = datasets.Dataset(pa.concat_tables([pq.read_table(f) for f in files[args.split]]))
+        # the columns of every file (a filter's kept and rejected rows differ by its reason column)
+        ds = datasets.Dataset(pa.concat_tables([pq.read_table(f) for f in files[args.split]], promote_options="default"))
         if args.max_rows:
             ds = ds.select(range(min(args.max_rows, len(ds))))
     else:
