@@ -165,6 +165,10 @@ def test_a_second_filter_reuses_the_stored_probabilities_without_running_m(tmp_p
     k2, r2 = confidence_filter(first, str(tmp_path / "absent-model"), "snli", 0.4, calibrator=cal,
                                reuse_probabilities=True, progress=False)
     direct_k, _ = confidence_filter(rows, model, "snli", 0.4, calibrator=cal, progress=False)
+    # a calibrated run's output (with confidence_uncalibrated) thresholded again, calibrated again
+    k3, r3 = confidence_filter(datasets.concatenate_datasets([k2, r2]), model, "snli", 0.4, calibrator=cal,
+                               reuse_probabilities=True, progress=False)
+    assert sorted(k3["uid"]) == sorted(direct_k["uid"])
     assert sorted(k2["uid"]) == sorted(direct_k["uid"]) and len(k2) + len(r2) == 15
     assert set(r2["rejected_by"]) <= {"confidence<=0.4"}
     broken = first.remove_columns(["m_prob_neutral"]).add_column("m_prob_neutral", [0.9] * 15)

@@ -71,7 +71,8 @@ def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float
     if probabilities:
         added.update({f"{PROB_PREFIX}{name}": raw[:, k] for k, name in enumerate(task.labels)})
     # an earlier run's columns (its confidence, its reason) are replaced, never carried over as if they were this one's
-    scored = ds.remove_columns([c for c in (*added, UNCALIBRATED_COLUMN, "rejected_by") if c in ds.column_names])
+    replaced = dict.fromkeys((*added, UNCALIBRATED_COLUMN, "rejected_by"))  # each name once
+    scored = ds.remove_columns([c for c in replaced if c in ds.column_names])
     for name, values in added.items():
         scored = scored.add_column(name, np.asarray(values, dtype=np.float64).tolist())
     keep = conf > tau
