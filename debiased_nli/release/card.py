@@ -2,8 +2,6 @@
 ``model_cards/dataset_card.md.j2``, the version history and the citations of the methods used."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -11,6 +9,8 @@ import numpy as np
 from .. import __version__
 from ..data.loading import labels_of
 from ..data.tasks import TaskSpec
+
+from ..utils.provenance import project_url
 from ..utils.resources import templates_dir
 from .configs import CONFIG_DESCRIPTIONS, ConfigData, canonical_only, data_extra_columns
 
@@ -108,41 +108,9 @@ def render_history_table(history: Sequence[Mapping[str, Any]]) -> str:
     return f"{HISTORY_START}\n| version | notes |\n|---|---|\n{rows}{HISTORY_END}"
 
 
-def public_paths(value: Any) -> Any:
-    """``value`` with every local path that would expose the builder's file system (absolute, or
-    reaching outside the working folder with ``..``) replaced by its file name (a ``SPLIT=PATH``
-    entry keeps its split); the sha256 recorded beside an input identifies it."""
-    if isinstance(value, Mapping):
-        return {k: public_paths(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [public_paths(v) for v in value]
-    if not isinstance(value, str) or "\n" in value:
-        return value
-    split, sep, rest = value.partition("=")
-    head, path = (split + "=", rest) if sep and split.isidentifier() else ("", value)
-    if os.path.isabs(path) or path.startswith(".."):
-        return head + (Path(path).name or path)
-    return value
-
-
 def label_distribution(ds, labels: Sequence[str]) -> dict[str, int]:
     counts = np.bincount(labels_of(ds), minlength=len(labels)) if len(ds) else np.zeros(len(labels), int)
     return {name: int(n) for name, n in zip(labels, counts)}
-
-
-def project_url() -> str | None:
-    """The project's home page from the installed package's metadata (none is invented)."""
-    import importlib.metadata as md
-
-    try:
-        meta = md.metadata("debiased-nli")
-    except md.PackageNotFoundError:
-        return None
-    for entry in meta.get_all("Project-URL") or []:
-        label, _, url = entry.partition(",")
-        if label.strip().lower() in ("homepage", "home", "source", "repository"):
-            return url.strip()
-    return meta.get("Home-page") or None
 
 
 def citations_for(steps: Sequence[str]) -> list[dict]:

@@ -53,7 +53,8 @@ from ..utils.outputs import (
 )
 from ..utils.provenance import file_sha256
 from ..utils.processes import freeze_gc, return_free_memory, unfreeze_gc
-from .card import dataset_card_yaml, label_distribution, public_paths, render_card
+from ..utils.paths import public_paths
+from .card import dataset_card_yaml, label_distribution, render_card
 from .configs import ROWS_PER_SHARD, ConfigData, canonical_only, data_extra_columns
 from .decisions import write_record, write_rows_record
 

@@ -265,6 +265,8 @@ class BuildResult:
     # every step's report by its stage's name (the filter steps' are also in the manifest's stages)
     reports: dict[str, Any] = dataclasses.field(default_factory=dict)
     set_aside_note: str | None = None   # one line about the rows set aside on loading (None: there were none)
+    recipe_path: Path | None = None     # the recipe file (debiased_nli.build: a packaged recipe's path)
+    pruned: tuple[int, int] | None = None  # (entries, bytes) of the feature cache deleted afterwards (debiased_nli.build)
 
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
@@ -647,7 +649,7 @@ def _as_recorded(report: Any) -> Any:
     writes the same card as the build it replays."""
     import json
 
-    from .card import public_paths
+    from ..utils.paths import public_paths
 
     return json.loads(json.dumps(public_paths(report), sort_keys=True, default=str))
 
