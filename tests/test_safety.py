@@ -655,7 +655,7 @@ def test_every_hub_call_ends_at_the_deadline(aflite_release, tmp_path, monkeypat
     against a Hub that answers a byte a second: each ends at its deadline (3 s here) with one line."""
     from test_bad_input import TricklingServer
 
-    from debiased_nli.models.evaluation import push_results
+    from debiased_nli.models.hub import push_results
     from debiased_nli.release.compare.hub import push_report
     from debiased_nli.utils.errors import ConfigError
 

@@ -218,6 +218,11 @@ def _check_configs(configs: Sequence[ConfigData], default: str) -> None:
         raise ConfigError(f"default config {default!r} is not among the configs {names}")
     if len(set(names)) != len(names):
         raise ConfigError(f"config names must be unique: {names}")
+    from .card import rejected_config
+
+    clash = sorted(set(names) & {rejected_config(n) for n in names})
+    if clash:  # the card declares rejected_<config> for the rows a config's stage dropped
+        raise ConfigError(f"config name(s) {clash} are the names of other configs' rejected rows; rename them")
 
 
 def _open_target(out: Path, overwrite: bool):

@@ -692,7 +692,10 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
         "set_aside": set_aside_counts,
         "duplicates": {"train": run.duplicates},
     }
-    meta = {"pretty_name": recipe["pretty_name"], "repo_id": recipe["repo_id"] or f"<org>/{recipe['name']}",
+    from .card import release_title
+
+    meta = {"pretty_name": release_title(recipe["pretty_name"], [c.name for c in configs]),
+            "repo_id": recipe["repo_id"] or f"<org>/{recipe['name']}",
             "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,
             "history": recipe["history"] or [{"version": recipe["release_version"], "notes": "first release"}],
             "extra_citations": recipe["extra_citations"]}
