@@ -52,7 +52,8 @@ def test_push_is_one_commit_with_every_file_and_a_tag(release, capsys):
         assert "| v1.0 |" in sent["README.md"].decode()
         # the machine-readable history and the repo id travel in the pushed manifest
         pushed = json.loads(sent["manifest.json"])
-        assert pushed["history"][-1] == {"version": "v1.0", "notes": "published"}
+        # the build's `1.0.0 | first release` is the tag's row now: one version scheme
+        assert pushed["history"] == [{"version": "v1.0", "notes": "first release"}]
         assert pushed["repo_id"] == "org/debiased-demo"
         local_manifest = json.loads((release / "manifest.json").read_text())
         assert {k: v for k, v in pushed.items() if k not in ("history", "repo_id")} == \
