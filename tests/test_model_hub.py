@@ -83,8 +83,9 @@ def test_a_release_trained_on_is_named_with_its_version_and_the_datasets_link(tm
                                       "split `train`")
     local = {"type": "release", "release": "rel", "config": "seq_z", "split": "train", "repo_id": "org/d",
              "version": "v1.0", "manifest_sha256": "ab" * 32}
-    assert data_text(local) == "config `seq_z` of the release `org/d`, version `v1.0`, split `train` " \
-                               "(manifest.json sha256 `abababababab`)"
+    assert data_text(local) == "config `seq_z` of the local release `rel`, built for `org/d`, release version " \
+                               "`v1.0`, split `train` (manifest.json sha256 `abababababab`)"
+    assert hub_datasets({"data": {"train": local}}) == []  # a local folder's rows may not be the repo's
     record = {"config": {"model": "bert-base-uncased"}, "task": "snli", "data": {"train": hub_release}}
     meta = card_metadata(record)
     assert hub_datasets(record) == ["org/debiased-snli"]

@@ -41,11 +41,12 @@ def data_text(src: Mapping[str, Any] | None) -> str:
     if not src:
         return "rows whose source was not recorded"
     kind = src.get("type")
-    if kind == "release":
-        where = f"the release `{src['repo_id']}`" if src.get("repo_id") else f"the local release `{src.get('release')}`"
-        version = f", version `{src['version']}`" if src.get("version") else ""
+    if kind == "release":  # a local folder: what it was built as, never a Hub revision it may not match
+        built = f", built for `{src['repo_id']}`" if src.get("repo_id") else ""
+        version = f", release version `{src['version']}`" if src.get("version") else ""
         sha = f" (manifest.json sha256 `{str(src['manifest_sha256'])[:12]}`)" if src.get("manifest_sha256") else ""
-        return f"config `{src.get('config')}` of {where}{version}, split `{src.get('split')}`{sha}"
+        return f"config `{src.get('config')}` of the local release `{src.get('release')}`{built}{version}, " \
+               f"split `{src.get('split')}`{sha}"
     if kind == "hub_release":
         rev = f" at revision `{src['revision']}`" if src.get("revision") else " (main branch)"
         return f"config `{src.get('config')}` of the Hub dataset `{src.get('repo_id')}`{rev}, split `{src.get('split')}`"
@@ -59,12 +60,13 @@ def data_text(src: Mapping[str, Any] | None) -> str:
 
 
 def hub_datasets(record: Mapping[str, Any]) -> list[str]:
-    """The Hub datasets a model's training rows came from (the card's ``datasets:``)."""
+    """The Hub datasets a model's training rows were read from (the card's ``datasets:``): a Hub release or the
+    task's Hub dataset; not the repo a local release folder was built for (its rows may not be that repo's)."""
     out = []
     for src in (record.get("data") or {}).values():
         if not isinstance(src, Mapping):
             continue
-        repo = src.get("repo_id") if src.get("type") in ("release", "hub_release") else \
+        repo = src.get("repo_id") if src.get("type") == "hub_release" else \
             src.get("path") if src.get("type") == "hub" else None
         if repo and repo not in out:
             out.append(repo)
