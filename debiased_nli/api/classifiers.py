@@ -65,17 +65,38 @@ def train(task: "str | TaskSpec", *, model: str, out: "str | os.PathLike[str]",
         max_rows: read at most this many training rows.
         on_invalid: ``"error"`` or ``"set_aside"`` for bad rows.
         preset: ``"paper"``: Wu et al. (2022), Table 9; the values given here override it.
-        learning_rate, batch_size, max_length, epochs, warmup_ratio, warmup_steps, lr_scheduler, adam_epsilon,
-            weight_decay, eval_steps, early_stopping_patience: hyper-parameters (None: the preset's or the
-            project's default; the card says which).
-        seed: the training seed. data_seed: the seed of the ``max_train_rows``/``max_dev_rows`` samples.
-        poe, poe_preset, poe_beta, poe_gamma, bias_model: product of experts (``poe_preset``: Table 10).
-        group_by_length: length-grouped batches. resume: continue from the last checkpoint in ``out``.
-        cpu: train on the CPU even with a GPU. threads: torch CPU threads.
+        learning_rate: the learning rate (default 1e-5, Table 9). Each hyper-parameter left None is the preset's or
+            the project's default; the card says which.
+        batch_size: the per-device batch (default 32, Table 9).
+        max_length: the most tokens of premise and hypothesis (default 128, Table 9).
+        epochs: epochs (default 3; the paper's 5); early stopping may end sooner.
+        warmup_ratio: the warm-up share of the steps (default 0.1).
+        warmup_steps: warm-up steps instead of ``warmup_ratio`` (the paper's 2,000).
+        lr_scheduler: ``"linear"`` (default), ``"constant"``, ``"constant_with_warmup"`` (the paper's), ``"cosine"``.
+        adam_epsilon: Adam's epsilon (default 1e-8; the paper's 1e-6).
+        weight_decay: AdamW's weight decay (default 0.01; the paper's 0).
+        eval_steps: evaluate and checkpoint every N steps (default: every epoch).
+        early_stopping_patience: evaluations without improvement before stopping (default 3, Table 9).
+        seed: the training seed (the head's initialisation, the order, dropout).
+        data_seed: the seed of the ``max_train_rows`` / ``max_dev_rows`` samples.
+        max_train_rows: train on a seeded random sample of this many rows.
+        max_dev_rows: early-stop on a seeded random sample of this many dev rows.
+        poe: product of experts with a hypothesis-only bias model.
+        poe_preset: beta and gamma of Wu et al. (2022), Table 10 (implies ``poe`` and the joint bias model).
+        poe_beta: the weight of log b in softmax(log p + beta log b).
+        poe_gamma: the weight of the bias model's cross-entropy (acts only with the joint bias model).
+        bias_model: ``"joint"``, ``"tfidf"`` or a hypothesis-only classifier folder.
+        group_by_length: batches of rows of similar length.
+        resume: continue from the last checkpoint in ``out``.
+        cpu: train on the CPU even when a GPU is visible.
+        threads: torch CPU threads.
         push_to: upload the model and its card to this Hub model repo (created if needed), in one commit.
         push_revision: tag that commit (``v1.0``; tags are immutable).
-        private: create the repo as private. token, endpoint: the Hub's (default: the logged-in token, huggingface.co).
-        progress: show progress bars. show_values: print every value and its source on stderr first.
+        private: create the repo as private.
+        token: a Hub token (default: ``HF_TOKEN`` or the logged-in one); never printed or stored.
+        endpoint: another Hub (default: ``HF_ENDPOINT`` or huggingface.co).
+        progress: show progress bars.
+        show_values: print every value and its source on stderr before training.
     """
     from ..data.loading import parse_data_files
     from ..data.tasks import get_task
@@ -172,15 +193,21 @@ def evaluate(models: "str | Sequence[str]", *, suite: str | None = None, sets: "
             new); None writes nothing.
         name: the models' column in the report (default: ``out``'s folder name).
         compare: other results to add as report columns: ``{name: results.json}`` or ``["NAME=PATH", ...]``.
-        max_examples: score a seeded random sample of at most this many rows per set (``sample_seed``).
-        batch_size, max_tokens, max_length: batching of the forward passes.
+        max_examples: score a seeded random sample of at most this many rows per set.
+        sample_seed: the seed of that sample.
+        batch_size: the most rows per batch (rows are batched by length).
+        max_tokens: the most padded tokens per batch (rows x longest row).
+        max_length: the most tokens of premise and hypothesis.
         data_root: where the sets' local files are (default ``$DEBIASED_NLI_DATA_ROOT``).
-        device: ``"cpu"``, ``"cuda"``, ... dtype: ``"float32"`` or ``"bfloat16"``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ... (default: a GPU when one is visible).
+        dtype: ``"float32"`` or ``"bfloat16"`` (autocast).
         label_order: the task label of each model output, for heads named ``LABEL_0``, ...
         notes: a paragraph appended to the report.
         push_to: record every scored set in this Hub model repo (created if needed): its card's ``model-index``,
             ``.eval_results/``, ``evaluation/results.json`` and ``report.md``, in one commit.
-        private, token, endpoint: for the push.
+        private: create the repo as private.
+        token: a Hub token (default: ``HF_TOKEN`` or the logged-in one).
+        endpoint: another Hub (default: ``HF_ENDPOINT`` or huggingface.co).
         progress: show progress bars.
     """
     from ..models.challenge import resolve_sets
@@ -266,8 +293,10 @@ def compare(plan: "str | os.PathLike[str]", action: str = "report", *, runs_dir:
     Args:
         plan: the plan (YAML; see docs/efficacy.md).
         action: ``"status"``, ``"run"`` or ``"report"``.
-        runs_dir, results_dir: override the plan's folders.
-        rows, seeds: only these rows (in this order) and seeds.
+        runs_dir: the folder of the models and built releases (default: the plan's).
+        results_dir: the folder of the result and predictions files (default: the plan's).
+        rows: only these rows, in this order.
+        seeds: only these seeds.
         out: the report's stem (``STEM.md``, ``.json``, ``.png``; default: the results folder's path).
         workers: ``run`` with this many processes sharing the machine.
         device: ``"any"``, ``"cpu"`` or ``"cuda"`` (default: the plan's).
@@ -275,7 +304,9 @@ def compare(plan: "str | os.PathLike[str]", action: str = "report", *, runs_dir:
         seed_major: every row's first seed first.
         stop_after: stop after this many finished units.
         report: write the report after ``run``.
-        push_to, revision, token: push the report into this Hub dataset repo (the release), naming the revision.
+        push_to: push the report into this Hub dataset repo (the release), beside its data.
+        revision: the release's revision the rows trained on (default: found from the rows).
+        token: a Hub token (default: ``HF_TOKEN`` or the logged-in one).
         claims: the shared claims folder of a worker of ``workers`` (internal).
         progress: log each unit with an estimate of the time left, and show progress bars.
     """
