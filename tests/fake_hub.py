@@ -36,6 +36,21 @@ class FakeHub:
         self.server.shutdown()
         self.server.server_close()
 
+    def be_the_hub(self, monkeypatch, token: str = "hf_test") -> "FakeHub":
+        """Make this server the Hub for huggingface_hub's and datasets' defaults in this process (what HF_ENDPOINT
+        and HF_TOKEN do for a new one): ModelCard.load, model_info, from_pretrained, load_dataset("org/name")."""
+        import datasets.config
+        import huggingface_hub.constants as c
+
+        monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(c, "ENDPOINT", self.url)
+        monkeypatch.setattr(c, "HUGGINGFACE_CO_URL_TEMPLATE", self.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(datasets.config, "HF_ENDPOINT", self.url)
+        monkeypatch.setenv("HF_ENDPOINT", self.url)
+        monkeypatch.setenv("HF_TOKEN", token)
+        return self
+
     # -- state ------------------------------------------------------------------------------
     def store(self, kind: str) -> dict[str, dict]:
         return self.models if kind == "model" else self.repos

@@ -57,18 +57,8 @@ def test_each_command_is_a_thin_wrapper_over_its_api_function():
 @pytest.fixture
 def online(monkeypatch):
     """The test Hub server, reachable through huggingface_hub's and datasets' defaults (as HF_ENDPOINT makes it)."""
-    import datasets.config
-    import huggingface_hub.constants as c
-
     with FakeHub() as hub:
-        monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(c, "ENDPOINT", hub.url)
-        monkeypatch.setattr(c, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(datasets.config, "HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("HF_TOKEN", "hf_notebook")
-        yield hub
+        yield hub.be_the_hub(monkeypatch, "hf_notebook")
 
 
 def test_a_notebook_builds_pushes_trains_evaluates_and_compares_with_the_top_level_api(tmp_path, shared_data,

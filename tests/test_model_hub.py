@@ -23,16 +23,8 @@ TOKEN = "hf_TESTmodelTOKENneverPRINTED"
 
 @pytest.fixture
 def hub(monkeypatch):
-    import huggingface_hub.constants as c
-
-    with FakeHub() as server:
-        # huggingface_hub's readers (ModelCard.load, model_info, from_pretrained) go to the test server
-        monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(c, "ENDPOINT", server.url)
-        monkeypatch.setattr(c, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.setenv("HF_TOKEN", TOKEN)
-        yield server
+    with FakeHub() as server:  # huggingface_hub's readers (ModelCard.load, model_info, from_pretrained) go there
+        yield server.be_the_hub(monkeypatch, TOKEN)
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +214,15 @@ def test_push_model_refuses_a_folder_without_a_model_or_with_changed_files(train
     with pytest.raises(ConfigError, match="changed since debiased-nli wrote them: config.json"):
         push_model(copy, "org/x")
     assert not hub.models  # refused before any request
+
+
+def test_train_refuses_a_bad_push_target_before_any_work(tmp_path, capsys):
+    """`train --push-to` is checked with the other options: a wrong repo id or tag stops the command in one line
+    before any data is read or any model loaded (the --model folder does not even exist)."""
+    base = ["train", "snli", "--data-files", str(tmp_path / "none.parquet"), "--model", str(tmp_path / "m"),
+            "--out", str(tmp_path / "out")]
+    assert main(base + ["--push-to", "no-slash"]) == 2
+    assert "error: --push-to must look like ORG/NAME" in capsys.readouterr().err
+    assert main(base + ["--push-to", "org/m", "--push-revision", "latest version"]) == 2
+    assert "error: --push-revision 'latest version' is not a version tag" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

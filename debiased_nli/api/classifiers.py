@@ -108,9 +108,11 @@ def train(task: "str | TaskSpec", *, model: str, out: "str | os.PathLike[str]",
     if release and data_files:
         raise ConfigError("give either --release (with --config) or --data-files, not both")
     if push_to:
+        from ..models.hub import check_version_tag
         from ..utils.hub import check_repo_id
 
         check_repo_id(push_to, "--push-to")
+        check_version_tag(push_revision, "--push-revision")
     check_train_folder(out)  # before any work: never a folder of the user's
     check_model_reference(model, "--model")
     if (poe or poe_preset) and bias_model not in (None, "tfidf", "joint"):

@@ -125,7 +125,7 @@ def render_model_card(record: Mapping[str, Any], folder: "str | Path", repo_id: 
         dev_text=data_text(data.get("dev")) if data.get("dev") else None, result=_Attrs(record.get("result") or {}),
         train_fingerprint=record.get("train_fingerprint"), dev_fingerprint=record.get("dev_fingerprint"),
         hyper=hyper_parameters(record), world_size=record.get("world_size", 1),
-        versions=record.get("versions") or {}, poe=bool(cfg.get("poe")),
+        versions=_Attrs(record.get("versions") or {}), poe=bool(cfg.get("poe")),
         results_start=RESULTS_START, results_end=RESULTS_END)
     return f"---\n{card_metadata(record).to_yaml().rstrip()}\n---\n\n{body}"
 

@@ -47,6 +47,12 @@ _OUR_EVAL_FILE = re.compile(rf"^(?:{re.escape(EVAL_RESULTS_FOLDER)}/[\w.-]+\.yam
 
 # ------------------------------------------------------------------------------------ the model
 
+def check_version_tag(revision: str | None, option: str) -> None:
+    """A version tag (``v1.0``, ``1.2.0``) or None; a one-line error otherwise."""
+    if revision is not None and not _VERSION_RE.match(str(revision)):
+        raise ConfigError(f"{option} {revision!r} is not a version tag (e.g. v1.0 or 1.2.0)")
+
+
 def model_files(folder: "str | Path") -> list[str]:
     """The files of a training folder to upload: the top-level files ``train`` wrote (:func:`~debiased_nli.utils.
     outputs.written_by_us`), less the resume record and :data:`NOT_UPLOADED`. A symbolic link, or a file of the
@@ -99,8 +105,7 @@ def push_model(folder: "str | Path", repo_id: str, *, revision: str | None = Non
     from .training import TRAIN_CONFIG_FILE
 
     check_repo_id(repo_id, "--push-to")
-    if revision is not None and not _VERSION_RE.match(revision):
-        raise ConfigError(f"--push-revision {revision!r} is not a version tag (e.g. v1.0 or 1.2.0)")
+    check_version_tag(revision, "--push-revision")
     folder = Path(folder)
     files = model_files(folder)
     record = read_json(folder / TRAIN_CONFIG_FILE, "the training record", kind=dict)
@@ -203,8 +208,6 @@ def result_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 def model_index_results(rows: Sequence[Mapping[str, Any]], source_url: str) -> list:
     """``huggingface_hub.EvalResult`` entries of the card's ``model-index`` for :func:`result_rows` (see the module
     docstring: which dataset id, config and split each set is published under)."""
-    from huggingface_hub import EvalResult
-
     out = []
     for r in rows:
         ref, s, n = r["reference"], r["set"], r["n"]
@@ -233,15 +236,25 @@ def model_index_results(rows: Sequence[Mapping[str, Any]], source_url: str) -> l
                       dataset_config=ref.get("name") if ref.get("path") else None,
                       dataset_split=ref.get("split") if exact else None, dataset_args=args or None, verified=False,
                       source_name=f"debiased-nli evaluate: {r['source']}", source_url=source_url)
-        several = r["seeds"] > 1
-        metric_args = {"num_models": r["seeds"], "seeds": r["seed_values"]} if several else None
-        out.append(EvalResult(**common, metric_type="accuracy", metric_value=round(r["accuracy"], 6),
-                              metric_name=f"Accuracy (mean over {r['seeds']} seeds)" if several else "Accuracy",
-                              metric_args=metric_args))
-        if several:
-            out.append(EvalResult(**common, metric_type="accuracy_std", metric_value=round(r["accuracy_std"], 6),
-                                  metric_name=f"Accuracy std over {r['seeds']} seeds (ddof=1)",
-                                  metric_args=metric_args))
+        args = {"num_models": r["seeds"], "seeds": r["seed_values"]} if r["seeds"] > 1 else None
+        out += accuracy_results(common, r["accuracy"], r["accuracy_std"], r["seeds"], args)
+    return out
+
+
+def accuracy_results(common: Mapping[str, Any], accuracy: float, std: float, seeds: int,
+                     metric_args: Mapping[str, Any] | None) -> list:
+    """The ``EvalResult`` s of one set (``common``: its task, dataset and source): the accuracy (the mean over the seeds
+    when there are several) and, for several seeds, their sample standard deviation (ddof=1) as ``accuracy_std``."""
+    from huggingface_hub import EvalResult
+
+    several = seeds > 1
+    out = [EvalResult(**common, metric_type="accuracy", metric_value=round(accuracy, 6),
+                      metric_name=f"Accuracy (mean over {seeds} seeds)" if several else "Accuracy",
+                      metric_args=dict(metric_args) if metric_args else None)]
+    if several:
+        out.append(EvalResult(**common, metric_type="accuracy_std", metric_value=round(std, 6),
+                              metric_name=f"Accuracy std over {seeds} seeds (ddof=1)",
+                              metric_args=dict(metric_args) if metric_args else None))
     return out
 
 

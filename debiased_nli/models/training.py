@@ -839,6 +839,10 @@ def _make_trainer(cfg: TrainConfig, model, tok, train_tok, dev_tok, callbacks: S
                       compute_metrics=_accuracy_metric() if has_dev else None,
                       callbacks=([EarlyStoppingCallback(cfg.early_stopping_patience)] if has_dev else []) + list(callbacks or []))
     trainer.poe_beta, trainer.poe_gamma = cfg.poe_beta, cfg.poe_gamma
+    if not cfg.progress:  # without progress bars the Trainer prints every log as a dict instead: nothing, here
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
     return trainer
 
 
