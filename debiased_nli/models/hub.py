@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 EVAL_FOLDER = "evaluation"          # results.json and report.md of the latest evaluate --push-to
 EVAL_RESULTS_FOLDER = ".eval_results"
 NOT_UPLOADED = ("training_args.bin",)  # a pickle of TrainingArguments (local paths); the card lists every value
+DATA_SUFFIXES = (".parquet", ".npz", ".jsonl", ".csv")  # rows kept beside a model (compare's selection rows): not it
 _VERSION_RE = re.compile(r"^v?\d+(\.\d+){0,2}([.-][0-9A-Za-z.]+)?$")
 _OUR_EVAL_FILE = re.compile(rf"^(?:{re.escape(EVAL_RESULTS_FOLDER)}/[\w.-]+\.yaml|{EVAL_FOLDER}/(?:results\.json|report\.md))$")
 
@@ -55,10 +56,10 @@ def check_version_tag(revision: str | None, option: str) -> None:
 
 def model_files(folder: "str | Path") -> list[str]:
     """The files of a training folder to upload: the top-level files ``train`` wrote (:func:`~debiased_nli.utils.
-    outputs.written_by_us`), less the resume record and :data:`NOT_UPLOADED`. A symbolic link, or a file of the
-    tool's that was changed since it was written, stops the push naming it; a file the tool did not write (a note of
-    the user's) is not uploaded. A folder without a trained model (``config.json``, its weights, the training
-    record and the card) is refused."""
+    outputs.written_by_us`), less the resume record, :data:`NOT_UPLOADED` and rows (:data:`DATA_SUFFIXES`). A
+    symbolic link, or a file of the tool's that was changed since it was written, stops the push naming it; a file
+    the tool did not write (a note of the user's) is not uploaded. A folder without a trained model
+    (``config.json``, its weights, the training record and the card) is refused."""
     from ..utils.outputs import marker_of, written_by_us
     from .training import RUN_FILE, TRAIN_CONFIG_FILE, is_run_folder
 
@@ -68,7 +69,7 @@ def model_files(folder: "str | Path") -> list[str]:
                           f"... --out {folder}`)")
     files, changed, links = [], [], []
     for p in sorted(folder.iterdir()):
-        if p.name.startswith(".") or p.name in (RUN_FILE, *NOT_UPLOADED):
+        if p.name.startswith(".") or p.name in (RUN_FILE, *NOT_UPLOADED) or p.suffix in DATA_SUFFIXES:
             continue
         if p.is_symlink():
             links.append(p.name)

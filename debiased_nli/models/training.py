@@ -701,6 +701,10 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     tok, model = load_model_for_task(cfg.model, task)
     order = model_label_order(model, task, cfg.model)
     run = check_run(cfg, task, train_ds, dev_ds)
+    from ..utils.outputs import refuse_not_ours
+
+    # the model card is written at the end: a README.md of the user's there is refused now, not after the training
+    refuse_not_ours([Path(cfg.output_dir) / "README.md"], f"--out {cfg.output_dir}")
 
     joint = cfg.poe and cfg.bias_model == "joint"
     bias, bias_info = _poe_bias_model(cfg, train_ds, bias_model)
