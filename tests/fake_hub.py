@@ -36,12 +36,16 @@ class FakeHub:
         self.server.shutdown()
         self.server.server_close()
 
-    def be_the_hub(self, monkeypatch, token: str = "hf_test") -> "FakeHub":
-        """Make this server the Hub for huggingface_hub's and datasets' defaults in this process (what HF_ENDPOINT
-        and HF_TOKEN do for a new one): ModelCard.load, model_info, from_pretrained, load_dataset("org/name")."""
+    def be_the_hub(self, monkeypatch, cache, token: str = "hf_test") -> "FakeHub":
+        """Make this server the Hub for huggingface_hub's and datasets' defaults in this process (what HF_ENDPOINT,
+        HF_TOKEN and HF_HOME do for a new one): ModelCard.load, model_info, from_pretrained, load_dataset("org/name").
+        ``cache``: a new folder for what they download (the user's Hub cache could hold another server's
+        ``org/name`` at the same tag, with another commit)."""
         import datasets.config
         import huggingface_hub.constants as c
 
+        monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache / "hub"))
+        monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache / "datasets")
         monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(c, "ENDPOINT", self.url)
         monkeypatch.setattr(c, "HUGGINGFACE_CO_URL_TEMPLATE", self.url + "/{repo_id}/resolve/{revision}/{filename}")

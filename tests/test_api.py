@@ -55,10 +55,10 @@ def test_each_command_is_a_thin_wrapper_over_its_api_function():
 
 
 @pytest.fixture
-def online(monkeypatch):
+def online(monkeypatch, tmp_path_factory):
     """The test Hub server, reachable through huggingface_hub's and datasets' defaults (as HF_ENDPOINT makes it)."""
     with FakeHub() as hub:
-        yield hub.be_the_hub(monkeypatch, "hf_notebook")
+        yield hub.be_the_hub(monkeypatch, tmp_path_factory.mktemp("hf-cache"), "hf_notebook")
 
 
 def test_a_notebook_builds_pushes_trains_evaluates_and_compares_with_the_top_level_api(tmp_path, shared_data,

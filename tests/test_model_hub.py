@@ -22,9 +22,9 @@ TOKEN = "hf_TESTmodelTOKENneverPRINTED"
 
 
 @pytest.fixture
-def hub(monkeypatch):
+def hub(monkeypatch, tmp_path_factory):
     with FakeHub() as server:  # huggingface_hub's readers (ModelCard.load, model_info, from_pretrained) go there
-        yield server.be_the_hub(monkeypatch, TOKEN)
+        yield server.be_the_hub(monkeypatch, tmp_path_factory.mktemp("hf-cache"), TOKEN)
 
 
 @pytest.fixture(scope="module")
