@@ -1,16 +1,19 @@
 """A small Hub-compatible HTTP server for tests: it records every request and serves what was pushed.
 
-It speaks the parts of the Hub API that ``huggingface_hub`` uses to create a dataset repo, commit
+It speaks the parts of the Hub API that ``huggingface_hub`` uses to create a dataset or model repo, commit
 files (regular, base64 in the NDJSON commit payload) and deletions (``deletedFile``, ``deletedFolder``),
-tag a commit, and that ``datasets`` uses to
-read a repo back (repo info, tree listing, paths-info, resolve with ranges). Everything is kept in
-memory; each commit is a full snapshot, so revisions and tags resolve to exactly what was pushed.
+tag a commit, and that ``datasets``, ``transformers`` and ``huggingface_hub`` use to read a repo back (repo info,
+refs, tree listing, paths-info, resolve with ranges; for a model, ``model_info(expand=["evalResults"])``: the
+entries of its ``.eval_results/*.yaml`` files, each checked as the Hub checks them). Everything is kept in memory;
+each commit is a full snapshot, so revisions and tags resolve to exactly what was pushed. Dataset repos are in
+``hub.repos``, model repos in ``hub.models``.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+import re
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeHub:
     def __init__(self):
         self.requests: list[dict] = []
-        self.repos: dict[str, dict] = {}
+        self.repos: dict[str, dict] = {}   # dataset repos
+        self.models: dict[str, dict] = {}  # model repos
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -32,9 +36,31 @@ class FakeHub:
         self.server.shutdown()
         self.server.server_close()
 
+    def be_the_hub(self, monkeypatch, cache, token: str = "hf_test") -> "FakeHub":
+        """Make this server the Hub for huggingface_hub's and datasets' defaults in this process (what HF_ENDPOINT,
+        HF_TOKEN and HF_HOME do for a new one): ModelCard.load, model_info, from_pretrained, load_dataset("org/name").
+        ``cache``: a new folder for what they download (the user's Hub cache could hold another server's
+        ``org/name`` at the same tag, with another commit)."""
+        import datasets.config
+        import huggingface_hub.constants as c
+
+        monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache / "hub"))
+        monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache / "datasets")
+        monkeypatch.setattr(c, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(c, "ENDPOINT", self.url)
+        monkeypatch.setattr(c, "HUGGINGFACE_CO_URL_TEMPLATE", self.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(datasets.config, "HF_ENDPOINT", self.url)
+        monkeypatch.setenv("HF_ENDPOINT", self.url)
+        monkeypatch.setenv("HF_TOKEN", token)
+        return self
+
     # -- state ------------------------------------------------------------------------------
-    def snapshot(self, repo: str, rev: str | None) -> tuple[str, dict[str, bytes]]:
-        r = self.repos[repo]
+    def store(self, kind: str) -> dict[str, dict]:
+        return self.models if kind == "model" else self.repos
+
+    def snapshot(self, repo: str, rev: str | None, kind: str = "dataset") -> tuple[str, dict[str, bytes]]:
+        r = self.store(kind)[repo]
         rev = urllib.parse.unquote(rev or "main")
         if rev in r["tags"]:
             oid = r["tags"][rev]
@@ -94,27 +120,37 @@ class FakeHub:
                 if parts[:3] == ["api", "repos", "create"]:
                     req = json.loads(body)
                     repo = f"{req.get('organization')}/{req['name']}" if req.get("organization") else req["name"]
-                    if repo not in hub.repos:
-                        hub.repos[repo] = {"commits": {}, "head": None, "tags": {}, "private": req.get("visibility") == "private" or bool(req.get("private"))}
-                    return self._send(200, {"url": f"{hub.url}/datasets/{repo}", "name": repo})
+                    kind = req.get("type") or "model"
+                    store = hub.store(kind)
+                    if repo not in store:
+                        store[repo] = {"commits": {}, "head": None, "tags": {}, "private": req.get("visibility") == "private" or bool(req.get("private"))}
+                    prefix = "datasets/" if kind == "dataset" else ""
+                    return self._send(200, {"url": f"{hub.url}/{prefix}{repo}", "name": repo})
                 if parts[:2] == ["api", "validate-yaml"]:
                     import yaml
                     content = json.loads(body)["content"]
                     if content.startswith("---"):
                         yaml.safe_load(content.split("---")[1])  # a broken card header fails the push
                     return self._send(200, {"errors": [], "warnings": []})
-                if parts[:2] == ["api", "datasets"] and len(parts) >= 4:
+                if parts[:2] in (["api", "datasets"], ["api", "models"]) and len(parts) >= 4:
+                    kind = "dataset" if parts[1] == "datasets" else "model"
                     repo = f"{parts[2]}/{parts[3]}"
-                    if repo not in hub.repos:
+                    if repo not in hub.store(kind):
                         return self._not_found()
                     rest = parts[4:]
-                    return self._api(repo, rest, body, query)
-                if parts[0] == "datasets" and len(parts) >= 6 and parts[3] == "resolve":
-                    repo = f"{parts[1]}/{parts[2]}"
-                    if repo not in hub.repos or hub.repos[repo]["head"] is None:
+                    return self._api(repo, rest, body, query, kind)
+                resolve = (parts[1:], "dataset") if parts[0] == "datasets" else (parts, "model")
+                if len(resolve[0]) >= 5 and resolve[0][2] == "resolve":
+                    (org, name, _, rev, *rest), kind = resolve
+                    repo = f"{org}/{name}"
+                    store = hub.store(kind)
+                    if repo not in store or store[repo]["head"] is None:
                         return self._not_found()
-                    oid, files = hub.snapshot(repo, parts[4])
-                    path = "/".join(parts[5:])
+                    try:
+                        oid, files = hub.snapshot(repo, rev, kind)
+                    except KeyError:
+                        return self._not_found("RevisionNotFound")
+                    path = "/".join(rest)
                     if path not in files:
                         return self._not_found("EntryNotFound")
                     data = files[path]
@@ -130,17 +166,21 @@ class FakeHub:
                     return self._send(200, raw=data, headers=headers)
                 return self._send(404, {"error": f"unknown route {url.path}"})
 
-            def _api(self, repo: str, rest: list[str], body: bytes, query):
-                r = hub.repos[repo]
+            def _api(self, repo: str, rest: list[str], body: bytes, query, kind: str = "dataset"):
+                r = hub.store(kind)[repo]
                 if not rest or rest[0] == "revision":
                     if r["head"] is None:
                         return self._not_found("RevisionNotFound")
-                    oid, files = hub.snapshot(repo, rest[1] if len(rest) > 1 else None)
-                    return self._send(200, {"id": repo, "_id": repo, "sha": oid, "private": bool(r["private"]),
-                                            "siblings": [{"rfilename": p} for p in sorted(files)],
-                                            "tags": [], "lastModified": "2026-01-01T00:00:00.000Z",
-                                            "disabled": False, "gated": False, "downloads": 0, "likes": 0,
-                                            "cardData": {}})
+                    oid, files = hub.snapshot(repo, rest[1] if len(rest) > 1 else None, kind)
+                    info = {"id": repo, "_id": repo, "sha": oid, "private": bool(r["private"]),
+                            "siblings": [{"rfilename": p} for p in sorted(files)],
+                            "tags": [], "lastModified": "2026-01-01T00:00:00.000Z",
+                            "disabled": False, "gated": False, "downloads": 0, "likes": 0, "cardData": {}}
+                    if kind == "model":
+                        info.update(modelId=repo, author=repo.split("/")[0])
+                        if "evalResults" in query.get("expand", []) + query.get("expand[]", []):
+                            info["evalResults"] = eval_results(files)
+                    return self._send(200, info)
                 if rest[0] == "refs":
                     return self._send(200, {
                         "branches": ([{"name": "main", "ref": "refs/heads/main", "targetCommit": r["head"]}]
@@ -176,19 +216,20 @@ class FakeHub:
                                        .encode() + str(len(r["commits"])).encode()).hexdigest()
                     r["commits"][oid] = {"files": files, "summary": header.get("summary"), "parent": r["head"]}
                     r["head"] = oid
-                    return self._send(200, {"commitUrl": f"{hub.url}/datasets/{repo}/commit/{oid}",
+                    prefix = "datasets/" if kind == "dataset" else ""
+                    return self._send(200, {"commitUrl": f"{hub.url}/{prefix}{repo}/commit/{oid}",
                                             "commitOid": oid, "pullRequestUrl": None})
                 if rest[0] == "tag":
                     tag = json.loads(body)["tag"]
                     rev = urllib.parse.unquote(rest[1]) if len(rest) > 1 else "main"
                     if tag in r["tags"]:
                         return self._send(409, {"error": "tag exists"})
-                    r["tags"][tag] = hub.snapshot(repo, rev)[0]
+                    r["tags"][tag] = hub.snapshot(repo, rev, kind)[0]
                     return self._send(200, {})
                 if rest[0] in ("tree", "paths-info"):
                     if r["head"] is None:
                         return self._not_found("RevisionNotFound")
-                    oid, files = hub.snapshot(repo, rest[1])
+                    oid, files = hub.snapshot(repo, rest[1], kind)
                     if rest[0] == "tree":
                         prefix = "/".join(rest[2:]).strip("/")
                         recursive = query.get("recursive", ["false"])[0].lower() == "true"
@@ -219,3 +260,32 @@ class FakeHub:
                 return self._send(404, {"error": f"unknown api route {rest}"})
 
         return Handler
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def eval_results(files: dict[str, bytes]) -> list[dict]:
+    """What the Hub's ``evalResults`` holds for a model's files: every entry of every ``.eval_results/*.yaml``
+    (https://huggingface.co/docs/hub/eval-results: ``dataset.id``, a Hub dataset id, and ``dataset.task_id`` are
+    required, and so is ``value``; ``source.url`` when there is a ``source``), or ``{filename, error}`` for a file
+    that is not a list of such entries."""
+    import yaml
+
+    out = []
+    for path in sorted(p for p in files if p.startswith(".eval_results/") and p.endswith((".yaml", ".yml"))):
+        try:
+            entries = yaml.safe_load(files[path].decode())
+            assert isinstance(entries, list) and entries, "not a list of results"
+            for e in entries:
+                ds = e.get("dataset") or {}
+                assert isinstance(ds.get("id"), str) and _HUB_ID.match(ds["id"]), f"dataset.id {ds.get('id')!r}"
+                assert isinstance(ds.get("task_id"), str) and ds["task_id"], "dataset.task_id is required"
+                assert isinstance(e.get("value"), (int, float)), "value is required and numeric"
+                assert not e.get("source") or isinstance(e["source"].get("url"), str), "source.url is required"
+                assert set(e) <= {"dataset", "value", "verifyToken", "date", "source", "notes"}, f"keys {sorted(e)}"
+        except Exception as err:  # noqa: BLE001 - what the Hub reports for an invalid file
+            out.append({"filename": path, "error": str(err)})
+            continue
+        out += [{"filename": path, "data": e} for e in entries]
+    return out

@@ -36,7 +36,7 @@ def _card(folder: Path) -> tuple[dict, str]:
 def test_every_given_split_is_released_and_listed_in_the_manifest(release, shared_data, caplog):
     out, res = release
     meta, body = _card(out)
-    [config] = meta["configs"]
+    [config] = [c for c in meta["configs"] if not c["config_name"].startswith("rejected_")]
     assert {f["split"] for f in config["data_files"]} == {"train", "validation", "test"}
     for split, name in (("validation", "dev"), ("test", "test")):
         loaded = datasets.load_dataset(str(out), "z_filtered", split=split)
@@ -83,6 +83,45 @@ def test_the_card_metadata_round_trips_through_the_hubs_card_classes(release):
         {s: len(datasets.load_dataset(str(out), "z_filtered", split=s)) for s in ("train", "validation", "test")}
     # no datasets internals: the YAML is written through huggingface_hub's public DatasetCardData
     assert "datasets.utils.metadata" not in (ROOT / "debiased_nli/release/layout.py").read_text()
+
+
+def test_a_z_filtered_release_is_titled_by_the_configs_it_has(release):
+    """The SNLI recipe built without new rows has `z_filtered` only: its title names z-filtering, not the Z-Aug,
+    Par-Z and Seq-Z it does not have."""
+    from debiased_nli.release.card import release_title
+
+    out, res = release
+    meta, body = _card(out)
+    assert list(res.configs) == ["z_filtered"]
+    assert meta["pretty_name"] == "Debiased SNLI (z-filtering)" and body.lstrip().startswith("# Debiased SNLI (z-filtering)\n")
+    assert release_title("Debiased SNLI (z-filtering, Z-Aug, Par-Z, Seq-Z)", ["original", "z_filtered"]) == \
+        "Debiased SNLI (z-filtering)"  # a recipe written the old way: its list replaced, not repeated
+    assert release_title("Debiased SNLI", ["z_filtered", "z_aug", "par_z", "seq_z", "aflite"]) == \
+        "Debiased SNLI (z-filtering, Z-Aug, Par-Z, Seq-Z, AFLite)"
+    assert release_title("My data (2024 edition)", ["my_filter"]) == "My data (2024 edition) (my_filter)"
+
+
+def test_the_rejected_rows_are_a_config_of_their_own_and_every_config_still_loads(release):
+    """`rejected_<config>` is declared in the card (not the default), so the Hub's viewer shows the dropped rows with
+    their reason; load_dataset reads it, and every other config and the default load as before."""
+    from huggingface_hub import DatasetCard
+
+    out, res = release
+    configs = {c["config_name"]: c for c in DatasetCard.load(out / "README.md").data.to_dict()["configs"]}
+    assert configs["rejected_z_filtered"] == {"config_name": "rejected_z_filtered",
+                                              "data_files": [{"split": "train", "path": "rejected/z_filtered/train-*"}]}
+    assert [n for n, c in configs.items() if c.get("default")] == ["z_filtered"]
+    rejected = datasets.load_dataset(str(out), "rejected_z_filtered", split="train")
+    assert len(rejected) == 1500 - res.configs["z_filtered"] and len(rejected) > 0  # every row kept or dropped
+    assert "rejected_by" in rejected.column_names and all(rejected["rejected_by"])
+    assert isinstance(rejected.features["label"], datasets.ClassLabel)
+    for name in configs:  # every declared config loads; the data configs with typed labels
+        ds = datasets.load_dataset(str(out), name)
+        assert len(ds["train"]) > 0
+    default = datasets.load_dataset(str(out), split="train")
+    assert default["uid"] == datasets.load_dataset(str(out), "z_filtered", split="train")["uid"]
+    body = _card(out)[1]
+    assert '`load_dataset("debiased-nli/debiased-snli", "rejected_z_filtered")`' in body
 
 
 def test_no_local_paths_and_no_invented_urls(release):

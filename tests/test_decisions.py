@@ -93,8 +93,9 @@ def test_a_build_records_each_filter_steps_decisions_and_scores(tmp_path):
     assert set(manifest["decisions"]["noisy"]["files"]) == {"decisions/noisy/decisions.parquet",
                                                             "decisions/noisy/added.parquet"}
     assert manifest["decisions"]["noisy"]["rejected_files"]  # the dropped rows' files, by sha256
-    # the Hub sees the release as before: the decisions are no config
-    assert set(datasets.get_dataset_config_names(str(tmp_path / "a"))) == set(res.configs)
+    # the Hub sees the release's configs and their dropped rows: the decisions are no config
+    assert set(datasets.get_dataset_config_names(str(tmp_path / "a"))) == \
+        set(res.configs) | {f"rejected_{c}" for c in res.configs}
 
 
 def test_a_rebuild_with_replay_gives_the_recorded_release_where_the_numbers_moved(tmp_path):

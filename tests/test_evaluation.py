@@ -1,19 +1,16 @@
-"""Scoring, breakdowns, reports and the model-index push (at the HTTP boundary)."""
+"""Scoring, breakdowns, reports and the model-index entries of a results file."""
 from __future__ import annotations
 
-import base64
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from debiased_nli.models.challenge import get_set, load_challenge_set
 from debiased_nli.cli import main
 from debiased_nli.utils.errors import ConfigError
-from debiased_nli.models.evaluation import (SCHEMA, load_results, push_results, score_predictions, set_predictions)
+from debiased_nli.models.evaluation import SCHEMA, load_results, score_predictions, set_predictions
 
 from test_training import make_tiny_bert
 
@@ -177,107 +174,48 @@ def test_evaluate_refuses_unknown_suites_and_missing_files(trained_pair, tmp_pat
 
 # ------------------------------------------------------------------------------ the Hub push
 
-class FakeHub:
-    """Answers huggingface_hub's HTTP calls and records them (the Hub is never reached)."""
-
-    def __init__(self, existing_card: str | None):
-        self.card = existing_card
-        self.requests = []
-        self.commits = []
-
-    def __call__(self, request):
-        import httpx2 as httpx
-
-        self.requests.append((request.method, request.url.path))
-        path = request.url.path
-        if "/resolve/" in path and path.endswith("README.md"):
-            if self.card is None:
-                return httpx.Response(404, headers={"X-Error-Code": "EntryNotFound"}, request=request)
-            body = self.card.encode()
-            return httpx.Response(200, content=body if request.method == "GET" else b"", request=request,
-                                  headers={"ETag": '"abc"', "X-Repo-Commit": "0" * 40,
-                                           "Content-Length": str(len(body))})
-        if "/preupload/" in path:
-            files = json.loads(request.content)["files"]
-            return httpx.Response(200, json={"files": [{"path": f["path"], "uploadMode": "regular",
-                                                        "shouldIgnore": False} for f in files]}, request=request)
-        if "/commit/" in path:
-            lines = [json.loads(l) for l in request.content.decode().splitlines() if l.strip()]
-            self.commits.append(lines)
-            return httpx.Response(200, json={"commitUrl": "https://huggingface.co/org/m/commit/1", "commitOid": "1" * 40},
-                                  request=request)
-        if path.startswith("/api/validate-yaml"):
-            return httpx.Response(200, json={}, request=request)
-        return httpx.Response(200, json={}, request=request)
-
-    def pushed_card(self) -> tuple[dict, str]:
-        [commit] = self.commits
-        [file] = [l for l in commit if l.get("key") == "file"]
-        assert file["value"]["path"] == "README.md"
-        text = base64.b64decode(file["value"]["content"]).decode()
-        _, meta, body = text.split("---", 2)
-        return yaml.safe_load(meta), body
-
-
-@pytest.fixture
-def fake_hub(monkeypatch):
-    import httpx2 as httpx
-    from huggingface_hub import constants, set_client_factory
-    from huggingface_hub.utils import _http
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    hubs = []
-
-    def install(card):
-        hub = FakeHub(card)
-        hubs.append(hub)
-        set_client_factory(lambda: httpx.Client(transport=httpx.MockTransport(hub)))
-        return hub
-
-    yield install
-    set_client_factory(_http.default_client_factory)
-
-
-HUB = {"hans": {"path": "jhu-cogsci/hans", "name": None, "split": "validation"},
-       "snli_test": {"path": "stanfordnlp/snli", "name": None, "split": "test"}}
+HUB = {"hans": {"relation": "stand-in", "path": "jhu-cogsci/hans", "name": None, "split": "validation",
+                "file": "hans/evaluation_regenerated.parquet", "file_sha256": "ab" * 32},
+       "snli_test": {"relation": "exact", "path": "stanfordnlp/snli", "name": None, "split": "test"}}
 
 
 def _results(accs: dict[str, float], n: int = 100, n_total: int = 100, runs: int = 3) -> dict:
-    # hub_dataset: what challenge_source() records for a set read from the Hub (None: no Hub dataset)
+    # hub_reference: what hub_reference() records for a set (relation None: no Hub dataset)
     return {"schema": SCHEMA, "num_models": runs, "config": {"sample_seed": 7}, "sets": {
         s: {"accuracy": a, "accuracy_std": 0.01, "n": n, "n_total": n_total, "subsampled": n < n_total,
-            "sample_seed": 7 if n < n_total else None, "task": "snli", "hub_dataset": HUB.get(s),
+            "sample_seed": 7 if n < n_total else None, "task": "snli",
+            "hub_reference": HUB.get(s, {"relation": None, "file": f"{s}.parquet", "file_sha256": "cd" * 32}),
             "runs": [{"seed": i + 1} for i in range(runs)]} for s, a in accs.items()}}
 
 
-def _index(meta) -> dict:
+def _index(results) -> dict:
     from huggingface_hub import ModelCardData
+    from huggingface_hub.repocard_data import eval_results_to_model_index
 
+    from debiased_nli.models.hub import model_index_results, result_rows
+
+    entries = model_index_results(result_rows(results), "https://huggingface.co/org/m/blob/main/evaluation/results.json")
+    meta = {"model-index": eval_results_to_model_index("m", entries)}
     results = ModelCardData(**meta).eval_results  # huggingface_hub's own model-index parser reads it back
     return {(r.dataset_name, r.metric_type): r for r in results}
 
 
-def test_push_writes_the_model_index_of_a_new_card_with_real_hub_ids_only(fake_hub):
-    hub = fake_hub(None)
-    _, left_out = push_results("org/minilm-snli", _results({"hans": 0.52, "snli_test_hard": 0.61}), token="hf_test")
-    meta, _ = hub.pushed_card()
-    assert meta["model-index"][0]["name"] == "minilm-snli"
-    got = _index(meta)
-    # three seeds: the mean and the standard deviation, each a metric of the same Hub dataset
-    assert set(got) == {("hans", "accuracy"), ("hans", "accuracy_std")}
-    assert got["hans", "accuracy"].dataset_type == "jhu-cogsci/hans" and got["hans", "accuracy"].metric_value == 0.52
-    assert got["hans", "accuracy"].metric_args == {"num_models": 3, "seeds": [1, 2, 3]}
-    assert got["hans", "accuracy_std"].metric_value == 0.01
-    # SNLI-hard has no Hub dataset: left out, never published under an invented id
-    assert left_out == ["snli_test_hard"] and "debiased-nli/" not in json.dumps(meta)
-    assert ("POST", "/api/models/org/minilm-snli/commit/main") in hub.requests
+def test_several_seeds_give_the_mean_and_the_std_under_the_sets_hub_relation():
+    got = _index(_results({"hans": 0.52, "snli_test_hard": 0.61}))
+    hans = ("hans (local stand-in for jhu-cogsci/hans[validation], sha256 abababababab)", "accuracy")
+    assert set(got) == {hans, (hans[0], "accuracy_std"), ("snli_test_hard (local file, sha256 cdcdcdcdcdcd)", "accuracy"),
+                        ("snli_test_hard (local file, sha256 cdcdcdcdcdcd)", "accuracy_std")}
+    # a stand-in: the Hub dataset it stands in for, never its split (the rows are not the split's)
+    assert got[hans].dataset_type == "jhu-cogsci/hans" and got[hans].dataset_split is None
+    assert got[hans].metric_value == 0.52 and got[hans].metric_args == {"num_models": 3, "seeds": [1, 2, 3]}
+    assert got[hans[0], "accuracy_std"].metric_value == 0.01
+    assert got[hans].dataset_args["file_sha256"] == "ab" * 32
+    assert got[hans].source_name == ("debiased-nli evaluate: hans: local file hans/evaluation_regenerated.parquet "
+                                     "(sha256 abababababab)")
 
 
-def test_a_sample_score_is_published_as_a_sample(fake_hub):
-    hub = fake_hub(None)
-    push_results("org/m", _results({"snli_test": 0.6}, n=1000, n_total=9824, runs=1))
-    meta, _ = hub.pushed_card()
-    [(key, result)] = _index(meta).items()
+def test_a_sample_score_is_published_as_a_sample():
+    [(key, result)] = _index(_results({"snli_test": 0.6}, n=1000, n_total=9824, runs=1)).items()
     assert key == ("snli_test (random sample of 1,000 of 9,824 rows, seed 7)", "accuracy")
     assert result.dataset_type == "stanfordnlp/snli" and result.dataset_split == "test"
     assert result.dataset_args == {"rows_scored": 1000, "rows_in_split": 9824, "sample": "seeded random sample",
@@ -285,35 +223,33 @@ def test_a_sample_score_is_published_as_a_sample(fake_hub):
     assert result.metric_name == "Accuracy" and result.metric_args is None
 
 
-def test_nothing_to_publish_under_a_hub_id_is_refused(fake_hub):
-    fake_hub(None)
-    with pytest.raises(ConfigError, match="nothing to put in the model-index"):
-        push_results("org/m", _results({"snli_test_hard": 0.6, "dasgupta_compositional": 0.4}))
+def test_a_results_file_from_before_hub_reference_is_read_by_its_hub_dataset():
+    from debiased_nli.models.hub import result_rows
+
+    old = _results({"snli_test": 0.6}, runs=1)
+    entry = old["sets"]["snli_test"]
+    del entry["hub_reference"]
+    entry["hub_dataset"] = {"path": "stanfordnlp/snli", "name": None, "split": "test"}
+    [row] = result_rows(old)
+    assert row["reference"] == {"relation": "exact", "path": "stanfordnlp/snli", "name": None, "split": "test"}
 
 
-def test_only_rows_that_are_a_hub_datasets_get_its_id(shared_data):
-    from debiased_nli.models.challenge import challenge_source
+def test_each_set_names_how_its_rows_relate_to_a_hub_dataset(shared_data):
+    from debiased_nli.models.challenge import challenge_source, hub_reference
+    from debiased_nli.utils.provenance import file_sha256
 
-    # a local file marked as an exact copy of the Hub split, a regenerated stand-in, a set with no Hub id
+    # a local file marked as an exact copy of the Hub split, a regenerated stand-in, a subset, a set with no Hub id
     assert challenge_source("snli_test", shared_data)["hub_dataset"] == {"path": "stanfordnlp/snli", "name": None,
                                                                        "split": "test"}
-    assert challenge_source("hans", shared_data)["kind"] == "local"
+    assert hub_reference("snli_test", shared_data) == {
+        "relation": "exact", "path": "stanfordnlp/snli", "name": None, "split": "test", "file": "snli/test.parquet",
+        "file_sha256": file_sha256(shared_data / "snli" / "test.parquet")}
     assert challenge_source("hans", shared_data)["hub_dataset"] is None
-    assert challenge_source("snli_test_hard", shared_data)["hub_dataset"] is None
-
-
-def test_push_replaces_the_same_sets_and_keeps_the_rest_of_an_existing_card(fake_hub):
-    existing = ("---\nlicense: apache-2.0\nmodel-index:\n- name: m\n  results:\n"
-                "  - task: {type: text-classification}\n    dataset: {name: hans, type: jhu-cogsci/hans}\n"
-                "    metrics: [{type: accuracy, value: 0.4}]\n"
-                "  - task: {type: text-classification}\n    dataset: {name: glue-mrpc, type: glue}\n"
-                "    metrics: [{type: f1, value: 0.9}]\n---\n# My model\n\nHand-written text.\n")
-    hub = fake_hub(existing)
-    push_results("org/m", _results({"hans": 0.55}))
-    meta, body = hub.pushed_card()
-    assert meta["license"] == "apache-2.0" and "Hand-written text." in body
-    values = {k: r.metric_value for k, r in _index(meta).items()}
-    assert values == {("hans", "accuracy"): 0.55, ("hans", "accuracy_std"): 0.01, ("glue-mrpc", "f1"): 0.9}
+    assert hub_reference("hans", shared_data)["relation"] == "stand-in"
+    assert hub_reference("snli_test_hard", shared_data)["relation"] == "subset"
+    assert hub_reference("snli_test_hard", shared_data)["path"] == "stanfordnlp/snli"
+    dasgupta = hub_reference("dasgupta_compositional", shared_data)
+    assert dasgupta["relation"] is None and dasgupta["file"] == "dasgupta2018_compositional/master_true.parquet"
 
 
 def test_a_missing_model_folder_is_named(tmp_path, capsys):

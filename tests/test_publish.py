@@ -52,7 +52,8 @@ def test_push_is_one_commit_with_every_file_and_a_tag(release, capsys):
         assert "| v1.0 |" in sent["README.md"].decode()
         # the machine-readable history and the repo id travel in the pushed manifest
         pushed = json.loads(sent["manifest.json"])
-        assert pushed["history"][-1] == {"version": "v1.0", "notes": "published"}
+        # the build's `1.0.0 | first release` is the tag's row now: one version scheme
+        assert pushed["history"] == [{"version": "v1.0", "notes": "first release"}]
         assert pushed["repo_id"] == "org/debiased-demo"
         local_manifest = json.loads((release / "manifest.json").read_text())
         assert {k: v for k, v in pushed.items() if k not in ("history", "repo_id")} == \
@@ -97,7 +98,7 @@ def test_merge_history_keeps_remote_rows_first_and_reads_an_old_card_once():
     remote = legacy_history(old_card)
     assert remote == [{"version": "v0.9", "notes": "beta | rc"}]
     merged = merge_history(remote, [{"version": "1.0.0", "notes": "first release"}], "v1.0", "a | b")
-    assert [h["version"] for h in merged] == ["v0.9", "1.0.0", "v1.0"]
+    assert [h["version"] for h in merged] == ["v0.9", "v1.0"]  # 1.0.0 is v1.0 written another way: one row
     table = render_history_table(merged)
     # the table is rendered from the list (a pipe in a note is escaped, not a new cell) and reads back
     assert "| v1.0 | a \\| b |" in table
@@ -105,6 +106,29 @@ def test_merge_history_keeps_remote_rows_first_and_reads_an_old_card_once():
     assert legacy_history(card) == merged and card.rstrip().endswith("c")
     with pytest.raises(ConfigError, match="rebuild the release"):
         with_history(old_card, merged)
+
+
+def test_the_history_after_a_push_has_one_version_scheme(release):
+    """The build's own row (the recipe's `1.0.0 | first release`) becomes the tag's row: never both `1.0.0` and
+    `v1.0` in the card after a push; a later version adds its row in the same scheme."""
+    from debiased_nli.release.publish import legacy_history as rows_of
+
+    assert json.loads((release / "manifest.json").read_text())["history"] == [{"version": "1.0.0",
+                                                                                "notes": "first release"}]
+    with FakeHub() as hub:
+        push_release(release, "org/h", revision="v1.0", token=TOKEN, endpoint=hub.url)
+        _, files = hub.snapshot("org/h", "v1.0")
+        assert rows_of(files["README.md"].decode()) == [{"version": "v1.0", "notes": "first release"}]
+        assert json.loads(files["manifest.json"])["history"] == [{"version": "v1.0", "notes": "first release"}]
+        push_release(release, "org/h", revision="v1.1", token=TOKEN, endpoint=hub.url, note="more rows")
+        _, files = hub.snapshot("org/h", "v1.1")
+        assert rows_of(files["README.md"].decode()) == [{"version": "v1.0", "notes": "first release"},
+                                                        {"version": "v1.1", "notes": "more rows"}]
+    # a recipe's own history of earlier versions keeps them, in the Hub's scheme where the Hub has them
+    merged = merge_history([{"version": "v1.0", "notes": "first release"}],
+                           [{"version": "1.0.0", "notes": "first release"}, {"version": "1.1.0", "notes": "fixed"}],
+                           "v1.1", None, build_version="1.1.0")
+    assert merged == [{"version": "v1.0", "notes": "first release"}, {"version": "v1.1", "notes": "fixed"}]
 
 
 def test_pull_side_load_dataset_from_the_hub_by_tag(release):

@@ -26,7 +26,10 @@ def test_demo_build_opens_with_load_dataset_and_shows_the_artifacts_gone(tmp_pat
     assert main(["build", str(ROOT / "builders/demo.yaml"), "--out", str(out), "--quiet"]) == 0
     meta = _read_yaml_header(out)
     assert meta["configs"] == [{"config_name": "z_filtered", "data_files": [
-        {"split": "train", "path": "data/z_filtered/train-*"}], "default": True}]
+        {"split": "train", "path": "data/z_filtered/train-*"}], "default": True},
+        # the rows z-filtering dropped, with the reason: a config of their own, not the default
+        {"config_name": "rejected_z_filtered", "data_files": [
+            {"split": "train", "path": "rejected/z_filtered/train-*"}]}]
     info = meta["dataset_info"]
     assert info["features"][2]["dtype"]["class_label"]["names"] == {"0": "entailment", "1": "neutral",
                                                                     "2": "contradiction"}
@@ -74,7 +77,8 @@ def test_compositions_with_new_rows(tmp_path, shared_data):
                 new_rows_files=[str(shared_data / "snli/dev.parquet")], max_rows=6000, progress=False)
     assert set(res.configs) == {"z_filtered", "z_aug", "par_z", "seq_z"}
     meta = _read_yaml_header(out)
-    assert sorted(c["config_name"] for c in meta["configs"]) == ["par_z", "seq_z", "z_aug", "z_filtered"]
+    assert sorted(c["config_name"] for c in meta["configs"] if not c["config_name"].startswith("rejected_")) == \
+        ["par_z", "seq_z", "z_aug", "z_filtered"]
     assert [c for c in meta["configs"] if c.get("default")][0]["config_name"] == "seq_z"
     load = {c: datasets.load_dataset(str(out), c, split="train") for c in res.configs}
     z0 = set(load["z_filtered"]["uid"])

@@ -648,14 +648,27 @@ def _trickle(monkeypatch, hub_url: str) -> None:
     monkeypatch.setenv("DEBIASED_NLI_HUB_DEADLINE", "3")
 
 
-@pytest.mark.parametrize("call", ["diff ORG/NAME@REV", "push --diff-against", "evaluate --push-to",
+def _a_trained_folder(folder: Path) -> Path:
+    """The files `train` leaves in a folder (its record, config, weights, card), each with its marker."""
+    from debiased_nli.utils.outputs import OwnFiles
+
+    files = {"debiased_nli_train.json": json.dumps({"config": {"model": "m"}, "task": "snli"}),
+             "config.json": "{}", "model.safetensors": "weights", "README.md": "# m\n"}
+    with OwnFiles([folder / n for n in files], what="a test") as own:
+        for name, text in files.items():
+            own.write_text(folder / name, text)
+    return folder
+
+
+@pytest.mark.parametrize("call", ["diff ORG/NAME@REV", "push --diff-against", "train --push-to", "evaluate --push-to",
                                   "compare report --push-to"])
 def test_every_hub_call_ends_at_the_deadline(aflite_release, tmp_path, monkeypatch, capsys, call):
-    """`diff ORG/NAME@REV`, `push --diff-against ORG/NAME@REV`, `evaluate --push-to` and `compare report --push-to`
-    against a Hub that answers a byte a second: each ends at its deadline (3 s here) with one line."""
+    """`diff ORG/NAME@REV`, `push --diff-against ORG/NAME@REV`, `train --push-to`, `evaluate --push-to` and `compare
+    report --push-to` against a Hub that answers a byte a second: each ends at its deadline (3 s here) with one
+    line."""
     from test_bad_input import TricklingServer
 
-    from debiased_nli.models.evaluation import push_results
+    from debiased_nli.models.hub import push_model, push_results
     from debiased_nli.release.compare.hub import push_report
     from debiased_nli.utils.errors import ConfigError
 
@@ -665,6 +678,7 @@ def test_every_hub_call_ends_at_the_deadline(aflite_release, tmp_path, monkeypat
     calls = {"diff ORG/NAME@REV": lambda: main(["diff", "org/x@v1.0", str(rel)]),
              "push --diff-against": lambda: main(["push", str(rel), "--repo-id", "org/x", "--diff-against",
                                                   "org/x@v1.0"]),
+             "train --push-to": lambda: push_model(_a_trained_folder(tmp_path / "run"), "org/model"),
              "evaluate --push-to": lambda: push_results("org/model", results),
              "compare report --push-to": lambda: push_report(None, {"rows": {}}, tmp_path / "report", "org/x")}
     with TricklingServer("body") as hub:

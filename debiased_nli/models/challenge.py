@@ -13,7 +13,9 @@ comparison's statistics take the rows' variance (:func:`debiased_nli.models.sign
 
 ``hub.local_copy: true`` says the local file holds exactly the rows of the Hub split, so that scores on
 it may be published under the Hub id (``evaluate --push-to``); a stand-in (the regenerated HANS, the
-quote-stripped MNLI dev-mismatched) has ``false``.
+quote-stripped MNLI dev-mismatched) has ``false``. ``derived_from: {path, name, split}`` names the Hub split a set's
+rows were taken from when the set itself is not on the Hub (SNLI-hard: a subset of SNLI's test split); a score is
+published under that id only as the set's own task, never as the split's (:func:`hub_reference`).
 
 HANS (McCoy et al. 2019) is 2-way: a 3-way prediction is mapped entailment -> entailment, neutral and
 contradiction -> non-entailment after the argmax, as the HANS authors do.
@@ -32,7 +34,7 @@ from ..utils.errors import ConfigError, did_you_mean, excerpt
 
 _SET_KEYS = {"name", "version", "description", "task", "labels", "label_values", "prediction_map", "columns",
              "local", "hub", "filter", "breakdowns", "expected_rows", "citation", "license", "how_to_get",
-             "unlabeled_values", "cluster"}
+             "unlabeled_values", "cluster", "derived_from"}
 # hub.local_copy: the local file holds exactly the rows of the Hub split (after dropping unlabeled rows);
 # only then may scores on the local file be published under the Hub id (model-index)
 _HUB_KEYS = {"path", "name", "split", "columns", "label_values", "local_copy"}
@@ -82,6 +84,7 @@ class ChallengeSet:
     expected_rows: int | None
     unlabeled_values: tuple[Any, ...] = ()
     cluster: str | None = None
+    derived_from: Mapping[str, Any] | None = None  # the Hub split the rows were taken from (not the set itself)
     version: int = 1
     description: str = ""
     citation: str = ""
@@ -114,6 +117,11 @@ class ChallengeSet:
                                   f"one of the set's labels {list(labels)}")
         if raw.get("hub") and set(raw["hub"]) - _HUB_KEYS:
             raise ConfigError(f"{source}: unknown hub key(s) {sorted(set(raw['hub']) - _HUB_KEYS)}")
+        derived = raw.get("derived_from")
+        if derived is not None and (not isinstance(derived, Mapping) or not isinstance(derived.get("path"), str)
+                                    or set(derived) - {"path", "name", "split"}):
+            raise ConfigError(f"{source}: derived_from is {{path: ORG/NAME, name: CONFIG, split: SPLIT}} (the Hub "
+                              f"split the set's rows were taken from), got {excerpt(derived)}")
         cluster = raw.get("cluster")
         if cluster is not None and (not isinstance(cluster, str) or not cluster):
             raise ConfigError(f"{source}: cluster is the name of a column (e.g. subcase), got {cluster!r}")
@@ -131,6 +139,7 @@ class ChallengeSet:
                    local=raw.get("local"), hub=raw.get("hub"), filter=dict(raw.get("filter") or {}),
                    breakdowns=tuple(breakdowns), expected_rows=raw.get("expected_rows"),
                    unlabeled_values=tuple(raw.get("unlabeled_values") or ()), cluster=cluster,
+                   derived_from=dict(derived) if derived else None,
                    version=int(raw.get("version", 1)), description=raw.get("description", ""),
                    citation=raw.get("citation", ""), license=raw.get("license", "unknown"),
                    how_to_get=raw.get("how_to_get", ""), source_path=source)
@@ -261,6 +270,31 @@ def challenge_source(spec: "str | ChallengeSet", data_root: "str | Path | None" 
     if hub_id and not os.environ.get("HF_DATASETS_OFFLINE") and not os.environ.get("HF_HUB_OFFLINE"):
         return {"kind": "hub", **hub_id, "hub_dataset": hub_id}
     return {"kind": "missing", "hub_dataset": None}
+
+
+def hub_reference(spec: "str | ChallengeSet", data_root: "str | Path | None" = None) -> dict[str, Any]:
+    """How the rows a set is scored on relate to a Hub dataset, for a published result:
+    ``{"relation": "exact", "path", "name", "split"}`` when they are the Hub split's rows (:func:`challenge_source`'s
+    ``hub_dataset``); ``"stand-in"`` for a local file standing in for a Hub split (``hub`` without ``local_copy``:
+    the regenerated HANS); ``"subset"`` for rows taken from a Hub split (``derived_from``: SNLI-hard); else
+    ``{"relation": None}``. Beside it, for rows read from a local file: ``file`` (its path under the data root) and
+    ``file_sha256``."""
+    spec = get_set(spec)
+    source = challenge_source(spec, data_root)
+    out: dict[str, Any] = {"relation": None}
+    if source["hub_dataset"]:
+        out = {"relation": "exact", **source["hub_dataset"]}
+    elif spec.hub and spec.hub.get("path"):
+        out = {"relation": "stand-in", "path": spec.hub["path"], "name": spec.hub.get("name"),
+               "split": spec.hub.get("split", "test")}
+    elif spec.derived_from:
+        out = {"relation": "subset", "path": spec.derived_from["path"], "name": spec.derived_from.get("name"),
+               "split": spec.derived_from.get("split")}
+    if source["kind"] == "local":
+        from ..utils.provenance import file_sha256
+
+        out.update(file=spec.local, file_sha256=file_sha256(source["path"]))
+    return out
 
 
 def load_challenge_set(spec: "str | ChallengeSet", data_root: "str | Path | None" = None):

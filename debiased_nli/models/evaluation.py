@@ -9,8 +9,8 @@ contradiction -> non-entailment), then accuracy and breakdown accuracies with th
 
 Outputs: ``results.json`` (typed schema: per set accuracy, n, breakdowns, label map, source; models,
 seeds, library versions, git hash), ``report.md`` (a table; ``--compare`` adds the columns of other
-result files) and ``accuracy.png`` (a bar chart). :func:`push_results` writes the scores into the
-``model-index`` of a Hub model card.
+result files) and ``accuracy.png`` (a bar chart). :func:`debiased_nli.models.hub.push_results` records the scores
+in a Hub model repo (its card's ``model-index`` and ``.eval_results/``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import numpy as np
 from ..data.loading import labels_of
 from ..utils.errors import ConfigError
 from ..utils.provenance import git_hash, library_versions
-from .challenge import ChallengeSet, challenge_source, load_challenge_set, load_metric
+from .challenge import ChallengeSet, challenge_source, hub_reference, load_challenge_set, load_metric
 from .classifier import LoadedClassifier, load_classifier, output_names, predict_probabilities, read_train_record
 
 logger = logging.getLogger(__name__)
@@ -149,8 +149,10 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
     per_set: dict[str, dict] = {}
     datasets_cache = {}
     excluded: dict[str, int] = {}
+    references = {}
     for spec in sets:  # load (and check) every set first: a missing file fails before any prediction
         ds = load_challenge_set(spec, cfg.data_root)
+        references[spec.name] = hub_reference(spec, cfg.data_root)
         if exclude_rows and spec.name in exclude_rows:
             keep = ~np.isin(np.asarray(ds["row"], dtype=np.int64), np.asarray(list(exclude_rows[spec.name]), np.int64))
             excluded[spec.name] = int(len(ds) - keep.sum())
@@ -179,7 +181,7 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
                 "labels": list(spec.labels), "label_map": label_map, "task": spec.task,
                 "source": source["path"] if source["kind"] == "local" else f"{source['path']}[{source['split']}]",
                 "source_kind": source["kind"], "hub_dataset": source["hub_dataset"],
-                "spec_version": spec.version, "runs": []})
+                "hub_reference": references[spec.name], "spec_version": spec.version, "runs": []})
             if spec.name in excluded:
                 entry["excluded_rows"] = excluded[spec.name]
             run = {"model": str(path), "seed": seed, **scores, "confusion": confusion(spec.labels, ds["label"], pred),
@@ -423,88 +425,3 @@ def write_outputs(results: dict, out_dir: "str | Path", *, name: str = "this mod
                                                           notes=notes))
         plot_results(results, outputs.temp(paths["chart"]), name=name, compare=compare)
     return paths
-
-
-# ------------------------------------------------------------------------------------ Hub push
-
-def eval_results_for_card(results: dict, model_name: str) -> tuple[list, list[str]]:
-    """``huggingface_hub.EvalResult`` entries for a card's ``model-index``, and the sets left out.
-
-    Only a set whose scored rows are those of a Hub dataset (read from the Hub, or a local file its
-    spec marks ``local_copy``) gets an entry, under that Hub id: a set without one is left out rather
-    than published under an invented id. A score on a seeded sample says so in the dataset's name and
-    ``args`` (rows scored, rows in the split, seed), so it is never read as a full-split score. Several
-    models (seeds) give the mean as ``accuracy`` and the sample standard deviation (ddof=1) as a second
-    metric, ``accuracy_std``; the seeds are in the metric's ``args``.
-    """
-    from huggingface_hub import EvalResult
-
-    out, left_out = [], []
-    for s, entry in results["sets"].items():
-        hub = entry.get("hub_dataset")
-        if not hub:
-            left_out.append(s)
-            continue
-        n, n_total = int(entry["n"]), int(entry.get("n_total", entry["n"]))
-        runs = entry.get("runs") or []
-        dataset_args, name = None, s
-        if entry.get("subsampled") or n < n_total:
-            seed = entry.get("sample_seed", results.get("config", {}).get("sample_seed"))
-            dataset_args = {"rows_scored": n, "rows_in_split": n_total, "sample": "seeded random sample",
-                            "sample_seed": seed}
-            name = f"{s} (random sample of {n:,} of {n_total:,} rows, seed {seed})"
-        seeds = [r.get("seed") for r in runs]
-        common = dict(task_type="text-classification",
-                      task_name="Natural Language Inference" if entry.get("task") in ("snli", "mnli")
-                      else "Text Classification",
-                      dataset_type=hub["path"], dataset_name=name, dataset_config=hub.get("name"),
-                      dataset_split=hub.get("split"), dataset_args=dataset_args, verified=False)
-        several = len(runs) > 1
-        out.append(EvalResult(**common, metric_type="accuracy", metric_value=round(entry["accuracy"], 6),
-                              metric_name=f"Accuracy (mean over {len(runs)} seeds)" if several else "Accuracy",
-                              metric_args={"num_models": len(runs), "seeds": seeds} if several else None))
-        if several:
-            out.append(EvalResult(**common, metric_type="accuracy_std", metric_value=round(entry["accuracy_std"], 6),
-                                  metric_name=f"Accuracy std over {len(runs)} seeds (ddof=1)",
-                                  metric_args={"num_models": len(runs), "seeds": seeds}))
-    return out, left_out
-
-
-def push_results(repo_id: str, results: dict, *, model_name: str | None = None, token: str | None = None,
-                 revision: str | None = None, commit_message: str | None = None, create_pr: bool = False):
-    """Write the results into the ``model-index`` of ``repo_id``'s model card (``huggingface_hub.ModelCard``).
-
-    The card is read from the Hub (a new one is made if the repo has none); its eval results for the
-    same sets are replaced, others are kept; the card body is left as it is. Sets whose rows are not a
-    Hub dataset's are left out (see :func:`eval_results_for_card`). Returns (commit info, sets left out).
-    """
-    from huggingface_hub import ModelCard, ModelCardData
-    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
-
-    from ..utils.hub import check_repo_id, hub_call
-
-    check_repo_id(repo_id, "--push-to")
-    model_name = model_name or repo_id.split("/")[-1]
-    new, left_out = eval_results_for_card(results, model_name)
-    if not new:
-        raise ConfigError(f"none of the scored sets ({', '.join(results['sets'])}) was read from a Hub dataset "
-                          f"(or a local file marked as an exact copy of one), so there is nothing to put in the "
-                          f"model-index under a real Hub id; results.json and report.md have the scores")
-    for s in left_out:
-        logger.warning("%s is not in the model-index: its rows are not those of a Hub dataset (see its spec's "
-                       "hub.local_copy); its score is in report.md", s)
-
-    def work():  # the card's download and its push, inside the Hub deadline
-        try:
-            card = ModelCard.load(repo_id, token=token)
-        except (EntryNotFoundError, RepositoryNotFoundError):
-            card = ModelCard.from_template(ModelCardData(model_name=model_name), model_id=model_name)
-        replaced = {(r.dataset_name, r.metric_type) for r in new}
-        kept = [r for r in (card.data.eval_results or []) if (r.dataset_name, r.metric_type) not in replaced]
-        card.data.eval_results = kept + new
-        card.data.model_name = card.data.model_name or model_name
-        message = commit_message or f"Add debiased-nli evaluation results ({len({r.dataset_name for r in new})} sets)"
-        return card.push_to_hub(repo_id, token=token, revision=revision, commit_message=message, create_pr=create_pr)
-
-    info = hub_call(work, what="the model card push")
-    return info, left_out

@@ -197,6 +197,45 @@ def describe_config(cfg: TrainConfig, sources: dict | None = None) -> dict[str, 
     return out
 
 
+HYPER_PARAMETERS = ("learning_rate", "batch_size", "max_length", "epochs", "warmup_ratio", "warmup_steps",
+                    "lr_scheduler", "adam_epsilon", "weight_decay", "eval_steps", "early_stopping_patience")
+
+
+def resolve_config(model: str, output_dir: str, *, preset: str | None = None, given: "dict[str, Any] | None" = None,
+                   poe: bool = False, poe_preset_name: str | None = None, poe_beta: float | None = None,
+                   poe_gamma: float | None = None, bias_model: str | None = None, **common) -> tuple[TrainConfig, dict]:
+    """The :class:`TrainConfig` of a run (``preset``'s values, then the ``given`` hyper-parameters of
+    :data:`HYPER_PARAMETERS` that are not None; ``common``: the other fields) and the source of each value. A PoE
+    preset (``poe_preset_name``, Table 10: :func:`poe_preset`) sets beta, gamma and the joint bias model, each
+    overridden by an explicit value."""
+    unknown = set(given or {}) - set(HYPER_PARAMETERS)
+    if unknown:
+        raise ConfigError(f"unknown hyper-parameter(s) {sorted(unknown)}; the hyper-parameters are {list(HYPER_PARAMETERS)}")
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    if preset:
+        cfg, sources = paper_config(model, output_dir, preset, **given, **common)
+    else:
+        cfg, sources = TrainConfig(model=model, output_dir=output_dir, **given, **common), None
+    extra: dict[str, Any] = {"poe": bool(poe or poe_preset_name)}
+    poe_sources: dict[str, str] = {}
+    if poe_preset_name:
+        beta, gamma, src = poe_preset(poe_preset_name)
+        extra.update(poe_beta=beta, poe_gamma=gamma, bias_model="joint")
+        poe_sources = {"poe_beta": src, "poe_gamma": src,
+                       "bias_model": f'{WU}, A.2: "We adapt the PoE implementation by Karimi Mahabadi et al. (2020)", '
+                                     f'whose bias-only head is trained jointly'}
+    for key, value in (("poe_beta", poe_beta), ("poe_gamma", poe_gamma), ("bias_model", bias_model)):
+        if value is not None:
+            extra[key] = value
+            poe_sources[key] = "given"
+    cfg = dataclasses.replace(cfg, **extra)
+    sources = {**describe_config(cfg, sources), **poe_sources}
+    if not cfg.poe:
+        for key in ("poe_beta", "poe_gamma", "bias_model"):
+            sources.pop(key, None)
+    return cfg, sources
+
+
 # ----------------------------------------------------------------------------------------------- PoE
 
 def poe_loss(main_logits, bias_log_probs, labels, beta: float = 1.0, gamma: float = 1.0,
@@ -240,15 +279,20 @@ def _local_release_files(release: str, config: str | None, split: str) -> list[s
 
 
 def load_training_split(task: TaskSpec, *, data_files=None, release: str | None = None, config: str | None = None,
-                        split: str = "train", on_invalid: str = "error"):
-    """The canonical rows of one split: from ``data_files`` (or the task's Hub source) through
-    :func:`debiased_nli.data.loading.load_task`, or from a release folder/repo with ``load_dataset(release, config)``."""
+                        split: str = "train", on_invalid: str = "error", revision: str | None = None,
+                        with_source: bool = False):
+    """The canonical rows of one split: from ``data_files`` (or the task's Hub source at ``revision``) through
+    :func:`debiased_nli.data.loading.load_task`, or from a release folder/repo with ``load_dataset(release, config)``
+    (a Hub release at ``revision``). ``with_source``: ``(rows, where they came from)``, the second as
+    :func:`training_source` describes it (what a model card says the model was trained on)."""
     import datasets
 
     from ..data.loading import canonicalize, load_task
 
     if release is None:
-        return load_task(task, split, data_files=data_files, on_invalid=on_invalid).dataset
+        loaded = load_task(task, split, data_files=data_files, on_invalid=on_invalid, revision=revision)
+        return (loaded.dataset, training_source(inputs=loaded.source["inputs"], split=split)) if with_source \
+            else loaded.dataset
     try:
         raw = _release_split(Path(release), config, split)
         if raw is None:  # no manifest's file list: a folder's card-listed parquet files, else as `datasets` reads it
@@ -256,7 +300,7 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
             # a local folder's files are read as parquet files: datasets' folder loader keys its cache on the folder's
             # name and configs, not on the files, and serves the old rows after a release is rebuilt in place
             raw = (datasets.load_dataset("parquet", data_files={split: files}, split=split) if files
-                   else datasets.load_dataset(release, config, split=split))
+                   else datasets.load_dataset(release, config, split=split, revision=revision))
     except ConfigError:
         raise
     except ValueError as err:  # unknown config / split: datasets lists the available ones
@@ -267,10 +311,51 @@ def load_training_split(task: TaskSpec, *, data_files=None, release: str | None 
                           f"{root_cause(err)}") from err
     if all(c in raw.column_names for c in ("uid", "origin", "method")) and isinstance(
             raw.features.get("label"), datasets.ClassLabel) and list(raw.features["label"].names) == list(task.labels):
-        return raw
-    ds, _ = canonicalize(raw, task, split=split, columns={"premise": "premise", "hypothesis": "hypothesis",
-                                                          "label": "label"}, on_invalid=on_invalid, where=release)
-    return ds
+        ds = raw
+    else:
+        ds, _ = canonicalize(raw, task, split=split, columns={"premise": "premise", "hypothesis": "hypothesis",
+                                                              "label": "label"}, on_invalid=on_invalid, where=release)
+    return (ds, training_source(release=release, config=config, split=split, revision=revision)) if with_source \
+        else ds
+
+
+def training_source(*, inputs: Sequence[dict] = (), release: str | None = None, config: str | None = None,
+                    split: str = "train", revision: str | None = None) -> dict[str, Any]:
+    """Where a model's rows came from, as its card and ``debiased_nli_train.json`` record it (no local path):
+
+    * a release folder: ``{"type": "release", "release": its folder name, "config", "split", "repo_id"`` (the Hub
+      repo its manifest names, None for the recipe's placeholder) ``, "release_version", "version"`` (the last of its
+      history) ``, "manifest_sha256"}``;
+    * a Hub release: ``{"type": "hub_release", "repo_id", "config", "split", "revision"}``;
+    * files or the task's Hub dataset (``inputs``: :func:`~debiased_nli.data.loading.load_task`'s sources):
+      ``{"type": "files", "files": [{"file", "bytes", "sha256"}]}`` or ``{"type": "hub", "path", "name", "split",
+      "revision"}``."""
+    if release is not None:
+        folder = Path(release)
+        if folder.is_dir():
+            from ..utils.outputs import json_of
+            from ..utils.provenance import file_sha256
+
+            manifest = json_of(folder / "manifest.json")
+            manifest = manifest if isinstance(manifest, dict) else {}
+            repo_id = manifest.get("repo_id") if isinstance(manifest.get("repo_id"), str) else None
+            history = [h for h in manifest.get("history") or [] if isinstance(h, dict) and "version" in h]
+            recipe = manifest.get("recipe") if isinstance(manifest.get("recipe"), dict) else {}
+            return {"type": "release", "release": folder.resolve().name, "config": config, "split": split,
+                    "repo_id": None if repo_id is None or repo_id.startswith("<") else repo_id,
+                    "release_version": recipe.get("release_version"),
+                    "version": str(history[-1]["version"]) if history else None,
+                    "manifest_sha256": file_sha256(folder / "manifest.json") if (folder / "manifest.json").is_file()
+                    else None}
+        return {"type": "hub_release", "repo_id": release, "config": config, "split": split, "revision": revision}
+    hub = [i for i in inputs if i.get("type") == "hub"]
+    if hub:
+        h = hub[0]
+        return {"type": "hub", "path": h.get("path"), "name": h.get("name"), "split": h.get("split"),
+                "revision": h.get("revision")}
+    return {"type": "files", "split": split,
+            "files": [{"file": Path(i["path"]).name, "bytes": i.get("bytes"), "sha256": i.get("sha256")}
+                      for i in inputs if i.get("type") == "file"]}
 
 
 def _release_split(folder: Path, config: str | None, split: str):
@@ -589,14 +674,18 @@ def _last_checkpoint(output_dir: str) -> str | None:
 
 
 def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=None, *,
-                     callbacks: Sequence | None = None, bias_model=None) -> TrainResult:
+                     callbacks: Sequence | None = None, bias_model=None, data: "dict | None" = None,
+                     sources: "dict[str, str] | None" = None) -> TrainResult:
     """Fine-tune ``cfg.model`` on the canonical ``train_ds`` (early stopping on ``dev_ds``) and save
     the best model, its tokenizer (``config.id2label`` = the task's label names) and
     ``debiased_nli_train.json`` (config, data fingerprints, bias model, timings) in ``cfg.output_dir``.
     ``callbacks``: extra ``TrainerCallback``s (e.g. one that stops at a checkpoint to share the machine;
     the next call resumes from it). ``bias_model``: with PoE and a fixed bias model (``cfg.bias_model``
     other than ``"joint"``), the function of the training rows that returns the bias model's
-    log-probabilities and a description (:func:`debiased_nli.bias.poe.bias_model_for`)."""
+    log-probabilities and a description (:func:`debiased_nli.bias.poe.bias_model_for`). ``data``: where the
+    rows came from, ``{"train": ..., "dev": ...}`` (:func:`training_source`); ``sources``: the source of each
+    hyper-parameter (:func:`describe_config` when not given). Both go into ``debiased_nli_train.json`` and the model
+    card, ``README.md`` (:mod:`debiased_nli.models.card`), written beside the model."""
     import torch
     from transformers import set_seed
 
@@ -612,6 +701,10 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
     tok, model = load_model_for_task(cfg.model, task)
     order = model_label_order(model, task, cfg.model)
     run = check_run(cfg, task, train_ds, dev_ds)
+    from ..utils.outputs import refuse_not_ours
+
+    # the model card is written at the end: a README.md of the user's there is refused now, not after the training
+    refuse_not_ours([Path(cfg.output_dir) / "README.md"], f"--out {cfg.output_dir}")
 
     joint = cfg.poe and cfg.bias_model == "joint"
     bias, bias_info = _poe_bias_model(cfg, train_ds, bias_model)
@@ -641,7 +734,11 @@ def train_classifier(cfg: TrainConfig, task: "str | TaskSpec", train_ds, dev_ds=
         dev_accuracy=dev_acc, best_checkpoint=trainer.state.best_model_checkpoint, resumed_from=resume,
         bias_model=bias_info)
     if trainer.is_world_process_zero():
-        _write_train_record(cfg, task, run, result, trainer.args.world_size)
+        record = _write_train_record(cfg, task, run, result, trainer.args.world_size, data=data,
+                                     sources=sources or describe_config(cfg))
+        from .card import write_model_card
+
+        write_model_card(Path(cfg.output_dir), record)
     return result
 
 
@@ -746,20 +843,29 @@ def _make_trainer(cfg: TrainConfig, model, tok, train_tok, dev_tok, callbacks: S
                       compute_metrics=_accuracy_metric() if has_dev else None,
                       callbacks=([EarlyStoppingCallback(cfg.early_stopping_patience)] if has_dev else []) + list(callbacks or []))
     trainer.poe_beta, trainer.poe_gamma = cfg.poe_beta, cfg.poe_gamma
+    if not cfg.progress:  # without progress bars the Trainer prints every log as a dict instead: nothing, here
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
     return trainer
 
 
-def _write_train_record(cfg: TrainConfig, task: TaskSpec, run: dict, result: TrainResult, world_size: int) -> None:
-    """``debiased_nli_train.json``: the config, task, data fingerprints, result, world size and versions."""
+def _write_train_record(cfg: TrainConfig, task: TaskSpec, run: dict, result: TrainResult, world_size: int, *,
+                        data: "dict | None" = None, sources: "dict[str, str] | None" = None) -> dict:
+    """``debiased_nli_train.json``: the config, the source of each value, task, where the rows came from, data
+    fingerprints, result, world size and versions. Returns the record."""
     import datasets as hf_datasets
     import torch
     import transformers
 
     from .. import __version__
 
-    record = {"config": cfg.to_dict(), "task": task.name, "labels": list(task.labels),
+    record = {"config": cfg.to_dict(), "sources": dict(sources or {}), "task": task.name, "labels": list(task.labels),
+              "data": dict(data or {}),
               "train_fingerprint": run["train_fingerprint"], "dev_fingerprint": run["dev_fingerprint"],
               "result": result.to_dict(), "world_size": world_size,
               "versions": {"debiased_nli": __version__, "transformers": transformers.__version__,
                            "datasets": hf_datasets.__version__, "torch": torch.__version__}}
+    record = json.loads(json.dumps(record, default=str))  # as the file holds it
     _write_own(Path(cfg.output_dir), TRAIN_CONFIG_FILE, json.dumps(record, indent=2))
+    return record

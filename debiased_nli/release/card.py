@@ -2,8 +2,7 @@
 ``model_cards/dataset_card.md.j2``, the version history and the citations of the methods used."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -11,6 +10,8 @@ import numpy as np
 from .. import __version__
 from ..data.loading import labels_of
 from ..data.tasks import TaskSpec
+
+from ..utils.provenance import project_url
 from ..utils.resources import templates_dir
 from .configs import CONFIG_DESCRIPTIONS, ConfigData, canonical_only, data_extra_columns
 
@@ -38,6 +39,11 @@ def dataset_card_yaml(task: TaskSpec, configs: Sequence[ConfigData], written: Ma
             entry["default"] = True
         config_entries.append(entry)
     config_entries.sort(key=lambda e: not e.get("default", False))
+    # the rows each config's stage dropped, with the reason: a config of their own (never the default), so that the
+    # Hub's viewer shows why rows went and load_dataset(repo, "rejected_<config>") reads them
+    config_entries += [{"config_name": rejected_config(c.name),
+                        "data_files": [{"split": "train", "path": f"rejected/{c.name}/train-*"}]}
+                       for c in configs if c.rejected is not None and len(c.rejected)]
     card = DatasetCardData(
         license=meta.get("license"), pretty_name=meta.get("pretty_name"), task_categories=["text-classification"],
         task_ids=["natural-language-inference"] if task.num_labels == 3 else ["semantic-similarity-classification"],
@@ -60,6 +66,33 @@ def dataset_card_yaml(task: TaskSpec, configs: Sequence[ConfigData], written: Ma
     # dataset_info in the Hub's YAML form, as Dataset.push_to_hub writes it
     DatasetInfosDict(infos).to_dataset_card_data(card)
     return card.to_yaml().rstrip("\n") + "\n"
+
+
+# the method of each config, as a release's title names it (original: the input, no method)
+CONFIG_METHODS = {"z_filtered": "z-filtering", "z_aug": "Z-Aug", "par_z": "Par-Z", "seq_z": "Seq-Z",
+                  "aflite": "AFLite", "pdd": "PDD", "ibadr": "IBADR"}
+_METHOD_WORDS = {m.lower() for m in CONFIG_METHODS.values()} | {"z-filtered", "z filtering"}
+
+
+def release_title(pretty_name: str, configs: Sequence[str]) -> str:
+    """The card's title: the recipe's ``pretty_name`` followed by the methods of the configs the release has
+    (``Debiased SNLI (z-filtering)`` for a ``z_filtered``-only release, never the methods it lacks). A list of
+    methods the name already ends with (``Debiased SNLI (z-filtering, Z-Aug, Par-Z, Seq-Z)``, as recipes were
+    written) is replaced, not repeated; a config of another name (a step registered by the user) is named as is."""
+    base = pretty_name.strip()
+    m = re.search(r"\s*\(([^()]*)\)$", base)
+    if m and all(part.strip().lower() in _METHOD_WORDS for part in m.group(1).split(",")):
+        base = base[:m.start()].rstrip()
+    methods = [CONFIG_METHODS.get(c, c) for c in configs if c != "original"]
+    return f"{base} ({', '.join(dict.fromkeys(methods))})" if methods else base
+
+
+REJECTED_PREFIX = "rejected_"
+
+
+def rejected_config(config: str) -> str:
+    """The name of the config that holds the rows ``config``'s stage dropped (``rejected_z_filtered``)."""
+    return f"{REJECTED_PREFIX}{config}"
 
 
 def _size_category(n: int) -> str:
@@ -108,41 +141,9 @@ def render_history_table(history: Sequence[Mapping[str, Any]]) -> str:
     return f"{HISTORY_START}\n| version | notes |\n|---|---|\n{rows}{HISTORY_END}"
 
 
-def public_paths(value: Any) -> Any:
-    """``value`` with every local path that would expose the builder's file system (absolute, or
-    reaching outside the working folder with ``..``) replaced by its file name (a ``SPLIT=PATH``
-    entry keeps its split); the sha256 recorded beside an input identifies it."""
-    if isinstance(value, Mapping):
-        return {k: public_paths(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [public_paths(v) for v in value]
-    if not isinstance(value, str) or "\n" in value:
-        return value
-    split, sep, rest = value.partition("=")
-    head, path = (split + "=", rest) if sep and split.isidentifier() else ("", value)
-    if os.path.isabs(path) or path.startswith(".."):
-        return head + (Path(path).name or path)
-    return value
-
-
 def label_distribution(ds, labels: Sequence[str]) -> dict[str, int]:
     counts = np.bincount(labels_of(ds), minlength=len(labels)) if len(ds) else np.zeros(len(labels), int)
     return {name: int(n) for name, n in zip(labels, counts)}
-
-
-def project_url() -> str | None:
-    """The project's home page from the installed package's metadata (none is invented)."""
-    import importlib.metadata as md
-
-    try:
-        meta = md.metadata("debiased-nli")
-    except md.PackageNotFoundError:
-        return None
-    for entry in meta.get_all("Project-URL") or []:
-        label, _, url = entry.partition(",")
-        if label.strip().lower() in ("homepage", "home", "source", "repository"):
-            return url.strip()
-    return meta.get("Home-page") or None
 
 
 def citations_for(steps: Sequence[str]) -> list[dict]:

@@ -53,7 +53,8 @@ from ..utils.outputs import (
 )
 from ..utils.provenance import file_sha256
 from ..utils.processes import freeze_gc, return_free_memory, unfreeze_gc
-from .card import dataset_card_yaml, label_distribution, public_paths, render_card
+from ..utils.paths import public_paths
+from .card import dataset_card_yaml, label_distribution, render_card
 from .configs import ROWS_PER_SHARD, ConfigData, canonical_only, data_extra_columns
 from .decisions import write_record, write_rows_record
 
@@ -217,6 +218,11 @@ def _check_configs(configs: Sequence[ConfigData], default: str) -> None:
         raise ConfigError(f"default config {default!r} is not among the configs {names}")
     if len(set(names)) != len(names):
         raise ConfigError(f"config names must be unique: {names}")
+    from .card import rejected_config
+
+    clash = sorted(set(names) & {rejected_config(n) for n in names})
+    if clash:  # the card declares rejected_<config> for the rows a config's stage dropped
+        raise ConfigError(f"config name(s) {clash} are the names of other configs' rejected rows; rename them")
 
 
 def _open_target(out: Path, overwrite: bool):

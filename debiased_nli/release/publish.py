@@ -11,7 +11,9 @@ revision="v1.0")`` gets exactly that release.
 The version history is machine-readable: ``manifest.json`` holds ``history`` (a list of
 ``{version, notes}``), and the card's table is rendered from it between markers. On push, the
 history on the Hub (its ``manifest.json``; for a repo pushed before the history was kept there, the
-table of its card, parsed once) comes first, then the local rows, then the new version. The load
+table of its card, parsed once) comes first, then the local rows, then the new version, in the Hub's one
+version scheme: the build's own row (the recipe's ``1.0.0 | first release``) becomes the tag's (``v1.0 | first
+release``), never both (:func:`merge_history`). The load
 snippet of the card is rewritten to the repo being pushed to. The token comes from the argument,
 ``HF_TOKEN`` or the user's ``huggingface-cli login``; it is never printed, logged or written into a file.
 
@@ -60,11 +62,36 @@ def legacy_history(card: str) -> list[dict[str, str]]:
     return rows
 
 
+def _version_key(version: Any) -> tuple[int, ...] | None:
+    """``v1.0``, ``1.0.0`` and ``1`` are one version, (1,); None for a version that is not numbered."""
+    m = re.fullmatch(r"v?(\d+(?:\.\d+)*)", str(version).strip())
+    if not m:
+        return None
+    parts = [int(x) for x in m.group(1).split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
 def merge_history(remote: Sequence[Mapping[str, Any]], local: Sequence[Mapping[str, Any]],
-                  version: str | None, note: str | None = None) -> list[dict[str, str]]:
-    """The remote rows, then the local rows, then ``version`` (each version once, first one wins)."""
+                  version: str | None, note: str | None = None, build_version: str | None = None) -> list[dict[str, str]]:
+    """The remote rows, then the local rows, then ``version`` (each version once, first one wins), in one version
+    scheme: the Hub's. A local row that is a version already on the Hub written another way (``1.0.0`` for the tag
+    ``v1.0``) is that version, and the build's own row (``build_version``, the recipe's ``release_version``: ``1.0.0 |
+    first release``) is the version being pushed: it becomes the tag's row, its note kept unless ``note`` is given
+    (the recipe's default ``first release`` only on a repo without history)."""
+    remote = [r for r in remote if isinstance(r, Mapping) and "version" in r]
+    local = [r for r in local if isinstance(r, Mapping) and "version" in r]
+    on_hub = {str(r["version"]) for r in remote}
+    if version is not None and build_version is not None:
+        own = [r for r in local if str(r["version"]) == str(build_version) and str(build_version) not in on_hub]
+        if own and note is None and (not remote or own[-1].get("notes") != "first release"):
+            note = str(own[-1].get("notes") or "") or None
+        local = [r for r in local if r not in own]
+    hub_keys = {_version_key(v) for v in on_hub | ({version} if version is not None else set())} - {None}
+    local = [r for r in local if str(r["version"]) in on_hub or _version_key(r["version"]) not in hub_keys]
     rows, seen = [], set()
-    for row in list(remote) + list(local) + ([{"version": version, "notes": note or "published"}] if version else []):
+    for row in remote + local + ([{"version": version, "notes": note or "published"}] if version else []):
         v = str(row["version"])
         if v not in seen:
             rows.append({"version": v, "notes": str(row.get("notes", ""))})
@@ -231,7 +258,9 @@ def _push(api, folder: Path, card: str, manifest: dict, repo_id: str, revision: 
             raise ConfigError(f"{repo_id} already has the tag {revision!r}; versions are immutable, "
                               f"choose a new --revision")
     local_history = [h for h in manifest.get("history") or [] if isinstance(h, dict) and "version" in h]
-    history = merge_history(remote_history(api, repo_id), local_history, revision, note)
+    build_version = (manifest.get("recipe") or {}).get("release_version") if isinstance(manifest.get("recipe"), dict) \
+        else None
+    history = merge_history(remote_history(api, repo_id), local_history, revision, note, build_version)
     card = with_repo_id(with_history(card, history), manifest.get("repo_id"), repo_id)
     manifest.update(history=history, repo_id=repo_id)
     ops: list = [CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode()),

@@ -265,6 +265,8 @@ class BuildResult:
     # every step's report by its stage's name (the filter steps' are also in the manifest's stages)
     reports: dict[str, Any] = dataclasses.field(default_factory=dict)
     set_aside_note: str | None = None   # one line about the rows set aside on loading (None: there were none)
+    recipe_path: Path | None = None     # the recipe file (debiased_nli.build: a packaged recipe's path)
+    pruned: tuple[int, int] | None = None  # (entries, bytes) of the feature cache deleted afterwards (debiased_nli.build)
 
 
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
@@ -647,7 +649,7 @@ def _as_recorded(report: Any) -> Any:
     writes the same card as the build it replays."""
     import json
 
-    from .card import public_paths
+    from ..utils.paths import public_paths
 
     return json.loads(json.dumps(public_paths(report), sort_keys=True, default=str))
 
@@ -690,7 +692,10 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
         "set_aside": set_aside_counts,
         "duplicates": {"train": run.duplicates},
     }
-    meta = {"pretty_name": recipe["pretty_name"], "repo_id": recipe["repo_id"] or f"<org>/{recipe['name']}",
+    from .card import release_title
+
+    meta = {"pretty_name": release_title(recipe["pretty_name"], [c.name for c in configs]),
+            "repo_id": recipe["repo_id"] or f"<org>/{recipe['name']}",
             "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,
             "history": recipe["history"] or [{"version": recipe["release_version"], "notes": "first release"}],
             "extra_citations": recipe["extra_citations"]}

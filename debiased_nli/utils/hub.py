@@ -5,7 +5,8 @@ every request has a timeout (``DEBIASED_NLI_HUB_TIMEOUT`` seconds, default 60; `
 timed-out requests with back-off), and a command's Hub work as a whole has a deadline
 (``DEBIASED_NLI_HUB_DEADLINE``, default 3600 s): no request starts after it, and the work runs in a worker
 thread that is given up at the deadline, whatever the server does. :func:`hub_call` is that; ``push``,
-``push --diff-against``, ``diff ORG/NAME@REV``, ``evaluate --push-to`` and ``compare report --push-to`` all go
+``push --diff-against``, ``diff ORG/NAME@REV``, ``train --push-to``, ``evaluate --push-to`` and ``compare report
+--push-to`` all go
 through it. Timeouts, the deadline, unreachable hosts, offline mode and refusals by the Hub are one-line
 :class:`~.errors.ConfigError` s, and so is a setting that is not a finite number of seconds in range.
 """

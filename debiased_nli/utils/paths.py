@@ -22,7 +22,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .errors import ConfigError, excerpt
 
@@ -186,3 +186,66 @@ def read_json(path: "str | os.PathLike", what: str = "file", *, max_bytes: int =
         raise ConfigError(f"{what} {path}: a JSON {type(value).__name__} where a JSON "
                           f"{'object' if kind is dict else kind.__name__} belongs; not a file this tool wrote")
     return value
+
+
+def public_paths(value: Any) -> Any:
+    """``value`` with every local path that would expose the builder's file system (absolute, or
+    reaching outside the working folder with ``..``) replaced by its file name (a ``SPLIT=PATH``
+    entry keeps its split); the sha256 recorded beside an input identifies it."""
+    if isinstance(value, Mapping):
+        return {k: public_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [public_paths(v) for v in value]
+    if not isinstance(value, str) or "\n" in value:
+        return value
+    split, sep, rest = value.partition("=")
+    head, path = (split + "=", rest) if sep and split.isidentifier() else ("", value)
+    if os.path.isabs(path) or path.startswith(".."):
+        return head + (Path(path).name or path)
+    return value
+
+
+def _looks_like_a_path(ref: str) -> bool:
+    return ref.startswith((".", "/", "~")) or ref.count("/") > 1 or os.sep != "/" and os.sep in ref
+
+
+def check_model_reference(ref: str, option: str, *, files=("config.json",)) -> str:
+    """A model folder or Hub id given on the command line, checked before any work.
+
+    A folder must hold one of ``files`` as valid JSON; a path that does not exist is an error; a Hub id
+    is accepted online, and offline (``HF_HUB_OFFLINE``) only when it is in the local Hub cache."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{option} {ref}: is a file; give a model folder (with {files[0]}) or a Hub id")
+        found = [path / f for f in files if (path / f).is_file()]
+        if not found:
+            raise ConfigError(f"{option} {ref}: the folder has no {' or '.join(files)}; it is not a model folder "
+                              f"(give one written by `debiased-nli train` or save_pretrained)")
+        try:
+            json.loads(found[0].read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise ConfigError(f"{option} {ref}: {found[0].name} is not valid JSON ({err}); the model folder "
+                              f"is corrupt") from err
+        return ref
+    if _looks_like_a_path(ref):
+        raise ConfigError(f"{option} {ref}: no such folder")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(ref, files[0]), str):
+        raise ConfigError(f"{option} {ref}: no such folder, and not a Hub model in the local cache "
+                          f"(offline mode: HF_HUB_OFFLINE is set)")
+    return ref
+
+
+def check_release_reference(ref: str, option: str = "--release") -> str:
+    """A release folder (README.md and data/, as `debiased-nli build` writes) or a Hub dataset id."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "README.md").is_file() or not (path / "data").is_dir():
+            raise ConfigError(f"{option} {ref}: not a release folder (it needs README.md and data/); "
+                              f"build one with `debiased-nli build`")
+        return ref
+    if _looks_like_a_path(ref):
+        raise ConfigError(f"{option} {ref}: no such folder")
+    return ref

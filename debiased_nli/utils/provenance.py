@@ -51,3 +51,18 @@ def git_hash() -> str | None:
     if out.returncode != 0:
         return None
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def project_url() -> str | None:
+    """The project's home page from the installed package's metadata (none is invented)."""
+    import importlib.metadata as md
+
+    try:
+        meta = md.metadata("debiased-nli")
+    except md.PackageNotFoundError:
+        return None
+    for entry in meta.get_all("Project-URL") or []:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() in ("homepage", "home", "source", "repository"):
+            return url.strip()
+    return meta.get("Home-page") or None

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 from pathlib import Path
 
 from ...data.tasks import TaskSpec, get_task
@@ -46,52 +44,6 @@ def SEED(text: str) -> int:  # noqa: N802 - an argparse type, named like the oth
         raise argparse.ArgumentTypeError(f"must be below 2**32, at most {SEED_LIMIT - 1} (the random generators' "
                                          f"seed range), got {text}")
     return value
-
-
-def _looks_like_a_path(ref: str) -> bool:
-    return ref.startswith((".", "/", "~")) or ref.count("/") > 1 or os.sep != "/" and os.sep in ref
-
-
-def check_model_reference(ref: str, option: str, *, files=("config.json",)) -> str:
-    """A model folder or Hub id given on the command line, checked before any work.
-
-    A folder must hold one of ``files`` as valid JSON; a path that does not exist is an error; a Hub id
-    is accepted online, and offline (``HF_HUB_OFFLINE``) only when it is in the local Hub cache."""
-    path = Path(ref).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ConfigError(f"{option} {ref}: is a file; give a model folder (with {files[0]}) or a Hub id")
-        found = [path / f for f in files if (path / f).is_file()]
-        if not found:
-            raise ConfigError(f"{option} {ref}: the folder has no {' or '.join(files)}; it is not a model folder "
-                              f"(give one written by `debiased-nli train` or save_pretrained)")
-        try:
-            json.loads(found[0].read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise ConfigError(f"{option} {ref}: {found[0].name} is not valid JSON ({err}); the model folder "
-                              f"is corrupt") from err
-        return ref
-    if _looks_like_a_path(ref):
-        raise ConfigError(f"{option} {ref}: no such folder")
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(ref, files[0]), str):
-        raise ConfigError(f"{option} {ref}: no such folder, and not a Hub model in the local cache "
-                          f"(offline mode: HF_HUB_OFFLINE is set)")
-    return ref
-
-
-def check_release_reference(ref: str, option: str = "--release") -> str:
-    """A release folder (README.md and data/, as `debiased-nli build` writes) or a Hub dataset id."""
-    path = Path(ref).expanduser()
-    if path.exists():
-        if not path.is_dir() or not (path / "README.md").is_file() or not (path / "data").is_dir():
-            raise ConfigError(f"{option} {ref}: not a release folder (it needs README.md and data/); "
-                              f"build one with `debiased-nli build`")
-        return ref
-    if _looks_like_a_path(ref):
-        raise ConfigError(f"{option} {ref}: no such folder")
-    return ref
 
 
 def add_task_arguments(p: argparse.ArgumentParser) -> None:

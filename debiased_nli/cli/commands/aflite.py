@@ -9,13 +9,13 @@ from ._common import (
     POSITIVE_INT,
     add_run_arguments,
     add_task_arguments,
-    check_model_reference,
     command_outputs,
     number,
     run_method,
     task_from_args,
     write_set_aside,
 )
+from ...utils.paths import check_model_reference
 
 DESCRIPTION = """\
 AFLite (Le Bras et al. 2020, Algorithm 1) with the paper's protocol. A warm-up model (the encoder

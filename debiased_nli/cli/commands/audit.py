@@ -4,15 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._common import (
-    POSITIVE_FLOAT,
-    POSITIVE_INT,
-    SEED,
-    add_task_arguments,
-    check_model_reference,
-    number,
-    task_from_args,
-)
+from ._common import POSITIVE_FLOAT, POSITIVE_INT, SEED, add_task_arguments, number, task_from_args
 
 
 def p0_argument(text: str):
@@ -44,30 +36,18 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...bias.audit import audit_dataset, write_audit
-    from ...data.loading import load_task, parse_data_files, require_two_labels
-    from ...utils.outputs import check_target, is_audit_folder
+    from ...api import audit
 
     task = task_from_args(args)
-    inputs = [f for files in (parse_data_files(args.data_files) or {}).values() for f in files]
-    check_target(args.out, overwrite=True, must_be_new=False, is_ours=is_audit_folder, what="audit", inputs=inputs)
-    loaded = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
-                       revision=args.revision, max_rows=args.max_rows)
-    p0 = args.p0
-    hyp = None if args.hypothesis_only.lower() == "none" else args.hypothesis_only
-    if hyp not in (None, "tfidf"):
-        check_model_reference(hyp, "--hypothesis-only")
-    require_two_labels(loaded.dataset, task, f"{task.name} split {args.split!r}")
-    report, zs = audit_dataset(loaded.dataset, task, top_k=args.top_k, p0=p0, z_threshold=args.z_threshold,
-                               alpha=args.alpha, hypothesis_only=hyp, seed=args.seed, return_zstats=True)
-    report["source"] = loaded.source
-    report["counts"] = loaded.counts
-    paths = write_audit(report, args.out, zs, set_aside=loaded.set_aside, inputs=inputs)
+    result = audit(task, out=args.out, data_files=args.data_files, split=args.split, revision=args.revision,
+                   max_rows=args.max_rows, on_invalid=args.on_invalid, top_k=args.top_k, z_threshold=args.z_threshold,
+                   alpha=args.alpha, p0=args.p0, hypothesis_only=args.hypothesis_only, seed=args.seed,
+                   progress=not args.quiet)
+    report = result.report
     print(f"audited {report['n_rows']:,} rows of {task.name}; hypothesis-only accuracy "
           f"{report['hypothesis_only_accuracy']}; largest |z| {report['max_abs_z']}", file=sys.stderr)
     for label in task.labels:
-        top = [r["feature"] for r in report["features"] if r["label"] == label][:5]
-        print(f"  {label}: {', '.join(top)}", file=sys.stderr)
-    for kind, path in paths.items():
+        print(f"  {label}: {', '.join(result.top_features(label))}", file=sys.stderr)
+    for kind, path in result.paths.items():
         print(f"wrote {path}")
     return 0

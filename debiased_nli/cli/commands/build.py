@@ -49,22 +49,19 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...release.recipe import build, is_main_rank
-    from ...utils.resources import find_recipe
+    from ...api import build
+    from ...release.recipe import is_main_rank
 
     main = is_main_rank()  # under `accelerate launch` / torchrun the other ranks share the work and say nothing
-    recipe = find_recipe(args.recipe)
-    if str(recipe) != args.recipe and main:
-        print(f"recipe: {recipe}", file=sys.stderr)
-    result = build(recipe, args.out, data_files=args.data_files, new_rows_files=args.new_rows,
-                   overwrite=args.overwrite, seed=args.seed, progress=not args.quiet and main,
-                   max_rows=args.max_rows, profile=args.profile, efficacy=args.efficacy, timings=args.timings,
-                   replay=args.replay)
+    result = build(args.recipe, args.out, data_files=args.data_files, new_rows=args.new_rows, overwrite=args.overwrite,
+                   seed=args.seed, progress=not args.quiet, max_rows=args.max_rows, profile=args.profile,
+                   efficacy=args.efficacy, timings=args.timings, replay=args.replay)
     if not main:
         return 0
-    from ...utils.cache import prune_cache
-    pruned, size = prune_cache()  # keep the feature cache of earlier builds bounded
-    if pruned:
+    if result.recipe_path is not None and str(result.recipe_path) != args.recipe:
+        print(f"recipe: {result.recipe_path}", file=sys.stderr)
+    pruned, size = result.pruned or (0, 0)
+    if pruned:  # the feature cache of earlier builds is kept bounded
         print(f"pruned {pruned} old cache entries ({size / 2**20:,.1f} MB); see `debiased-nli cache info`",
               file=sys.stderr)
     print(f"wrote {result.out_dir}", file=sys.stderr)

@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
-from pathlib import Path
 
 from ._common import NON_NEGATIVE_INT, POSITIVE_INT
 
@@ -83,73 +80,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def _plan(args):
-    from ...release.compare import load_plan
-
-    plan = load_plan(args.plan, runs_dir=args.runs_dir, results_dir=args.results_dir)
-    if getattr(args, "device", None):
-        plan.raw["device"] = args.device
-    if args.rows:
-        for name in args.rows:
-            plan.row(name)
-    return plan
-
-
 def run(args: argparse.Namespace) -> int:
-    from ...release.compare import run as run_units
-    from ...release.compare import run_workers, unit_states
-    from ...release.compare.report import intervals_path, report
+    from ...api import compare
 
-    plan = _plan(args)
-    if args.action == "status":
-        states = unit_states(plan, args.rows, args.seeds)
+    out = compare(args.plan, args.action, runs_dir=args.runs_dir, results_dir=args.results_dir, rows=args.rows,
+                  seeds=args.seeds, out=getattr(args, "out", None), workers=getattr(args, "workers", 1),
+                  device=getattr(args, "device", None), lock=getattr(args, "lock", None),
+                  seed_major=getattr(args, "seed_major", False), stop_after=getattr(args, "stop_after", None),
+                  report=not getattr(args, "no_report", False), push_to=getattr(args, "push_to", None),
+                  revision=getattr(args, "revision", None), token=getattr(args, "token", None),
+                  claims=getattr(args, "claims", None), progress=not args.quiet)
+    if out.states is not None:
+        states = out.states
         width = max(len(s["row"]) for s in states) if states else 8
         for st in states:
             print(f"{st['row']:{width}s} seed {st['seed']:<3d} {st['state']:8s} {st['reason'] or ''}".rstrip())
         counts = {k: sum(s["state"] == k for s in states) for k in ("done", "stale", "trained", "todo", "pending")}
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
         return 0
-    if args.action == "run":
-        progress = not args.quiet
-        if args.workers > 1 and not args.claims:
-            claims = plan.runs_dir / "claims" / time.strftime("%Y%m%d-%H%M%S")
-            cmd = [sys.executable, "-m", "debiased_nli.cli", "compare", "run", str(Path(args.plan).resolve()),
-                   "--no-report", "--quiet"]
-            for opt in ("runs_dir", "results_dir", "lock", "device"):
-                if getattr(args, opt):
-                    cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
-            if args.rows:
-                cmd += ["--rows", *args.rows]
-            if args.seeds:
-                cmd += ["--seeds", *map(str, args.seeds)]
-            if args.seed_major:
-                cmd.append("--seed-major")
-            code = run_workers(cmd, args.workers, claims, plan.runs_dir / "logs", env=dict(os.environ))
-            if code:
-                print(f"error: a worker failed; see {plan.runs_dir / 'logs'}", file=sys.stderr)
-                return code
-        else:
-            run_units(plan, args.rows, args.seeds, args.lock, progress=progress, stop_after=args.stop_after,
-                      claims=args.claims, seed_major=args.seed_major)
-        if args.no_report or args.claims:
-            return 0
-    if getattr(args, "push_to", None):  # before the report: a wrong repo id wastes no bootstrap
-        from ...utils.hub import check_repo_id
-
-        check_repo_id(args.push_to, "--push-to")
-    out = Path(args.out).resolve() if getattr(args, "out", None) else None
-    table = report(plan, out)
-    stem = out or plan.results_dir.parent / plan.results_dir.name
+    if out.exit_code:
+        print(f"error: a worker failed; see {out.logs}", file=sys.stderr)
+        return out.exit_code
+    if out.table is None:
+        return 0
+    table = out.table
     done = sum(len(e["seeds_done"]) for e in table["rows"].values())
-    planned = len(plan.rows) * len(plan.seeds)
     pending = [n for n, e in table["rows"].items() if e["pending_reason"]]
-    print(f"report: {done} of {planned} units finished" + (f"; pending rows: {', '.join(pending)}" if pending else "")
-          + f"; wrote {stem}.md, .json, .png" + (f", {forest.name}" if (forest := intervals_path(stem)).exists() else ""))
-    if getattr(args, "push_to", None):
-        from ...release.compare.hub import push_report
-
-        info = push_report(plan, table, stem, args.push_to, revision=args.revision, token=args.token)
-        print(f"pushed the evaluation report to {args.push_to}: {info['commit_url']}")
-        for line in info["notes"]:
+    forest = out.stem.with_name(out.stem.name + "_intervals.png")
+    print(f"report: {done} of {out.planned} units finished" + (f"; pending rows: {', '.join(pending)}" if pending else "")
+          + f"; wrote {out.stem}.md, .json, .png" + (f", {forest.name}" if forest in out.files else ""))
+    if out.pushed:
+        print(f"pushed the evaluation report to {args.push_to}: {out.pushed['commit_url']}")
+        for line in out.pushed["notes"]:
             print(f"  {line}")
     return 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import POSITIVE_INT, add_task_arguments, check_model_reference, command_outputs, number, task_from_args
+from ._common import POSITIVE_INT, add_task_arguments, command_outputs, number, task_from_args
+from ...utils.paths import check_model_reference
 
 DESCRIPTION = """\
 Confidence filtering (Wu et al. 2022): an NLI model M (any AutoModelForSequenceClassification, Hub id or

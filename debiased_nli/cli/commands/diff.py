@@ -33,19 +33,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import json
-    from pathlib import Path
 
-    from ...release.diff import diff_releases
+    from ...api import diff
 
-    from ...utils.outputs import OwnFiles
-
-    # --out: never a file this tool did not write; written under a temporary name, renamed when whole
-    out = OwnFiles([Path(args.out)], what=f"--out {args.out}") if args.out else None
-    d = diff_releases(args.old, args.new, top_k=args.top_k)
-    text = d.markdown()
-    if out is not None:
-        with out:
-            out.write_text(Path(args.out), text)
-    print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else text, end="" if not args.json else "\n")
+    d = diff(args.old, args.new, top_k=args.top_k, out=args.out)
+    print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else d.markdown(), end="" if not args.json else "\n")
     print(("identical: " if d.identical else "different: ") + d.summary(), file=sys.stderr)
     return 0 if d.identical else 1

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-from ._common import NON_NEGATIVE_INT, POSITIVE_INT, check_model_reference
+from ._common import NON_NEGATIVE_INT, POSITIVE_INT
 
 _EPILOG = """examples:
   debiased-nli evaluate --model runs/base --suite nli --out eval/base
@@ -44,9 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "of near-tied rows; the report says so)")
     p.add_argument("--notes", help="a paragraph appended to report.md (e.g. how the models were trained)")
     p.add_argument("--push-to", metavar="MODEL_REPO",
-                   help="write the results into this Hub model card's model-index: sets read from a Hub dataset only, "
-                        "under its id; a --max-examples sample is recorded as such (rows scored, seed), several "
-                        "--model seeds as mean and std")
+                   help="record every scored set in this Hub model repo (created if needed), in one commit: the "
+                        "card's model-index and a results table, .eval_results/<set>.yaml (the sets that have a Hub "
+                        "dataset to name), evaluation/results.json and report.md. Rows that are a Hub split's go under "
+                        "its id and split; a local stand-in or subset of one under that id, saying so; the others by "
+                        "their name, each with its file's sha256 as the source. A --max-examples sample is recorded "
+                        "as such (rows scored, seed), several --model seeds as mean and std")
+    p.add_argument("--private", action="store_true", help="--push-to: create the repo as private")
     p.add_argument("--token", help="Hub token for --push-to (default: the logged-in token)")
     p.add_argument("--label-order", metavar="NAME,NAME,...",
                    help="the task label of each model output, in output order (for heads named LABEL_0, "
@@ -55,21 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _compare_args(items):
-    from ...models.evaluation import load_results
-
-    out = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep:
-            name, path = Path(item).parent.name if Path(item).suffix == ".json" else Path(item).name, item
-        out[name] = load_results(path)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    from ...models.challenge import get_set, get_suite, list_sets, list_suites, resolve_sets
-    from ...models.evaluation import EvalConfig, evaluate_models, evaluation_outputs, push_results, write_outputs
+    from ...api import evaluate
+    from ...models.challenge import get_set, get_suite, list_sets, list_suites
     from ...utils.errors import ConfigError
 
     if args.list:
@@ -82,33 +72,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.model or not args.out:
         raise ConfigError("evaluate needs --model DIR [DIR ...] and --out DIR (or --list)")
-    if args.push_to:
-        from ...utils.hub import check_repo_id
-
-        check_repo_id(args.push_to, "--push-to")
-    for model in args.model:
-        check_model_reference(model, "--model")
     label_order = [x.strip() for x in args.label_order.split(",")] if args.label_order else None
-    if label_order is not None and (not all(label_order) or len(set(label_order)) != len(label_order)):
-        raise ConfigError(f"--label-order {args.label_order!r}: give each label name once, comma-separated")
-    sets = resolve_sets(args.suite, args.sets)
-    compare = _compare_args(args.compare)
-    outputs = evaluation_outputs(args.out)  # before any model is scored: never over a file of the user's
-    cfg = EvalConfig(max_examples=args.max_examples, sample_seed=args.sample_seed, batch_size=args.batch_size,
-                     max_length=args.max_length, max_tokens=args.max_tokens, data_root=args.data_root,
-                     device=args.device, label_order=label_order, dtype=args.dtype)
-    results = evaluate_models(args.model, sets, cfg)
-    results["suite"] = args.suite
-    name = args.name or Path(args.out).name
-    paths = write_outputs(results, args.out, outputs=outputs, name=name, compare=compare, notes=args.notes or "",
-                          title=f"Evaluation report: {name}")
-    for s, e in results["sets"].items():
+    out = evaluate(args.model, suite=args.suite, sets=args.sets, out=args.out, name=args.name, compare=args.compare,
+                   max_examples=args.max_examples, sample_seed=args.sample_seed, batch_size=args.batch_size,
+                   max_tokens=args.max_tokens, max_length=args.max_length, data_root=args.data_root,
+                   device=args.device, dtype=args.dtype, label_order=label_order, notes=args.notes,
+                   push_to=args.push_to, private=args.private, token=args.token, progress=not args.quiet)
+    for s, e in out.results["sets"].items():
         std = f" ± {100 * e['accuracy_std']:.1f}" if len(e["runs"]) > 1 else ""
         print(f"{s:28s} n={e['n']:>6}  accuracy {100 * e['accuracy']:.1f}{std}")
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
-    if args.push_to:
-        info, left_out = push_results(args.push_to, results, token=args.token)
-        print(f"pushed the model-index to {args.push_to}: {getattr(info, 'commit_url', info)}")
-        if left_out:
-            print(f"not in the model-index (no Hub dataset with these rows): {', '.join(left_out)}")
+    print("wrote " + ", ".join(str(p) for p in out.paths.values()))
+    if out.pushed:
+        print(f"pushed the results of {len(out.pushed['sets'])} sets to {out.pushed['repo_id']}: "
+              f"{out.pushed['commit_url']}")
+        if out.pushed["not_in_eval_results"]:
+            print("in the model-index but not in .eval_results/ (no Hub dataset to name): "
+                  + ", ".join(out.pushed["not_in_eval_results"]))
     return 0

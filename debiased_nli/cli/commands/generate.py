@@ -5,7 +5,8 @@ import argparse
 import json
 
 from ...utils.errors import ConfigError
-from ._common import POSITIVE_FLOAT, POSITIVE_INT, SEED, check_model_reference, number, run_folder
+from ._common import POSITIVE_FLOAT, POSITIVE_INT, SEED, number, run_folder
+from ...utils.paths import check_model_reference
 
 DESCRIPTION = """\
 Sample rows from a generator trained by `debiased-nli train-generator` (a folder with a full model or a

@@ -30,21 +30,15 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...release.publish import push_release
+    from ...api import push
 
-    note, description = args.note, None
-    if args.diff_against:
-        from ...release.diff import diff_releases
-
-        d = diff_releases(args.diff_against, args.folder)
-        note, description = note or d.summary(), d.markdown()
-        print(description)
-    out = push_release(args.folder, args.repo_id, revision=args.revision, private=args.private,
-                       commit_message=args.message, note=note, commit_description=description)
-    print(f"pushed {out['files']} files to {out['repo_id']} (commit {out['commit'][:10]}"
-          f"{', tag ' + out['tag'] if out['tag'] else ''}"
-          f"{'; deleted ' + str(len(out['deleted'])) + ' file(s) of the previous release' if out['deleted'] else ''})",
+    out = push(args.folder, args.repo_id, revision=args.revision, private=args.private, message=args.message,
+               note=args.note, diff_against=args.diff_against)
+    if out.diff is not None:
+        print(out.diff.markdown())
+    print(f"pushed {out.files} files to {out.repo_id} (commit {out.commit[:10]}"
+          f"{', tag ' + out.tag if out.tag else ''}"
+          f"{'; deleted ' + str(len(out.deleted)) + ' file(s) of the previous release' if out.deleted else ''})",
           file=sys.stderr)
-    print(f"load it with: datasets.load_dataset({out['repo_id']!r}, CONFIG"
-          f"{', revision=' + repr(out['tag']) if out['tag'] else ''})")
+    print(f"load it with: {out.load_snippet()}")
     return 0

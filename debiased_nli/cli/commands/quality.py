@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from ._common import POSITIVE_INT, SEED, add_task_arguments, check_model_reference, number, task_from_args
+from ._common import POSITIVE_INT, SEED, add_task_arguments, number, task_from_args
+from ...utils.paths import check_model_reference
 
 DESCRIPTION = """\
 Measure a set of generated rows (e.g. a generator's samples, what the confidence filter kept, or the

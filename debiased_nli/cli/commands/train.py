@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import sys
 
-from ...models.training import POE_PRESETS, TRAIN_PRESETS, TrainConfig, describe_config, paper_config, poe_preset
+from ...models.training import POE_PRESETS, TRAIN_PRESETS, TrainConfig, resolve_config
 from ._common import (
     NON_NEGATIVE_FLOAT,
     NON_NEGATIVE_INT,
@@ -13,8 +13,6 @@ from ._common import (
     POSITIVE_INT,
     SEED,
     add_task_arguments,
-    check_model_reference,
-    check_release_reference,
     number,
     task_from_args,
 )
@@ -26,6 +24,9 @@ _EPILOG = """examples:
       --dev-files ../shared/data/snli/dev.parquet --model roberta-large --out runs/zf
   debiased-nli train snli --data-files ... --preset paper --model bert-base-uncased --out runs/paper
   debiased-nli train snli --data-files ... --poe --poe-preset snli --out runs/poe
+  debiased-nli train snli --release org/debiased-snli --revision v1.0 --config z_filtered \\
+      --dev-files ../shared/data/snli/dev.parquet --model bert-base-uncased --out runs/zf \\
+      --push-to org/bert-snli-zf --push-revision v1.0       # + the model and its card on the Hub
   accelerate launch --multi_gpu --num_processes 8 -m debiased_nli.cli train snli ...   # 8 GPUs
   (on a machine without GPUs the same launch runs N CPU processes with gloo)
 
@@ -62,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dev rows for early stopping (default: the 'validation' split of --data-files or the "
                         "release/Hub source, when it has one)")
     p.add_argument("--model", required=True, help="Hub id or folder of the model to fine-tune")
-    p.add_argument("--out", required=True, help="output folder (checkpoints, final model, debiased_nli_train.json)")
+    p.add_argument("--out", required=True, help="output folder (checkpoints, final model, debiased_nli_train.json, the model card "
+                                                   "README.md)")
     p.add_argument("--preset", choices=sorted(TRAIN_PRESETS),
                    help="'paper': Wu et al. (2022), Table 9 (see below); explicit options override it")
     p.add_argument("--lr", type=POSITIVE_FLOAT, help="learning rate (default 1e-5, Table 9)")
@@ -96,81 +98,52 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT has checkpoints")
     p.add_argument("--cpu", action="store_true", help="train on CPU even if a GPU is visible")
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
+    hub = p.add_argument_group("the Hub")
+    hub.add_argument("--push-to", metavar="ORG/NAME",
+                     help="upload the final model and its card (README.md: base model, training data with its "
+                          "fingerprint, every hyper-parameter with its source, dev accuracy) to this Hub model repo, "
+                          "created if needed, in one commit")
+    hub.add_argument("--push-revision", metavar="TAG",
+                     help="tag the pushed commit with this version, e.g. v1.0 (tags are immutable; --revision is the "
+                          "revision of the training data)")
+    hub.add_argument("--private", action="store_true", help="--push-to: create the repo as private")
+    hub.add_argument("--token", help="--push-to: Hub token (default: HF_TOKEN or the logged-in token)")
     p.set_defaults(func=run)
+
+
+def _given(args: argparse.Namespace) -> dict:
+    """The hyper-parameters given on the command line, by their TrainConfig names (None: not given)."""
+    return {"learning_rate": args.lr, "batch_size": args.batch_size, "max_length": args.max_length,
+            "epochs": args.epochs, "warmup_ratio": args.warmup_ratio, "warmup_steps": args.warmup_steps,
+            "lr_scheduler": args.scheduler, "adam_epsilon": args.adam_epsilon, "weight_decay": args.weight_decay,
+            "eval_steps": args.eval_steps, "early_stopping_patience": args.patience}
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, str]]:
     """The TrainConfig of a command line (preset, then explicit options) and the source of each value."""
-    given = {"learning_rate": args.lr, "batch_size": args.batch_size, "max_length": args.max_length,
-             "epochs": args.epochs, "warmup_ratio": args.warmup_ratio, "warmup_steps": args.warmup_steps,
-             "lr_scheduler": args.scheduler, "adam_epsilon": args.adam_epsilon, "weight_decay": args.weight_decay,
-             "eval_steps": args.eval_steps, "early_stopping_patience": args.patience}
-    given = {k: v for k, v in given.items() if v is not None}
-    common = dict(seed=args.seed, data_seed=args.data_seed, max_train_rows=args.max_train_rows,
-                  max_dev_rows=args.max_dev_rows, group_by_length=not args.no_group_by_length,
-                  resume=not args.no_resume, use_cpu=True if args.cpu else None, num_threads=args.threads)
-    if args.preset:
-        cfg, sources = paper_config(args.model, args.out, args.preset, **given, **common)
-    else:
-        cfg = TrainConfig(model=args.model, output_dir=args.out, **given, **common)
-        sources = None
-    poe = {"poe": bool(args.poe or args.poe_preset)}
-    poe_sources = {}
-    if args.poe_preset:
-        beta, gamma, src = poe_preset(args.poe_preset)
-        poe.update(poe_beta=beta, poe_gamma=gamma, bias_model="joint")
-        poe_sources = {"poe_beta": src, "poe_gamma": src,
-                       "bias_model": "Wu et al. 2022, A.2: \"We adapt the PoE implementation by Karimi Mahabadi "
-                                     "et al. (2020)\", whose bias-only head is trained jointly"}
-    for key, value in (("poe_beta", args.poe_beta), ("poe_gamma", args.poe_gamma), ("bias_model", args.bias_model)):
-        if value is not None:
-            poe[key] = value
-            poe_sources[key] = "given"
-    cfg = dataclasses.replace(cfg, **poe)
-    sources = {**describe_config(cfg, sources), **poe_sources}
-    if not cfg.poe:
-        for key in ("poe_beta", "poe_gamma", "bias_model"):
-            sources.pop(key, None)
-    return cfg, sources
+    return resolve_config(args.model, args.out, preset=args.preset, given=_given(args), poe=args.poe,
+                          poe_preset_name=args.poe_preset, poe_beta=args.poe_beta, poe_gamma=args.poe_gamma,
+                          bias_model=args.bias_model, seed=args.seed, data_seed=args.data_seed,
+                          max_train_rows=args.max_train_rows, max_dev_rows=args.max_dev_rows,
+                          group_by_length=not args.no_group_by_length, resume=not args.no_resume,
+                          use_cpu=True if args.cpu else None, num_threads=args.threads)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...data.loading import parse_data_files
-    from ...models.training import load_training_split, train_classifier
-    from ...utils.errors import ConfigError
+    from ...api import train
 
-    from ...models.training import check_train_folder
-
-    task = task_from_args(args)
-    if args.release and args.data_files:
-        raise ConfigError("give either --release (with --config) or --data-files, not both")
-    check_train_folder(args.out)  # before any work: never a folder of the user's
-    check_model_reference(args.model, "--model")
-    if args.poe and args.bias_model != "tfidf":
-        check_model_reference(args.bias_model, "--bias-model")
-    if args.release:
-        check_release_reference(args.release, "--release")
-    files = parse_data_files(args.data_files) if args.data_files else None
-    train = load_training_split(task, data_files=files, release=args.release, config=args.config,
-                                split=args.split, on_invalid=args.on_invalid)
-    if args.max_rows:
-        train = train.select(range(min(args.max_rows, len(train))))
-    dev = None
-    if args.dev_files:
-        dev = load_training_split(task, data_files={"validation": args.dev_files}, split="validation",
-                                  on_invalid=args.on_invalid)
-    elif files and "validation" in files:
-        dev = load_training_split(task, data_files=files, split="validation", on_invalid=args.on_invalid)
-    cfg, sources = config_from_args(args)
-    from accelerate import PartialState
-    if PartialState(cpu=args.cpu).is_main_process:
-        from ...utils.outputs import print_values
-        shown = {k: v for k, v in cfg.to_dict().items() if k in sources}
-        print_values("train values", shown, sources)
-    bias_model = None
-    if cfg.poe and cfg.bias_model != "joint":
-        from ...bias.poe import bias_model_for
-        bias_model = bias_model_for(cfg, task)
-    result = train_classifier(cfg, task, train, dev, bias_model=bias_model)
-    print(json.dumps(result.to_dict(), indent=2))
+    given = _given(args)
+    out = train(task_from_args(args), model=args.model, out=args.out, release=args.release, config=args.config,
+                data_files=args.data_files, dev_files=args.dev_files, split=args.split, revision=args.revision,
+                max_rows=args.max_rows, on_invalid=args.on_invalid, preset=args.preset, seed=args.seed,
+                data_seed=args.data_seed, max_train_rows=args.max_train_rows, max_dev_rows=args.max_dev_rows,
+                poe=args.poe, poe_preset=args.poe_preset, poe_beta=args.poe_beta, poe_gamma=args.poe_gamma,
+                bias_model=args.bias_model, group_by_length=not args.no_group_by_length, resume=not args.no_resume,
+                cpu=args.cpu, threads=args.threads, push_to=args.push_to, push_revision=args.push_revision,
+                private=args.private, token=args.token, progress=not args.quiet, show_values=True, **given)
+    print(json.dumps(out.result.to_dict(), indent=2))
+    if out.pushed:
+        print(f"pushed the model to {out.pushed['repo_id']} (commit {out.pushed['commit'][:10]}"
+              f"{', tag ' + out.pushed['tag'] if out.pushed['tag'] else ''}): {out.pushed['commit_url']}",
+              file=sys.stderr)
     return 0

@@ -11,11 +11,11 @@ from ._common import (
     POSITIVE_INT,
     SEED,
     add_task_arguments,
-    check_model_reference,
     number,
     run_folder,
     task_from_args,
 )
+from ...utils.paths import check_model_reference
 
 DESCRIPTION = """\
 Train a causal LM on `premise, label, hypothesis` sequences (Wu et al. 2022).

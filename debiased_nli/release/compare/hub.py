@@ -113,9 +113,9 @@ def trained_on(plan: Plan, table: dict, revisions: _Revisions | None) -> dict[st
 def model_index(plan: Plan, table: dict, trained: dict[str, dict]) -> tuple[list[dict], list[str]]:
     """The ``model-index`` entries (one per finished row: its model, trained with the plan's recipe on the row's data)
     and the sets left out (their rows are not a Hub dataset's)."""
-    from huggingface_hub import EvalResult
     from huggingface_hub.repocard_data import eval_results_to_model_index
 
+    from ...models.hub import accuracy_results
     from .units import load_units
 
     units = load_units(plan)
@@ -149,14 +149,7 @@ def model_index(plan: Plan, table: dict, trained: dict[str, dict]) -> tuple[list
             common = dict(task_type="text-classification", task_name="Natural Language Inference",
                           dataset_type=hub["path"], dataset_name=ds_name, dataset_config=hub.get("name"),
                           dataset_split=hub.get("split"), dataset_args=dataset_args, verified=False)
-            several = cell["n_seeds"] > 1
-            results.append(EvalResult(**common, metric_type="accuracy", metric_value=round(cell["mean"], 6),
-                                      metric_name=f"Accuracy (mean over {cell['n_seeds']} seeds)" if several else "Accuracy",
-                                      metric_args=args))
-            if several:
-                results.append(EvalResult(**common, metric_type="accuracy_std", metric_value=round(cell["std"], 6),
-                                          metric_name=f"Accuracy std over {cell['n_seeds']} seeds (ddof=1)",
-                                          metric_args=args))
+            results += accuracy_results(common, cell["mean"], cell["std"], cell["n_seeds"], args)
         if results:
             entries += eval_results_to_model_index(f"{plan.model_name} trained on {name}", results)
     return entries, sorted(left_out)
