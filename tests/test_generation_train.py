@@ -188,6 +188,30 @@ def test_debias_fine_tune_applies_unlikelihood_to_the_rejected_rows(tiny_gpt2, t
         debias_training_set(kept, rows(2))
 
 
+def test_g_star_continues_a_lora_g_from_the_command_line(tiny_llama, tmp_path, shared_data):
+    """`train-generator --mode debias --model <a LoRA G's folder>`: the adapter is continued (no --lora), G* is an
+    adapter folder again and its card says so (the CPU pipeline's G* from its LoRA G)."""
+    import json
+    import subprocess
+    import sys
+
+    g = tmp_path / "G"
+    train_generator(rows(8), "snli", tiny_llama, str(g), lora=LoraOptions(r=4, alpha=8, dropout=0.0), max_steps=1,
+                    batch_size=4, lr=1e-2, cpu=True, progress=False)
+    out = tmp_path / "Gstar"
+    r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "train-generator", "snli", "--data-files",
+                        str(shared_data / "snli" / "train_sample.parquet"), "--max-rows", "40", "--model", str(g),
+                        "--out", str(out), "--mode", "debias", "--max-steps", "1", "--batch-size", "8", "--cpu",
+                        "--quiet"], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
+    card = (out / "README.md").read_text()
+    assert "library_name: peft" in card and "LoRA adapter" in card and "full model" not in card
+    rep = json.loads((out / "train_report.json").read_text())
+    assert rep["mode"] == "debias" and rep["steps"] == 1 and rep["z_filter"]["input"] == 40
+    assert "z-filtering: input 40" in card
+
+
 def test_two_process_ddp_training_on_cpu(tiny_gpt2, tmp_path):
     import subprocess
     import sys

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from ...data.tasks import get_task
@@ -83,8 +84,19 @@ def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
     if zinfo is not None:
         report["z_filter"] = zinfo
         if int(os.environ.get("RANK", "0")) == 0:  # the card written at save time, now with the z-filter counts
-            from .models import write_generator_card
-            write_generator_card(params["out"], report, task, adapter=report.get("lora") is not None)
+            import json
+
+            from .models import is_adapter_folder, write_generator_card
+            rp = Path(params["out"]) / "train_report.json"  # the saved report has the z-filter's counts too
+            if rp.is_file():
+                saved = json.loads(rp.read_text())
+                saved["z_filter"] = zinfo
+                tmp = rp.with_name(f".{rp.name}.tmp")
+                tmp.write_text(json.dumps(saved, indent=2, default=str))
+                os.replace(tmp, rp)
+            # an adapter: a new LoRA, or one continued (G* from a LoRA G, with no --lora given)
+            write_generator_card(params["out"], report, task,
+                                 adapter=report.get("lora") is not None or is_adapter_folder(params["out"]))
     return ds, None, report
 
 
