@@ -126,3 +126,26 @@ def test_the_quality_command_writes_its_report_and_refuses_a_users_folder(d0, tm
     (mine / "notes.txt").write_text("mine")
     r = subprocess.run([*cmd, "--out", str(mine)], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "not a quality report written by" in r.stderr and (mine / "notes.txt").read_text() == "mine"
+
+
+def test_pair_near_duplicates_match_brute_force_on_both_fields(d0, shared_data):
+    rows = generated_like(d0)
+    r = Q.pair_near_duplicates(rows["premise"], rows["hypothesis"], d0["premise"], d0["hypothesis"], seed=3)
+    for i, (p, h) in enumerate(zip(rows["premise"], rows["hypothesis"])):  # brute force over every D0 row
+        best = max(min(brute_jaccard(h, rh), brute_jaccard(p, rp)) for rp, rh in zip(d0["premise"], d0["hypothesis"]))
+        assert r["mask"][i] == (best >= 0.8), (i, p, h, best)
+        if best >= 0.8:
+            assert r["max_jaccard"][i] == pytest.approx(best)
+    assert r["mask"][::3].all()  # the copies
+    # SNLI's own rows under one premise with different hypotheses are not near-duplicates of each other,
+    # though their joined texts are (dev rows 4 and 5: 0.83)
+    dev = load_task("snli", data_files=str(shared_data / "snli" / "dev.parquet"), max_rows=6).dataset
+    joined = Q.near_duplicates(Q.pair_texts(dev), seed=0)
+    assert joined["mask"][3] or joined["mask"][4]
+    pair = Q.pair_near_duplicates(dev["premise"], dev["hypothesis"], seed=0)
+    assert not pair["mask"].any()
+    # earlier_only keeps the first of a repeated row
+    within = Q.pair_near_duplicates(list(rows["premise"]) * 2, list(rows["hypothesis"]) * 2, seed=0, earlier_only=True)
+    n = len(rows)
+    assert within["mask"][n:].all() and (within["match"][n:] < n).all()
+    assert not within["mask"][:n][1::3].any()  # the near-duplicates of D0 rows are new among themselves

@@ -7,8 +7,8 @@ with real rows of the same task, so a reader sees the gap, not a number alone:
 
 - **copies** (:func:`copies`): rows whose (premise, hypothesis) pair, hypothesis or premise is a D0 row's,
   after normalising case, spaces and end punctuation;
-- **near-duplicates** (:func:`near_duplicates`): rows whose premise + hypothesis has a character 5-gram
-  Jaccard similarity of at least 0.8 with a D0 row's (MinHash with 64 permutations in 16 bands of 4
+- **near-duplicates** (:func:`pair_near_duplicates`): rows whose premise and hypothesis each have a
+  character 5-gram Jaccard similarity of at least 0.8 with one D0 row's (MinHash with 64 permutations in 16 bands of 4
   (Broder 1997; Leskovec, Rajaraman & Ullman, *Mining of Massive Datasets*, ch. 3), every candidate pair
   checked exactly); within-set duplicates likewise;
 - **fluency** (:func:`fluency_scores`): the mean token log-probability of ``premise + " " + hypothesis``
@@ -100,10 +100,14 @@ def _minhash(sets: list[set[int]], num_perm: int, seed: int) -> np.ndarray:
 
 def near_duplicates(texts: Sequence[str], reference: Sequence[str] | None = None, *,
                     threshold: float = NEAR_DUP_JACCARD, num_perm: int = NUM_PERM, bands: int = BANDS,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, earlier_only: bool = False) -> dict:
     """For each text, the largest exact character-5-gram Jaccard similarity with a ``reference`` text (or,
-    without ``reference``, with another text of the same set) among the MinHash-LSH candidates, and the share
-    at or above ``threshold``. Pairs below the LSH's reach count as 0 (they are far below the threshold)."""
+    without ``reference``, with another text of the same set; with ``earlier_only``, with an earlier one, so
+    that dropping every row at or above ``threshold`` keeps the first of each group) among the MinHash-LSH
+    candidates, and the share at or above ``threshold``. Pairs below the LSH's reach count as 0 (they are far
+    below the threshold)."""
+    if earlier_only and reference is not None:
+        raise ConfigError("earlier_only compares a set with itself; it takes no reference")
     if num_perm % bands:
         raise ConfigError(f"num_perm ({num_perm}) must be a multiple of bands ({bands})")
     rows = num_perm // bands
@@ -119,7 +123,7 @@ def near_duplicates(texts: Sequence[str], reference: Sequence[str] | None = None
             buckets.setdefault(sig.tobytes(), []).append(j)
         for i, sig in enumerate(sig_own[:, b * rows:(b + 1) * rows]):
             for j in buckets.get(sig.tobytes(), ()):
-                if reference is None and j == i:
+                if reference is None and (j >= i if earlier_only else j == i):
                     continue
                 inter = len(own[i] & ref[j])
                 jac = inter / max(len(own[i] | ref[j]), 1)
@@ -129,6 +133,70 @@ def near_duplicates(texts: Sequence[str], reference: Sequence[str] | None = None
     return {"rows": len(own), "threshold": threshold, "near_duplicates": int(hit.sum()),
             "near_duplicate_share": round(float(hit.mean()) if len(own) else 0.0, 6),
             "max_jaccard": best, "match": match, "mask": hit}
+
+
+def pair_near_duplicates(premises: Sequence[str], hypotheses: Sequence[str],
+                         ref_premises: Sequence[str] | None = None, ref_hypotheses: Sequence[str] | None = None, *,
+                         threshold: float = NEAR_DUP_JACCARD, num_perm: int = NUM_PERM, bands: int = BANDS,
+                         seed: int = 0, earlier_only: bool = False) -> dict:
+    """Rows whose premise and hypothesis are both near-duplicates of one reference row's (character 5-gram
+    Jaccard at least ``threshold`` for each), or without a reference, of another row of the set (with
+    ``earlier_only``: of an earlier one). The pair's similarity is the smaller of the two.
+
+    This is the near-duplicate of an NLI row. The text ``premise + hypothesis`` is not: SNLI gives each premise
+    three hypotheses, one per label, and a shared premise with different hypotheses reaches 0.8 on the joined
+    text (SNLI dev's rows 4 and 5, entailment "Two kids in numbered jerseys wash their hands." and neutral "Two
+    kids at a ballgame wash their hands." under one premise: 0.83). Candidates come from
+    MinHash-LSH over the hypotheses; every candidate is checked exactly on both fields."""
+    if (ref_premises is None) != (ref_hypotheses is None):
+        raise ConfigError("give both reference premises and hypotheses, or neither")
+    if earlier_only and ref_premises is not None:
+        raise ConfigError("earlier_only compares a set with itself; it takes no reference")
+    if len(premises) != len(hypotheses):
+        raise ConfigError(f"{len(premises)} premises but {len(hypotheses)} hypotheses")
+    if num_perm % bands:
+        raise ConfigError(f"num_perm ({num_perm}) must be a multiple of bands ({bands})")
+    rows = num_perm // bands
+    own_h = [_shingles(t) for t in hypotheses]
+    own_p: dict[int, set[int]] = {}
+    self_ref = ref_premises is None
+    ref_h = own_h if self_ref else [_shingles(t) for t in ref_hypotheses]
+    ref_p: dict[int, set[int]] = own_p if self_ref else {}
+    sig_own = _minhash(own_h, num_perm, seed)
+    sig_ref = sig_own if self_ref else _minhash(ref_h, num_perm, seed)
+    src_p = premises if self_ref else ref_premises
+
+    def shingles_of(cache, texts, i):
+        if i not in cache:
+            cache[i] = _shingles(texts[i])
+        return cache[i]
+
+    def jac(a, b):
+        return len(a & b) / max(len(a | b), 1)
+
+    best = np.zeros(len(own_h))
+    match = np.full(len(own_h), -1, dtype=np.int64)
+    checked: list[set[int]] = [set() for _ in own_h]
+    for b in range(bands):
+        buckets: dict[bytes, list[int]] = {}
+        for j, sig in enumerate(sig_ref[:, b * rows:(b + 1) * rows]):
+            buckets.setdefault(sig.tobytes(), []).append(j)
+        for i, sig in enumerate(sig_own[:, b * rows:(b + 1) * rows]):
+            for j in buckets.get(sig.tobytes(), ()):
+                if (self_ref and (j >= i if earlier_only else j == i)) or j in checked[i]:
+                    continue
+                checked[i].add(j)
+                jh = jac(own_h[i], ref_h[j])
+                if jh < threshold or jh <= best[i]:
+                    continue
+                sim = min(jh, jac(shingles_of(own_p, premises, i), shingles_of(ref_p, src_p, j)))
+                if sim > best[i]:
+                    best[i], match[i] = sim, j
+    hit = best >= threshold
+    return {"rows": len(own_h), "threshold": threshold, "near_duplicates": int(hit.sum()),
+            "near_duplicate_share": round(float(hit.mean()) if len(own_h) else 0.0, 6),
+            "max_jaccard": best, "match": match, "mask": hit,
+            "definition": "premise and hypothesis each at least the threshold (character 5-gram Jaccard) with one row's"}
 
 
 def pair_texts(ds) -> list[str]:

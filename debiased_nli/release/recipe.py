@@ -61,6 +61,10 @@ DEFAULTS: dict[str, Any] = {
     # 100,000 rows or more (release.PARALLEL_MIN_ROWS); 1: one after the other. It never changes the result
     "z_filter": {"top_k": 20, "batch_size": 1000, "p0": "uniform", "min_z": 0.0, "num_proc": "auto"},
     "new_rows": [],
+    # filters past the paper on the new rows before composition, and the self-audit fixed point of composed
+    # configs (issue 45; off by default; settings and defaults in release/generated_filters.py)
+    "generated_filters": {"near_duplicates": None, "fluency": None},
+    "self_audit": {"configs": [], "max_rounds": 5, "alpha": 0.01, "z_threshold": None},
     "filters": [],
     "configs": "auto",
     "default_config": "auto",
@@ -149,6 +153,19 @@ SCHEMA: dict[str, Any] = {
         "num_proc": _Kind("'auto' or a positive integer", lambda v: v == "auto" or _is_int(v) and v >= 1),
     },
     "new_rows": _Kind("a list of steps (mappings with a `step` name)", lambda v: isinstance(v, list)),
+    # their keys and values are checked by release.generated_filters.check
+    "generated_filters": {
+        "near_duplicates": _Kind("null (off), true or a mapping {threshold: 0.8, within: true}",
+                                 lambda v: v is None or isinstance(v, (bool, Mapping))),
+        "fluency": _Kind("null (off) or a mapping {lm: PATH, quantile: 0.05, reference_rows: 2000}",
+                         lambda v: v is None or v is False or isinstance(v, Mapping)),
+    },
+    "self_audit": {
+        "configs": _Kind("a list of z-config names (empty: off)", _is_str_list),
+        "max_rounds": _Kind("a positive integer", lambda v: _is_int(v) and v >= 1),
+        "alpha": _Kind("a number strictly between 0 and 1", lambda v: _is_number(v) and 0 < v < 1),
+        "z_threshold": _Kind("a positive number or null", lambda v: v is None or _is_number(v) and v > 0),
+    },
     "filters": _Kind("a list of steps (mappings with a `step` name)", lambda v: isinstance(v, list)),
     "configs": _Kind("'auto' or a list of config names, e.g. [z_filtered, seq_z]",
                      lambda v: v == "auto" or _is_str_list(v) and len(v) > 0),
@@ -240,6 +257,8 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     if not recipe["task"]:
         raise ConfigError(f"{where}: a recipe needs `task`")
     check_recipe_types(recipe, where)
+    from .generated_filters import check as check_generated_filters
+    check_generated_filters(recipe, where)
     _check_names(recipe, where)
     get_task(recipe["task"])
     recipe["name"] = recipe["name"] or f"debiased-{recipe['task']}"
@@ -359,8 +378,10 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
         state.wait_for_everyone()
         if not state.is_main_process:
             return BuildResult(Path(out_dir), {}, {"rank": state.process_index})
+    from .generated_filters import run_generated_filters, self_audit_configs
+    dg = run_generated_filters(run, loaded.dataset, dg)
     feats = _compute_features(run, loaded.dataset, dg)
-    z_configs = _compose_z_configs(run, feats, eval_splits)
+    z_configs = self_audit_configs(run, _compose_z_configs(run, feats, eval_splits), feats)
     filter_configs = _run_filter_steps(run, feats.d0, eval_splits)
     configs, default = _assemble_configs(run, z_configs + filter_configs, feats, eval_splits)
     return _write(run, out_dir, configs, default, loaded, feats, efficacy=efficacy, overwrite=overwrite)
@@ -670,6 +691,17 @@ def _assemble_configs(run: _Run, configs: list, feats: _Features, eval_splits: d
     return configs, default
 
 
+def _recorded_recipe(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe as the manifest records it: the options past the paper (``generated_filters``, ``self_audit``)
+    only when one is on, so a release built without them is the same byte for byte as before they existed."""
+    out = dict(recipe)
+    if not any(v not in (None, False) for v in recipe["generated_filters"].values()):
+        out.pop("generated_filters")
+    if not recipe["self_audit"]["configs"]:
+        out.pop("self_audit")
+    return out
+
+
 def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Features, *, efficacy,
            overwrite: bool) -> BuildResult:
     """The manifest and the card's metadata, then the release folder (see :func:`.layout.write_release`)."""
@@ -682,7 +714,7 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
     set_aside, set_aside_counts = combine_set_aside([("train", loaded.set_aside)] + run.context["set_aside"])
     hyp = feats.hypothesis_only
     manifest = {
-        "recipe": recipe,
+        "recipe": _recorded_recipe(recipe),
         "seed": run.seed,
         "versions": library_versions(),
         "inputs": run.context["sources"],

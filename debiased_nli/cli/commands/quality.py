@@ -106,10 +106,11 @@ def run(args) -> int:
         cp = Q.copies(rows, d0)
         scores["pair_copy"] = cp.pop("pair_copy_mask").tolist()
         report["copies"] = cp
-        nd = Q.near_duplicates(Q.pair_texts(rows), Q.pair_texts(d0), seed=args.seed)
+        nd = Q.pair_near_duplicates(rows["premise"], rows["hypothesis"], d0["premise"], d0["hypothesis"],
+                                    seed=args.seed)
         scores["near_duplicate_jaccard"] = nd.pop("max_jaccard").round(4).tolist()
         nd.pop("match"), nd.pop("mask")
-        within = Q.near_duplicates(Q.pair_texts(rows), seed=args.seed)
+        within = Q.pair_near_duplicates(rows["premise"], rows["hypothesis"], seed=args.seed)
         nd["within_set_share"] = within["near_duplicate_share"]
         report["near_duplicates"] = nd
         if args.lm:
