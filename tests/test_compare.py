@@ -384,6 +384,22 @@ def test_a_report_says_which_seeds_ran_on_which_machine(done, tmp_path):
     assert len(one["device_units"]) == 1 and "units on different machines" not in (tmp_path / "one.md").read_text()
 
 
+def test_a_report_names_only_the_machines_of_its_own_seeds(done, tmp_path):
+    """A results folder shared with another plan (efficacy_seqz beside the headline plan) may hold units of seeds
+    this plan does not have, from another machine: the report neither counts nor names them."""
+    plan = done
+    res = tmp_path / "res"
+    shutil.copytree(plan.results_dir, res)
+    gpu = "NVIDIA H100 80GB HBM3 (CUDA 13.0, torch 2.11.0+cu130)"
+    unit = json.loads((res / "original-s0.json").read_text())
+    unit.update(seed=7, device=gpu)  # another plan's seed 7, on a GPU
+    (res / "original-s7.json").write_text(json.dumps(unit))
+    p = load_plan(plan.path, results_dir=str(res))
+    table = report_module.report(p, tmp_path / "shared")
+    assert table["devices"] == [json.loads((res / "original-s0.json").read_text())["device"]]
+    assert gpu not in (tmp_path / "shared.md").read_text()
+
+
 def _copy_plan(done, tmp_path):
     """The module's plan folder (encoder, runs, results) copied, so that a test may change its data and rerun."""
     shutil.copytree(done.path.parent, tmp_path / "copy", ignore=shutil.ignore_patterns("claims", "logs"))

@@ -155,7 +155,11 @@ def summarise(plan: Plan, *, share_sets: Sequence[str] = SHARE_SETS, statistics:
     states = unit_states(plan)
     stale = {(st["row"], st["seed"]) for st in states if st["state"] == "stale"}
     # a stale unit trained on rows its row no longer has: not a result of the row as it is (`run` trains it again)
-    units = {row: [u for u in us if (row, u["seed"]) not in stale] for row, us in load_units(plan).items()}
+    # only this plan's rows and seeds: a results folder shared with another plan (efficacy_seqz beside the headline
+    # plan) holds units of other seeds, on other machines, that this report neither shows nor may name
+    rows_of_plan = {row["name"] for row in plan.rows}
+    units = {row: [u for u in us if (row, u["seed"]) not in stale and u["seed"] in plan.seeds]
+             for row, us in load_units(plan).items() if row in rows_of_plan}
     table: dict[str, Any] = {"schema": TABLE_SCHEMA_V2, "plan": plan.raw, "reference": plan.reference,
                              "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                              "sets": plan.set_names, "rows": {},
