@@ -473,8 +473,29 @@ def _load_for_sampling(generator: str, dtype: str | None, device):
     if hasattr(model, "merge_and_unload"):  # a LoRA adapter: merged weights sample the same, faster
         model = model.merge_and_unload()
     model.to(device).eval()
+    contiguous_head_input(model)
     tok.padding_side = "left"
     return model, tok
+
+
+def _contiguous(module, args):
+    return (args[0].contiguous(),) + tuple(args[1:])
+
+
+def contiguous_head_input(model) -> None:
+    """Make the output layer's input contiguous before it is multiplied.
+
+    Sampling asks the model for the last position's logits only (``logits_to_keep=1``), so the head gets
+    ``hidden[:, -1:, :]``, a strided view whenever a pass runs more than one position (every prefill).
+    PyTorch's CPU ``linear`` turns a 3-D strided input into a ``bmm`` against the weight expanded to the
+    batch and copied (pytorch/pytorch#151934): for SmolLM2's 49,152 x 576 head and a prefill of 100 rows
+    that is a 5.6 GB bfloat16 copy and about 5 s per pass (float32: 8x slower than contiguous, no copy).
+    This was the fast engine's 7 GB peak at batch 256 (issue 50; ``benchmarks/fast_memory.py``). A copy of
+    the rows' last hidden states (rows x hidden) costs nothing next to it."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and not getattr(head, "_dnli_contiguous", False):
+        head.register_forward_pre_hook(_contiguous)
+        head._dnli_contiguous = True
 
 
 def _write_shard(out: Path, task: TaskSpec, i: int, n_shards: int, s: int, samples, parse, name: str,
