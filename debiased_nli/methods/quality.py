@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -273,6 +274,18 @@ def rows_fingerprint(ds) -> str:
     return h.hexdigest()[:12]
 
 
+def set_fingerprint(ds) -> str:
+    """16 hex digits of the sha256 of the sorted (premise, hypothesis, label) rows: the same for the same set of
+    rows in any order. A quality report records it, so a release build can tell which of its sets it measured."""
+    labels = labels_of(ds).tolist()
+    digests = sorted(hashlib.sha256(f"{p}\t{h}\t{lab}".encode()).digest()
+                     for p, h, lab in zip(ds["premise"], ds["hypothesis"], labels))
+    h = hashlib.sha256()
+    for d in digests:
+        h.update(d)
+    return h.hexdigest()[:16]
+
+
 def _probs(model_dir: str, ds, task: TaskSpec, progress: bool) -> np.ndarray:
     from ..models.classifier import load_classifier, predict_probabilities
 
@@ -341,3 +354,49 @@ def train_on_generated(generated, real, heldout, task: "str | TaskSpec", model: 
     r = float(np.mean([r["real"] for r in runs]))
     return {"n": n, "heldout_rows": len(heldout), "model": model, "epochs": epochs, "runs": runs,
             "generated_accuracy": round(g, 6), "real_accuracy": round(r, 6), "ratio": round(g / r, 6) if r else None}
+
+
+def _near_dup_rule(nd: dict) -> str:
+    if nd.get("definition", "").startswith("premise and hypothesis"):
+        return f"premise and hypothesis each Jaccard >= {nd['threshold']}"
+    return f"premise + hypothesis Jaccard >= {nd['threshold']}"  # reports written before pair_near_duplicates
+
+
+def render_report(r: dict) -> str:
+    """``quality.md``: the measures of a report (``debiased-nli quality``'s ``quality.json``) as tables, then
+    the examples."""
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    L = [f"# Quality of {r['rows']:,} generated rows ({r['task']})", "",
+         f"Against {r['reference_rows']:,} real rows (D0: `{r['reference']}`)"
+         + (f" and held-out real rows `{r['heldout']}`" if r.get("heldout") else "") + ". Labels: "
+         + ", ".join(f"{k} {v:,}" for k, v in r["labels"].items()) + ".", "", "| measure | generated | real |", "|---|---:|---:|"]
+    c, nd = r["copies"], r["near_duplicates"]
+    L += [f"| (premise, hypothesis) copied from D0 | {pct(c['pair_copy_share'])} | – |",
+          f"| hypothesis copied from D0 | {pct(c['hypothesis_copy_share'])} | – |",
+          f"| premise copied from D0 | {pct(c['premise_copy_share'])} | – |",
+          f"| near-duplicate of a D0 row ({_near_dup_rule(nd)}) | {pct(nd['near_duplicate_share'])} | – |",
+          f"| near-duplicate within the set | {pct(nd['within_set_share'])} | – |"]
+    fl = r.get("fluency")
+    if fl:
+        L += [f"| mean token log-prob under `{Path(fl['lm']).name}` | {fl['mean']:.3f} | {fl['real_mean']:.3f} |",
+              f"| under the fluency bound ({fl['bound']:.3f}: real rows' 5th percentile) | {pct(fl['under_bound_share'])} | "
+              f"{pct(fl['real_under_bound_share'])} |"]
+    ag = r.get("agreement")
+    if ag:
+        L.append(f"| label = the {ag['k']}-fold cross-fitted ensemble's | {pct(ag['agreement'])} | "
+                 f"{pct(ag['d0_agreement_cross_fitted'])} |")
+        L += [f"| ... {k} | {pct(v)} | – |" for k, v in ag["agreement_per_label"].items()]
+    tg = r.get("train_on_generated")
+    if tg:
+        L.append(f"| held-out accuracy of a classifier trained on {tg['n']:,} of these rows / of D0's | "
+                 f"{pct(tg['generated_accuracy'])} | {pct(tg['real_accuracy'])} |")
+        L += ["", f"Train on generated, test on real: the generated rows are worth **{tg['ratio']:.3f}x** real rows at equal "
+                  f"n ({len(tg['runs'])} seed(s), {tg['heldout_rows']:,} held-out rows)."]
+    for key, title in (("examples", "Examples of the rows"), ("rejected_examples", "Examples of the rows a filter dropped")):
+        if r.get(key):
+            L += ["", f"## {title}", "", "| premise | hypothesis | label |", "|---|---|---|"]
+            L += [f"| {e['premise'].replace('|', '/')} | {e['hypothesis'].replace('|', '/')} | {e['label']}"
+                  + (f" ({e['confidence']:.2f})" if "confidence" in e else "") + " |" for e in r[key]]
+    return "\n".join(L) + "\n"

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 
 from ..data.tasks import get_task
@@ -291,13 +291,16 @@ class BuildResult:
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
           max_rows: int | None = None, profile: str | None = None, efficacy=None,
-          timings: bool = False, replay: "str | Path | None" = None) -> BuildResult:
+          timings: bool = False, replay: "str | Path | None" = None,
+          quality: "Sequence[str] | None" = None) -> BuildResult:
     """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
     (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs.
     ``timings`` adds each stage's wall-clock ``seconds`` to the manifest's stages (then the release
     is no longer the same byte for byte from run to run). ``replay``: an earlier release folder whose
     recorded filter-step decisions are reused where the step, its parameters and its input rows are the same
-    (:mod:`.decisions`), so the neural steps give that release's rows on any machine.
+    (:mod:`.decisions`), so the neural steps give that release's rows on any machine. ``quality``: reports of
+    ``debiased-nli quality`` on this release's generated rows (:mod:`.quality_card`), shown in its card and
+    recorded in its manifest.
 
     The target is checked before any work (see :func:`debiased_nli.utils.outputs.check_target`: never the
     current or home folder, a parent of an input, a file, or a folder that is not a release of this
@@ -316,10 +319,14 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         from .decisions import Replay
 
         replay = Replay(replay)
+    if quality:  # and a quality report that is not one
+        from .quality_card import load_reports
+
+        quality = load_reports(quality)
     if not is_main_rank():  # under `accelerate launch` / torchrun: rank 0 checks, locks and writes
         return _build(recipe, out_dir, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy, timings=timings, replay=replay)
+                      efficacy=efficacy, timings=timings, replay=replay, quality=quality)
     rec = load_recipe(recipe, profile)
     inputs: list[Any] = [] if isinstance(recipe, Mapping) else [recipe]
     for spec in [data_files if data_files is not None else rec["data"]["data_files"], new_rows_files] + \
@@ -333,7 +340,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         check_target(target, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
         return _build(recipe, target, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy, timings=timings, replay=replay)
+                      efficacy=efficacy, timings=timings, replay=replay, quality=quality)
     finally:
         unlock()
 
@@ -363,7 +370,7 @@ def _cuda_available() -> bool:
 def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
            new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
            max_rows: int | None = None, profile: str | None = None, efficacy=None,
-           timings: bool = False, replay=None) -> BuildResult:
+           timings: bool = False, replay=None, quality=None) -> BuildResult:
     recipe = _effective_recipe(recipe, profile=profile, data_files=data_files, new_rows_files=new_rows_files,
                                seed=seed, max_rows=max_rows)
     run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=progress, timings=timings,
@@ -384,7 +391,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     z_configs = self_audit_configs(run, _compose_z_configs(run, feats, eval_splits), feats)
     filter_configs = _run_filter_steps(run, feats.d0, eval_splits)
     configs, default = _assemble_configs(run, z_configs + filter_configs, feats, eval_splits)
-    return _write(run, out_dir, configs, default, loaded, feats, efficacy=efficacy, overwrite=overwrite)
+    return _write(run, out_dir, configs, default, loaded, feats, efficacy=efficacy, overwrite=overwrite,
+                  quality=quality)
 
 
 # the z-filter's dropped rows, written like a filter step's: their reason is the biased features that rejected
@@ -703,7 +711,7 @@ def _recorded_recipe(recipe: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Features, *, efficacy,
-           overwrite: bool) -> BuildResult:
+           overwrite: bool, quality=None) -> BuildResult:
     """The manifest and the card's metadata, then the release folder (see :func:`.layout.write_release`)."""
     from ..bias.features import describe_extractors
     from ..data.loading import combine_set_aside, set_aside_summary
@@ -731,6 +739,12 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
             "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,
             "history": recipe["history"] or [{"version": recipe["release_version"], "notes": "first release"}],
             "extra_citations": recipe["extra_citations"]}
+    if quality:
+        from . import quality_card
+
+        matched = quality_card.match_reports(quality, feats.d0, feats.dg, configs)
+        manifest["quality"] = quality_card.manifest_entries(matched)
+        meta["quality_md"] = quality_card.card_markdown(matched)
     if efficacy is not None:
         from .efficacy import card_markdown
 
