@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from debiased_nli.methods import embeddings as E
-from debiased_nli.methods.aflite.algorithm import PARAM_SOURCES
+from debiased_nli.methods.aflite.params import PARAMS
 from debiased_nli.methods.aflite.step import aflite_step
 from debiased_nli.data.loading import new_rows
 from debiased_nli.utils.errors import ConfigError, InvalidInputError
@@ -153,7 +153,7 @@ def test_train_size_is_the_warm_up_size_and_the_target_a_third_of_the_input(tiny
         assert proto[key]["source"].startswith("project's choice")
     for key in ("m", "k", "warmup_lr"):  # set for this run
         assert proto[key]["source"] == "set for this run"
-    assert "project's choice" in E.__doc__ and "project's choice" in PARAM_SOURCES["m"]
+    assert "project's choice" in E.__doc__ and "project's choice" in PARAMS["m"].origin()
 
 
 def test_embeddings_come_from_the_fine_tuned_encoders_first_token(tiny_encoder, tmp_path, monkeypatch):

@@ -10,22 +10,15 @@ import numpy as np
 
 from ...data.loading import labels_of
 from ...utils.errors import ConfigError, InvalidInputError
-from ..embeddings import DEFAULT_WARMUP_SHARE, PAPER_WARMUP
-from .algorithm import AFLITE_REASON, PARAM_SOURCES, WARMUP_REASON, AFLiteResult, aflite, paper_target_size
+from .algorithm import AFLITE_REASON, WARMUP_REASON, AFLiteResult, aflite, paper_target_size
+from .params import PARAMS
 
 log = logging.getLogger(__name__)
 
-STEP_DEFAULTS: dict[str, Any] = {
-    "encoder": None, "batch_size": 64, "max_length": 128, "pooling": "cls",
-    "warmup_share": DEFAULT_WARMUP_SHARE, "warmup_epochs": PAPER_WARMUP["epochs"], "warmup_lr": PAPER_WARMUP["lr"],
-    "warmup_eps": PAPER_WARMUP["eps"], "warmup_batch_size": PAPER_WARMUP["batch_size"],
-    "m": 64, "train_size": None, "k": None, "tau": 0.75, "target_n": None, "selection": "greedy", "C": 1.0,
-    "max_iter": 1000, "tol": 1e-4, "seed": 0, "max_rounds": None, "audit": True, "top_k": 20, "random_control": True,
-    "progress": True, "device": None,
-}
-"""The step's defaults: the paper's protocol (warm-up of Appendix A.4, t = the warm-up size, n = |D|/3,
-first-token embeddings of the fine-tuned encoder); m, k and tau are the project's choices (see
-``PARAM_SOURCES``)."""
+STEP_DEFAULTS: dict[str, Any] = PARAMS.defaults()
+"""The step's defaults, from its declaration (:data:`.params.PARAMS`): the paper's protocol (warm-up of
+Appendix A.4, t = the warm-up size, n = |D|/3, first-token embeddings of the fine-tuned encoder); m, k and tau
+are the project's choices."""
 
 
 def aflite_filter(ds, embeddings: np.ndarray, *, num_labels: int | None = None, **params) -> tuple[Any, Any, AFLiteResult]:
@@ -82,13 +75,8 @@ def aflite_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[
     from ..embeddings import compute_embeddings, default_encoder, warm_up_encoder
 
     task = get_task(task)
-    unknown = sorted(set(params or {}) - set(STEP_DEFAULTS))
-    if unknown:
-        from ...utils.errors import did_you_mean
-        raise ConfigError(f"unknown AFLite parameter(s) {unknown}{did_you_mean(unknown[0], list(STEP_DEFAULTS))}; "
-                          f"known: {sorted(STEP_DEFAULTS)}")
+    p = PARAMS.merge(params)
     given = {k for k, v in (params or {}).items() if v is not None}
-    p = {**STEP_DEFAULTS, **{k: v for k, v in (params or {}).items() if v is not None}}
     encoder = p["encoder"] or default_encoder()
     n_input = len(ds)
     report: dict[str, Any] = {"method": "aflite", "encoder": encoder, "n_input": n_input, "pooling": p["pooling"],
@@ -160,6 +148,6 @@ def _protocol(report: Mapping[str, Any], p: Mapping[str, Any], given: set) -> di
         elif key == "train_size" and "warm_up" not in report:
             src = "project's choice (no warm-up: a tenth of the rows)"
         else:
-            src = PARAM_SOURCES.get(key, "project's choice")
+            src = PARAMS[key].origin()
         out[key] = {"value": used[key], "source": src}
     return out

@@ -34,6 +34,7 @@ import numpy as np
 from ...data.loading import content_uid, labels_of
 from ...data.tasks import TaskSpec, get_task
 from ...utils.errors import ConfigError, EmptyResultError
+from .params import PARAMS
 from .indicators import STRATEGIES, assign_indicators, indicator_name, sample_indicators, sample_labels
 
 log = logging.getLogger(__name__)
@@ -46,46 +47,50 @@ CANONICAL = ["premise", "hypothesis", "label", "uid", "origin", "method"]
 BIAS_CONTROL = "bias"
 
 
+_D = PARAMS.defaults()
+
+
 @dataclasses.dataclass
 class IbadrConfig:
-    """Settings of one IBADR run; the defaults are the paper's where it gives them (see ``PAPER_DEFAULTS``)."""
+    """Settings of one IBADR run; the defaults are declared once, with the paper's
+    values and words, in :data:`.params.PARAMS`."""
 
     generator: str                       # theta_g's starting point: a causal LM (Hub id or folder)
     confidence_model: str                # M of the confidence filter (a sequence classifier)
-    shallow_model: str = "gpt2-large"
+    shallow_model: str = _D["shallow_model"]
     lora: dict | None = None             # LoraOptions fields (r, alpha, dropout, target_modules); None: full model
-    n_bi: int = 5
-    n_iter: int = 5
-    samples_per_iter: int = 200_000
-    epsilon: float = 0.95
-    shallow_rows: int = 2000
-    shallow_epochs: float = 3.0
-    shallow_lr: float = 5e-5
-    shallow_batch_size: int = 16
-    shallow_max_length: int = 128
-    update_shallow: bool = True          # USM; False: the "w/o USM" ablation
-    usm_rows: int = 2000
-    usm_continue: bool = False           # fine-tune the previous theta_s instead of the pretrained model
-    indicator: str = "random_low"        # random_low | lowest (b_r => b_1) | none (w/o bias indicator)
-    iterate: bool = True                 # False: "w/o iterative generation"
-    gen_lr: float = 5e-5
-    gen_epochs_first: int = 3
-    gen_epochs_later: int = 1
-    gen_batch_size: int = 8
-    gen_grad_accum: int = 1
-    gen_max_length: int = 128
-    gen_rows: int | None = None          # train theta_g on a bin-stratified sample of this many pool rows
-    gen_checkpoint_every: int = 500
-    top_p: float = 0.9
-    temperature: float = 1.0
-    max_new_tokens: int = 96
-    sample_batch_size: int = 16
-    shard_size: int = 1000
-    confidence_batch_size: int = 64
-    seed: int = 0
-    cpu: bool = False
-    mixed_precision: str = "no"
-    dtype: str | None = None
+    n_bi: int = _D["n_bi"]
+    n_iter: int = _D["n_iter"]
+    samples_per_iter: int = _D["samples_per_iter"]
+    epsilon: float = _D["epsilon"]
+    shallow_rows: int = _D["shallow_rows"]
+    shallow_epochs: float = _D["shallow_epochs"]
+    shallow_lr: float = _D["shallow_lr"]
+    shallow_batch_size: int = _D["shallow_batch_size"]
+    shallow_max_length: int = _D["shallow_max_length"]
+    update_shallow: bool = _D["update_shallow"]          # USM; False: the "w/o USM" ablation
+    usm_rows: int = _D["usm_rows"]
+    usm_continue: bool = _D["usm_continue"]           # fine-tune the previous theta_s instead of the pretrained model
+    indicator: str = _D["indicator"]        # random_low | lowest (b_r => b_1) | none (w/o bias indicator)
+    iterate: bool = _D["iterate"]                 # False: "w/o iterative generation"
+    gen_lr: float = _D["gen_lr"]
+    gen_epochs_first: int = _D["gen_epochs_first"]
+    gen_epochs_later: int = _D["gen_epochs_later"]
+    gen_batch_size: int = _D["gen_batch_size"]
+    gen_grad_accum: int = _D["gen_grad_accum"]
+    gen_max_length: int = _D["gen_max_length"]
+    gen_rows: int | None = _D["gen_rows"]          # train theta_g on a bin-stratified sample of this many pool rows
+    gen_checkpoint_every: int = _D["gen_checkpoint_every"]
+    top_p: float = _D["top_p"]
+    temperature: float = _D["temperature"]
+    max_new_tokens: int = _D["max_new_tokens"]
+    sample_batch_size: int = _D["sample_batch_size"]
+    shard_size: int = _D["shard_size"]
+    confidence_batch_size: int = _D["confidence_batch_size"]
+    seed: int = _D["seed"]
+    cpu: bool = _D["cpu"]
+    mixed_precision: str = _D["mixed_precision"]
+    dtype: str | None = _D["dtype"]
 
     def validate(self) -> None:
         if self.indicator not in STRATEGIES:
@@ -501,7 +506,11 @@ def _train_generator(k, gen_dir: Path, out: Path, pool, indicators, task, cfg: I
 
 
 def _add(ds, name: str, values) -> Any:
-    """``add_column`` on a selection (``datasets`` refuses it on an index mapping, empty or not)."""
+    """``add_column`` on a selection (``datasets`` refuses it on an index mapping, empty or not; and an empty
+    selection can flatten to its table's rows, so an empty one starts from no rows)."""
+    if not len(ds):
+        import datasets
+        ds = datasets.Dataset.from_dict({c: [] for c in ds.column_names}, features=ds.features)
     return ds.flatten_indices().add_column(name, list(values))
 
 
