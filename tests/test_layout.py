@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "debiased_nli"
 # the stages in pipeline order: each may import only from itself and the ones before it
-STAGES = ("utils", "data", "models", "bias", "methods", "release", "api", "cli")
+STAGES = ("utils", "data", "models", "bias", "methods", "release", "evaluation", "api", "cli")
 
 
 def _module(path: Path) -> str:
@@ -126,3 +126,14 @@ def test_each_stage_imports_on_its_own(stage):
     proc = subprocess.run([sys.executable, "-c", f"import debiased_nli.{stage}"], capture_output=True, text=True,
                           cwd=PACKAGE.parent)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_evaluation_is_a_stage_of_its_own_and_release_only_builds_diffs_and_publishes():
+    """Scoring models, their statistics and the comparisons live in ``evaluation`` (after ``release``): no module
+    of ``release`` or ``models`` scores classifiers on the challenge suite or compares trained rows."""
+    modules = _modules()
+    assert {"debiased_nli.evaluation.scores", "debiased_nli.evaluation.significance",
+            "debiased_nli.evaluation.compare"} <= set(modules)
+    wrong = [m for m in modules if _stage(m) in ("release", "models")
+             and m.rsplit(".", 1)[-1] in ("compare", "evaluation", "significance", "scores")]
+    assert wrong == []

@@ -182,7 +182,7 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
     ``<stem>_intervals.png`` into the dataset repo ``repo_id`` (which must exist: the release). Returns ``{commit, commit_url, files, notes}``."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from ..publish import check_repo_id, hub_call
+    from ...release.publish import check_repo_id, hub_call
     from .report import intervals_path
 
     check_repo_id(repo_id, "--push-to")

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..efficacy import TABLE_SCHEMA_V2, difference_cells, train_rows_text
+from ...release.efficacy import TABLE_SCHEMA_V2, difference_cells, train_rows_text
 from . import stats
 from .plan import Plan, report_outputs, write_json_atomic
 from .rows import per_unit_subset
@@ -371,7 +371,7 @@ def _method_md(st: dict) -> list[str]:
     """How the intervals were computed, in words, with what the data's structure changed (machines, clusters)."""
     level = 100 * st["level"]
     L = [f"Row A minus row B, accuracy points, from the units' stored per-row predictions, with a {level:.0f}% "
-         f"**seed-row t interval** (`debiased_nli.models.significance.seed_row_interval`): the seeds are the unit of "
+         f"**seed-row t interval** (`debiased_nli.evaluation.significance.seed_row_interval`): the seeds are the unit of "
          f"replication (the unbiased variance of each side's seed accuracies), the test rows add their paired "
          f"variance (the variance over rows of the difference, less the seed-by-row noise already in the seeds' "
          f"term), and the t quantile has Welch-Satterthwaite degrees of freedom. It is in closed form: **no Monte "

@@ -7,7 +7,7 @@ files are checked when they are read (:func:`check_unit`: types and ranges, one 
     for row in rows, seed in seeds:                   # one unit; skipped when its result file is there and not stale
         data  = the row's training rows               # rows.resolve_row
         model = debiased_nli.models.training.train_classifier(model, data, selection rows)   # `debiased-nli train`
-        score = debiased_nli.models.evaluation.evaluate_models([model], sets, keep_predictions=True)
+        score = debiased_nli.evaluation.scores.evaluate_models([model], sets, keep_predictions=True)
         write results_dir/predictions/<row>-s<seed>.npz, then results_dir/<row>-s<seed>.json (atomically)
 
 Each stage (build, train, evaluate) takes the heavy lock (``--lock``) on its own; an interrupted training resumes
@@ -268,7 +268,7 @@ def _epoch_history(out: Path, best_checkpoint: str | None) -> list[dict]:
 # ------------------------------------------------------------------------------------------ evaluation
 
 def eval_config(plan: Plan, progress: bool = True):
-    from ...models.evaluation import EvalConfig
+    from ..scores import EvalConfig
 
     e = plan.evaluate
     return EvalConfig(max_examples=e.get("max_examples"), batch_size=int(e.get("batch_size", EVAL_BATCH_SIZE)),
@@ -323,13 +323,13 @@ def read_predictions(path: Path) -> tuple[dict, dict]:
 
 def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: str | None, progress: bool = True) -> dict:
     """Score the unit's model on every set (full sets unless the plan says ``max_examples``; a ``select_on`` set
-    without its selection rows) with ``debiased-nli evaluate``'s :func:`debiased_nli.models.evaluation.evaluate_models`,
+    without its selection rows) with ``debiased-nli evaluate``'s :func:`debiased_nli.evaluation.scores.evaluate_models`,
     the probabilities computed in chunks of at most 5,000 rows, each cached in the model folder (the stage can give
     up the lock between chunks, and an interrupted evaluation continues). Writes the predictions file, then the
     result file."""
     import torch
 
-    from ...models.evaluation import evaluate_models
+    from ..scores import evaluate_models
     from ...utils.provenance import library_versions
 
     path = plan.unit_file(row["name"], seed)

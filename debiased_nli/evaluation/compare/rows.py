@@ -83,7 +83,7 @@ def build_command(plan: Plan, name: str) -> list[str]:
 
 def build_release(plan: Plan, name: str, lock: str | None, progress: bool = True) -> Path:
     """Build one of the plan's releases (``debiased-nli build``) if it is not there; records the commit."""
-    from ..recipe import build
+    from ...release.recipe import build
 
     out = plan.release_dir(name)
     if build_record(out).exists():

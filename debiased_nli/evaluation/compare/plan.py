@@ -75,7 +75,7 @@ def report_outputs(stem: Path, intervals: Path):
     the user's) is refused before the bootstrap runs, and each is written whole or not at all. A report written
     before the markers is recognised by its JSON (the report's schema), and replaced."""
     from ...utils.outputs import OwnFiles, json_of
-    from ..efficacy import TABLE_SCHEMAS
+    from ...release.efficacy import TABLE_SCHEMAS
 
     def legacy(path: Path) -> bool:
         table = json_of(stem.with_suffix(".json"))
@@ -165,7 +165,7 @@ class Plan:
         """``{"level"}`` of the intervals: ``statistics: {level: L}`` (default 0.95). A plan written for the bootstrap
         may give it as ``bootstrap: {level: L}``; its ``replicates`` and ``seed`` are no longer used (the interval is
         in closed form) and are returned as ``ignored`` for the report to say so."""
-        from ...models.significance import DEFAULT_LEVEL
+        from ..significance import DEFAULT_LEVEL
 
         given = dict(self.raw.get("statistics") or {})
         legacy = dict(self.raw.get("bootstrap") or {})
