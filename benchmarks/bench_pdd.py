@@ -128,6 +128,8 @@ def replay_walk(meta: dict, cache: list[dict], fallback) -> dict:
     with ``fallback`` (the real models)."""
     import copy
 
+    from debiased_nli.data.tasks import get_task
+
     import pyarrow.parquet as pq
 
     from debiased_nli.data.loading import load_task
@@ -181,7 +183,7 @@ def replay_walk(meta: dict, cache: list[dict], fallback) -> dict:
     original = run_mod.Perturber
     run_mod.Perturber = Replay
     try:
-        out = run_mod.run_pdd(ds, "snli", filler=None, teacher=None, config=cfg, ratios=params["ratios"],
+        out = run_mod.run_pdd(ds, get_task("snli"), filler=None, teacher=None, config=cfg, ratios=params["ratios"],
                               prompt_words=params["prompt_words"], overlap_extractor=params["overlap_extractor"],
                               hypo_only_folds=params["hypo_only_folds"], progress=False)
     finally:

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from debiased_nli.data.tasks import get_task
 from debiased_nli.methods.aflite.algorithm import AFLiteParams, aflite, predictability_scores, random_partitions, standardize
 from debiased_nli.methods.aflite.step import aflite_filter, aflite_step
 from debiased_nli.methods.aflite.ensemble import fit_linear_ensemble, predict_ensemble, shared_preconditioner
@@ -313,7 +314,7 @@ def test_nan_embedding_and_out_of_range_label_name_the_row():
 def test_step_rejects_unknown_parameters_with_a_suggestion():
     ds, _, _, _ = _dataset(n_per_class=5)
     with pytest.raises(ConfigError, match="Did you mean.*'tau'"):
-        aflite_step(ds, "snli", {"tua": 0.7})
+        aflite_step(ds, get_task("snli"), {"tua": 0.7})
 
 
 def test_command_writes_kept_removed_report_and_plot(tmp_path, tiny_encoder):

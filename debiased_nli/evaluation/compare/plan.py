@@ -48,6 +48,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...data.tasks import get_task
 from ...utils.errors import ConfigError
 from ...utils.paths import check_name
 
@@ -113,6 +114,7 @@ class Plan:
     evaluate: dict
     releases: dict[str, dict]
     rows: list[dict]
+    spec: Any = None          # the task's TaskSpec, resolved once when the plan is read (its `task` names it)
 
     # -- paths
     def path_of(self, value: "str | os.PathLike") -> Path:
@@ -314,7 +316,7 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
                 runs_dir=_expand(runs, base_dir),
                 results_dir=_expand(results_dir or raw.get("results_dir", "results/compare"), base_dir),
                 reference=reference, train=dict(raw["train"]), evaluate=dict(raw["evaluate"]),
-                releases=dict(raw.get("releases") or {}), rows=list(raw["rows"]))
+                releases=dict(raw.get("releases") or {}), rows=list(raw["rows"]), spec=get_task(raw["task"]))
     _check_sets(plan, raw, sel, where)
     plan.statistics  # noqa: B018 - checks the level before any work
     return plan
@@ -444,8 +446,7 @@ def _check_sets(plan: "Plan", raw: dict, sel: dict | None, where: str) -> None:
                                   f"is not scored (evaluate.sets: {', '.join(scored)})")
     if sel is not None and "set" in sel:
         spec = plan.selection_spec()  # a scored set, or a registered one (unknown: an error naming the sets)
-        from ...data.tasks import get_task
 
-        if tuple(spec.labels) != tuple(get_task(plan.task).labels):
+        if tuple(spec.labels) != tuple(plan.spec.labels):
             raise ConfigError(f"{where}: select_on set {spec.name!r} has the labels {list(spec.labels)}, not the "
-                              f"task's {list(get_task(plan.task).labels)}: the epoch is selected on the task's labels")
+                              f"task's {list(plan.spec.labels)}: the epoch is selected on the task's labels")

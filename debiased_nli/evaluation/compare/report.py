@@ -504,7 +504,6 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
 
 def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[str]) -> list[str]:
     """Title, what was run and with which commands, the model, the training and the evaluation."""
-    from ...data.tasks import get_task
 
     from .units import eval_config
 
@@ -528,7 +527,7 @@ def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[st
         L += [" ".join(str(plan.raw["note"]).split()), ""]
     t = plan.train
     where = where_text(table, t.get("threads")) or (f"on {', '.join(gpus)}" if gpus else f"{t.get('threads')} CPU threads")
-    n_labels = len(get_task(plan.task).labels)
+    n_labels = len(plan.spec.labels)
     L += [f"- Model: `{Path(plan.model).name}` (a fresh {n_labels}-way head). Training: lr {t['learning_rate']}, batch "
           f"{t['batch_size']}, max length {t['max_length']}, {t['epochs']} epochs, {int(100 * t.get('warmup_ratio', 0.1))}% linear "
           f"warm-up, {selection_text(plan, table)}, {where}; seeds {', '.join(map(str, plan.seeds))}.",

@@ -101,11 +101,10 @@ def selection_rows(plan: Plan) -> tuple:
     import numpy as np
 
     from ...data.loading import content_fingerprint
-    from ...data.tasks import get_task
     from ...models.challenge import load_challenge_set
     from ...models.training import load_training_split, subsample
 
-    task = get_task(plan.task)
+    task = plan.spec
     sel = plan.select_on
     if sel is None:
         files = [str(plan.path_of(p)) for p in plan.train.get("dev_files") or []]
@@ -225,7 +224,7 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
             log(f"{what}: {len(data.dataset):,} rows at {commit}, session {len(sessions) + 1}")
             cb = _stop_at_deadline_callback(turns.remaining())
             t0, c0 = time.perf_counter(), time.process_time()
-            bias = bias_model_for(cfg, plan.task) if cfg.poe and cfg.bias_model != "joint" else None
+            bias = bias_model_for(cfg, plan.spec) if cfg.poe and cfg.bias_model != "joint" else None
             res = train_classifier(cfg, plan.task, data.dataset, dev, callbacks=[cb], bias_model=bias)
             sessions.append({"git": commit, "seconds": round(time.perf_counter() - t0, 1),
                              "cpu_seconds": round(time.process_time() - c0, 1), "stopped_for_the_lock": cb.stopped,

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...data.loading import labels_of
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, InvalidInputError
 from .algorithm import AFLITE_REASON, WARMUP_REASON, AFLiteResult, aflite, paper_target_size
 from .params import PARAMS
@@ -56,7 +57,7 @@ def _audit_summary(ds, task, top_k: int, seed: int, progress: bool) -> dict:
     return {k: rep[k] for k in keep if k in rep}
 
 
-def aflite_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
+def aflite_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
     """The AFLite recipe step, the paper's protocol: warm-up fine-tuning on a share of the rows ->
     first-token embeddings of the other rows with the fine-tuned encoder -> Algorithm 1 with t = the
     warm-up size and n = |D|/3 -> audit.
@@ -71,10 +72,8 @@ def aflite_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[
     """
     import datasets
 
-    from ...data.tasks import get_task
     from ..embeddings import compute_embeddings, default_encoder, warm_up_encoder
 
-    task = get_task(task)
     p = PARAMS.merge(params)
     given = {k for k, v in (params or {}).items() if v is not None}
     encoder = p["encoder"] or default_encoder()

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ...data.loading import content_uid, labels_of
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, EmptyResultError
 from .params import PARAMS
 from .indicators import STRATEGIES, assign_indicators, indicator_name, sample_indicators, sample_labels
@@ -165,7 +165,7 @@ class _Timer:
         _write_json(self.path, self.data)
 
 
-def run_ibadr(d0, task: "str | TaskSpec", cfg: IbadrConfig, out_dir: "str | Path", *, deadline: float | None = None,
+def run_ibadr(d0, task: TaskSpec, cfg: IbadrConfig, out_dir: "str | Path", *, deadline: float | None = None,
               gen_chunk_steps: int | None = None, progress: bool = True, stop_after: str | None = None) -> IbadrResult:
     """Run (or resume) IBADR on the canonical dataset ``d0`` into ``out_dir``.
 
@@ -175,7 +175,6 @@ def run_ibadr(d0, task: "str | TaskSpec", cfg: IbadrConfig, out_dir: "str | Path
     import datasets
     from accelerate import PartialState
 
-    task = get_task(task)
     cfg.validate()
     if len(d0) == 0:
         raise EmptyResultError("IBADR needs a non-empty pool D0")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError
 from . import loop
 from .loop import IbadrConfig
@@ -47,14 +47,13 @@ def _run(ds, task: TaskSpec, params: Mapping[str, Any]):
     return res
 
 
-def ibadr_step(ds, task, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
+def ibadr_step(ds, task: TaskSpec, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
     """Filter step: (S, rejected samples, report). S carries the task's features (recomputed on S,
     so the release's z-statistics describe it); the report has the audit of D0 and of S. ``ctx``: what a
     recipe build gives the step (it needs nothing from it)."""
     from ...bias.audit import audit_dataset
     from ...bias.featurize import add_features
 
-    task = get_task(task)
     res = _run(ds, task, params)
     pool, _ = add_features(res.pool, task, seed=params.get("seed", 0), progress=params.get("progress", True))
     report = dict(res.report)
@@ -73,12 +72,11 @@ def ibadr_step(ds, task, params: Mapping[str, Any], ctx: Mapping[str, Any] | Non
     return pool, removed, report
 
 
-def ibadr_rows(task, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
+def ibadr_rows(task: TaskSpec, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
     """Source step: (the pseudo samples IBADR added to the pool (canonical columns), None, IBADR's report).
     ``ctx["recipe"]`` gives D0 (its ``data``), unless ``params["data_files"]`` does."""
     from ...data.loading import load_task
 
-    task = get_task(task)
     ctx = ctx if ctx is not None else {}
     data = (ctx.get("recipe") or {}).get("data", {})
     d0 = load_task(task, data.get("split", "train"), data_files=params.get("data_files") or data.get("data_files"),

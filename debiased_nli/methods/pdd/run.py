@@ -11,7 +11,7 @@ import numpy as np
 
 from ...bias.zstats import group_labels
 from ...data.loading import labels_of
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError
 from .algorithm import (
     CACHE_FILE,
@@ -59,14 +59,13 @@ def _summary(state: PDDState, families: Sequence[str], overlap_feature: str, K: 
     return out
 
 
-def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | None = None,
+def run_pdd(ds, task: TaskSpec, *, filler, teacher, config: PDDConfig | None = None,
             ratios: Mapping[str, float] | None = None, prompt_words: Mapping[str, str] | None = None,
             overlap_extractor: str | None = None, hypo_only_folds: int = 5, work_dir: "str | Path | None" = None,
             fingerprint: Mapping[str, Any] | None = None, progress: bool = True) -> PDDOutput:
     """PDD over ``ds`` (canonical rows with ``uid``). ``filler`` fills :class:`~.fill.FillRequest` s (a
     :class:`~.fill.MaskFiller` or a stand-in), ``teacher`` gives ``label_probs(premises, hypotheses)``.
     With ``work_dir`` the perturbations are checkpointed there and a rerun continues (see algorithm.py)."""
-    task = get_task(task)
     cfg = config or PDDConfig()
     _check_input(ds, cfg)
     t_start = time.perf_counter()

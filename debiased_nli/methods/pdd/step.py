@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...bias.features import FEATURE_PREFIX, HYPO_ONLY_COLUMN, add_feature_columns
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError
 from .algorithm import HYPO_PREFIX, PDDConfig
 from .params import PARAMS
@@ -37,14 +37,13 @@ def _fingerprint(ds) -> str:
     return content_fingerprint(ds.select_columns(["uid", "premise", "hypothesis", "label"]))
 
 
-def pdd_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
+def pdd_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
     """The PDD recipe step (see the module docstring). ``ctx`` is given by a recipe build (PDD needs nothing
     from it: it declares no ``needs``); with it and no ``work_dir``, the run is checkpointed in the cache."""
     from .fill import MaskFiller
     from .run import run_pdd
     from .teacher import Teacher
 
-    task = get_task(task)
     p = PARAMS.merge(params)
     teacher = Teacher(p["teacher"], task.labels, batch_size=p["teacher_batch_size"], max_length=p["teacher_max_length"],
                       engine=p["engine"], dtype=p["dtype"]) if isinstance(p["teacher"], str) else p["teacher"]
