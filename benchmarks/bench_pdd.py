@@ -74,7 +74,7 @@ def setup(meta: dict):
     """The input rows, the featurizer and prompt words exactly as the committed run built them."""
     from debiased_nli.data.loading import labels_of, load_task
     from debiased_nli.methods.pdd.algorithm import PairFeaturizer
-    from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+    from debiased_nli.methods.pdd.hypothesis_folds import HypothesisOnlyFolds
     from debiased_nli.methods.pdd.step import _fingerprint
     from debiased_nli.data.tasks import get_task
 

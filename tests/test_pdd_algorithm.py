@@ -13,7 +13,7 @@ from debiased_nli.bias.featurize import add_features
 from debiased_nli.methods.pdd.algorithm import (LOST_X, NO_SURVIVOR, SAME_AS_SOURCE, STILL_HAS_X, Algorithm1,
                                                 PairFeaturizer, PDDConfig, PDDState, Perturber, PerturbRequest,
                                                 ResultCache, reference_reduce_feature)
-from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+from debiased_nli.methods.pdd.hypothesis_folds import HypothesisOnlyFolds
 from debiased_nli.methods.pdd.run import run_pdd
 from debiased_nli.methods.pdd.step import build_outputs, log_dataset
 from debiased_nli.methods.pdd.zvalue import z_star

@@ -16,7 +16,7 @@ from debiased_nli.methods.pdd.algorithm import (Algorithm1, PairFeaturizer, PDDC
                                                 PerturbRequest)
 from debiased_nli.methods.pdd.encoder import PackedBert, length_groups, supports
 from debiased_nli.methods.pdd.fill import FillRequest, MaskFiller
-from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+from debiased_nli.methods.pdd.hypothesis_folds import HypothesisOnlyFolds
 from debiased_nli.methods.pdd.masking import MASK
 from debiased_nli.methods.pdd.run import run_pdd
 from debiased_nli.methods.pdd.step import build_outputs, log_dataset

@@ -259,15 +259,13 @@ def _select_slice(scores: np.ndarray, tau: float, k: int, selection: str, rng: n
     return cand[order[:k]]
 
 
-def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = None, *, m: int = _D["m"],
-           train_size: int | None = None, k: int | None = None, tau: float = _D["tau"], target_n: int | None = None,
-           selection: str = _D["selection"], C: float = _D["C"], max_iter: int = _D["max_iter"], tol: float = _D["tol"],
-           history_size: int = 10, standardize_embeddings: bool = True, seed: int = 0,
-           max_rounds: int | None = None, precondition: bool = True, dtype=None, device: str | None = None,
+def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = None,
+           params: AFLiteParams | None = None, *, precondition: bool = True, dtype=None, device: str | None = None,
            progress: bool = True) -> AFLiteResult:
     """Run AFLite (Le Bras et al. 2020, Algorithm 1) on precomputed embeddings Φ(x) and labels y.
 
-    ``device`` runs the linear models with torch on that device (default: the CPU)."""
+    ``params``: the algorithm's knobs (:class:`AFLiteParams`; default: the declared defaults, m, k, t and n scaled
+    to the input). ``device`` runs the linear models with torch on that device (default: the CPU)."""
     from tqdm.auto import tqdm
 
     X = np.asarray(embeddings)
@@ -291,10 +289,8 @@ def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = 
     N = len(y)
     if N < 3:
         raise EmptyResultError(f"AFLite needs at least 3 rows, got {N}")
-    p = AFLiteParams(m=m, train_size=train_size, k=k, tau=tau, target_n=target_n, selection=selection, C=C,
-                     max_iter=max_iter, tol=tol, history_size=history_size, standardize=standardize_embeddings,
-                     seed=seed, max_rounds=max_rounds).resolved(N, K)
-    rng = np.random.default_rng(seed)
+    p = (params or AFLiteParams()).resolved(N, K)
+    rng = np.random.default_rng(p.seed)
     alive = np.arange(N)
     removed, removed_scores, removed_round, history = [], [], [], []
     stop = f"reached the target size n = {p.target_n}"

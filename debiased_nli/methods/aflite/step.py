@@ -11,7 +11,7 @@ import numpy as np
 from ...data.loading import labels_of
 from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, InvalidInputError
-from .algorithm import AFLITE_REASON, WARMUP_REASON, AFLiteResult, aflite, paper_target_size
+from .algorithm import AFLITE_REASON, WARMUP_REASON, AFLiteParams, AFLiteResult, aflite, paper_target_size
 from .params import PARAMS
 
 log = logging.getLogger(__name__)
@@ -22,8 +22,13 @@ Appendix A.4, t = the warm-up size, n = |D|/3, first-token embeddings of the fin
 are the project's choices."""
 
 
+RUN_OPTIONS = ("precondition", "dtype", "device", "progress")
+"""The keywords of :func:`aflite_filter` that say how to run :func:`.algorithm.aflite`, not what it computes."""
+
+
 def aflite_filter(ds, embeddings: np.ndarray, *, num_labels: int | None = None, **params) -> tuple[Any, Any, AFLiteResult]:
-    """AFLite on a canonical dataset with one embedding per row (same order). Returns
+    """AFLite on a canonical dataset with one embedding per row (same order); ``params``: the fields of
+    :class:`~.algorithm.AFLiteParams` and the keywords of :data:`RUN_OPTIONS`. Returns
     (kept_ds, removed_ds, result); removed rows carry ``aflite_score``, ``aflite_round`` and
     ``reason`` = "aflite", so nothing is lost."""
     import datasets
@@ -36,7 +41,8 @@ def aflite_filter(ds, embeddings: np.ndarray, *, num_labels: int | None = None, 
         raise InvalidInputError(f"the dataset has no 'label' column (columns: {ds.column_names})", column="label")
     if num_labels is None and hasattr(ds.features.get("label"), "num_classes"):
         num_labels = ds.features["label"].num_classes
-    res = aflite(emb, labels_of(ds), num_labels, **params)
+    run = {k: params.pop(k) for k in RUN_OPTIONS if k in params}
+    res = aflite(emb, labels_of(ds), num_labels, AFLiteParams(**params), **run)
     kept = ds.select(res.kept_indices)
     order = np.argsort(res.removed_indices, kind="stable")  # removed rows in input order
     removed = ds.select(res.removed_indices[order])

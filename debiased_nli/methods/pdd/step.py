@@ -253,10 +253,6 @@ def write_pdd_outputs(kept, removed, report, log, out_dir, outputs=None) -> dict
 # ------------------------------------------------------------------------------------------------
 # report
 
-def _z(v) -> str:
-    return "" if v is None else f"{v:.1f}"
-
-
 def render_pdd_md(report: Mapping[str, Any], title: str | None = None) -> str:
     """The card section: settings, rows, operations, z before/after per feature, examples."""
     p, rows, ops = report["params"], report["rows"], report["operations"]
