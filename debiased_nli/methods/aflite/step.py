@@ -16,12 +16,6 @@ from .params import PARAMS
 
 log = logging.getLogger(__name__)
 
-STEP_DEFAULTS: dict[str, Any] = PARAMS.defaults()
-"""The step's defaults, from its declaration (:data:`.params.PARAMS`): the paper's protocol (warm-up of
-Appendix A.4, t = the warm-up size, n = |D|/3, first-token embeddings of the fine-tuned encoder); m, k and tau
-are the project's choices."""
-
-
 RUN_OPTIONS = ("precondition", "dtype", "device", "progress")
 """The keywords of :func:`aflite_filter` that say how to run :func:`.algorithm.aflite`, not what it computes."""
 

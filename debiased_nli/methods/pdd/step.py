@@ -25,10 +25,6 @@ from .params import PARAMS
 
 REPLACED_REASON = "pdd: replaced"
 NEW_COLUMNS = ("source_uid", "teacher_confidence")
-STEP_DEFAULTS: dict[str, Any] = PARAMS.defaults()
-"""The step's defaults, from its declaration (:data:`.params.PARAMS`)."""
-
-
 def _fingerprint(ds) -> str:
     """A hash of the rows PDD reads (uid, premise, hypothesis, label), whatever other columns ``ds`` has, so the
     CLI and a recipe build over the same rows share a checkpoint (however Arrow holds them)."""
