@@ -249,7 +249,7 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
             if not isinstance(step, Mapping) or not isinstance(step.get("step"), str):
                 raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {excerpt(step)}")
             # the step's values against its declaration: an unknown key or a wrong type fails here, before any work
-            get_step(kind, step["step"]).check_params(_given(step), f"{where}: {key}[{i}] ({step['step']})")
+            get_step(kind, step["step"]).check_params(_given(step, kind), f"{where}: {key}[{i}] ({step['step']})")
     if recipe["configs"] != "auto":
         known = list(Z_CONFIGS) + [s.get("config", s["step"]) for s in recipe["filters"]] + ["original"]
         for c in recipe["configs"]:
@@ -258,16 +258,16 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
     return recipe
 
 
-def _given(spec: Mapping[str, Any]) -> dict[str, Any]:
+def _given(spec: Mapping[str, Any], kind: str) -> dict[str, Any]:
     """A step's parameters as the recipe gives them: its mapping without ``step`` (and a filter step's ``config``)."""
-    return {k: v for k, v in spec.items() if k not in ("step", "config")}
+    return {k: v for k, v in spec.items() if k != "step" and not (kind == "filter" and k == "config")}
 
 
 def step_params(step, spec: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """What the build hands a step: the recipe's values (:func:`_given`) and, for every step that takes one, the
     build's seed as ``seed`` where the recipe sets none. One route for every step, so two steps that share a run
     (``ibadr`` and ``ibadr_rows`` with one ``out``) see the same seed."""
-    params = _given(spec)
+    params = _given(spec, step.kind)
     if step.takes_seed():
         params.setdefault("seed", seed)
     return params
