@@ -200,6 +200,7 @@ def run_ibadr(d0, task: TaskSpec, cfg: IbadrConfig, out_dir: "str | Path", *, de
             _write_json(path, record)
     state.wait_for_everyone()
 
+    session = _Session(out, task, cfg, state, deadline, gen_chunk_steps, progress)
     base = d0.select_columns(CANONICAL)
     n_iters, per_iter = iteration_plan(cfg)
     kept_parts, rejected_parts, reports = [], [], []
@@ -209,8 +210,7 @@ def run_ibadr(d0, task: TaskSpec, cfg: IbadrConfig, out_dir: "str | Path", *, de
         it = out / f"iter-{k}"
         if not (it / COMPLETE).exists():
             try:
-                _iteration(k, it, out, pool, task, cfg, per_iter, state, deadline, gen_chunk_steps, progress,
-                           stop_after)
+                _iteration(k, it, pool, per_iter, session, stop_after)
             except _Paused:
                 complete = False
                 break
@@ -269,16 +269,30 @@ def _pool_bias_degree(pool, model: str, task: TaskSpec, cfg: IbadrConfig, parts:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
 
 
+@dataclasses.dataclass
+class _Session:
+    """What every stage of one call of :func:`run_ibadr` shares: the run folder, the task, the settings,
+    accelerate's state, the deadline, the generator's steps between deadline checks and the progress bars."""
+
+    out: Path
+    task: TaskSpec
+    cfg: IbadrConfig
+    state: Any
+    deadline: float | None
+    gen_chunk_steps: int | None
+    progress: bool
+
+
 def _check_deadline(deadline: float | None) -> None:
     if deadline is not None and time.time() > deadline:
         raise _Paused()
 
 
-def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig, n_samples: int, state,
-               deadline, gen_chunk_steps, progress, stop_after) -> None:
+def _iteration(k: int, it: Path, pool, n_samples: int, session: _Session, stop_after) -> None:
     """Iteration k of IBADR in ``it``: each stage not yet on disk runs (theta_s, the bias indicators of
     the pool, theta_g, the samples, the confidence filter) and the iteration is marked complete. Returns
     early after the stage ``stop_after`` names."""
+    task, cfg, state, deadline, progress = session.task, session.cfg, session.state, session.deadline, session.progress
     main = state.is_main_process
     if main:
         it.mkdir(parents=True, exist_ok=True)
@@ -292,12 +306,12 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     uses_indicator = cfg.indicator != "none"
     if uses_indicator:
         if not (it / "shallow.json").exists():
-            _shallow_stage(k, it, out, pool, task, cfg, state, deadline, progress, timer)
+            _shallow_stage(k, it, pool, session, timer)
             if stop("shallow"):
                 return
         shallow = json.loads((it / "shallow.json").read_text())
         if not (it / "scores.parquet").exists():
-            _scores_stage(it, pool, shallow["model"], task, cfg, state, deadline, progress, timer)
+            _scores_stage(it, pool, shallow["model"], session, timer)
             if stop("scores"):
                 return
         scores = _read_parquet(it / "scores.parquet")
@@ -308,8 +322,7 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     # ---- step 2: fine-tune theta_g on S with L_g = -sum log p(x | b, y) ---------------------------
     gen_dir = it / "generator"
     if not (gen_dir / "train_report.json").exists():
-        _train_generator(k, gen_dir, out, pool, indicators, task, cfg, deadline, gen_chunk_steps, progress, timer,
-                         main)
+        _train_generator(k, gen_dir, pool, indicators, session, timer)
         if stop("generator"):
             return
     gen_report = json.loads((gen_dir / "train_report.json").read_text())
@@ -324,7 +337,7 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
                                                    "label": ybar.tolist()}), it / "prompts.parquet")
     samples = it / "samples"
     if not (samples / REPORT_FILE).exists():
-        _samples_stage(k, gen_dir, samples, task, cfg, n_samples, fmt, prompts, deadline, progress, timer, main)
+        _samples_stage(k, gen_dir, samples, n_samples, fmt, prompts, session, timer)
         if stop("samples"):
             return
     if not main:
@@ -343,16 +356,18 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     _write_parquet(kept, it / "kept.parquet")
     _write_parquet(rejected, it / "rejected.parquet")
     timer.add("filter", time.perf_counter() - t0)
-    report = _iteration_report(k, pool, kept, shallow, scores, gen_report, samples, bbar, filt, task, cfg, timer,
-                               uses_indicator)
+    report = _iteration_report(k, pool, kept, {"shallow": shallow, "scores": scores, "generator": gen_report,
+                                               "samples": samples, "indicators": bbar if uses_indicator else None,
+                                               "filter": filt}, session, timer)
     _write_json(it / "report.json", report)
     (it / COMPLETE).write_text("")
     state.wait_for_everyone()
 
 
-def _shallow_stage(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig, state, deadline,
-                   progress: bool, timer: _Timer) -> None:
+def _shallow_stage(k: int, it: Path, pool, session: _Session, timer: _Timer) -> None:
     """Step 1a: theta_s of iteration k (see :func:`_shallow`), recorded in ``shallow.json``."""
+    out, task, cfg, state, deadline, progress = (session.out, session.task, session.cfg, session.state,
+                                                 session.deadline, session.progress)
     _check_deadline(deadline)
     t0 = time.perf_counter()
     info = _shallow(k, it, out, pool, task, cfg, progress)
@@ -362,9 +377,9 @@ def _shallow_stage(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: Ibadr
     state.wait_for_everyone()
 
 
-def _scores_stage(it: Path, pool, shallow_model: str, task: TaskSpec, cfg: IbadrConfig, state, deadline,
-                  progress: bool, timer: _Timer) -> None:
+def _scores_stage(it: Path, pool, shallow_model: str, session: _Session, timer: _Timer) -> None:
     """Step 1b: beta of every pool row under theta_s and its bias indicator, in ``scores.parquet``."""
+    task, cfg, state, deadline, progress = session.task, session.cfg, session.state, session.deadline, session.progress
     _check_deadline(deadline)
     t0 = time.perf_counter()
     if state.is_main_process:
@@ -396,10 +411,12 @@ def _draw_prompts(k: int, gen_dir: Path, task: TaskSpec, cfg: IbadrConfig, n_sam
     return fmt, bbar, ybar, prompts
 
 
-def _samples_stage(k: int, gen_dir: Path, samples: Path, task: TaskSpec, cfg: IbadrConfig, n_samples: int, fmt,
-                   prompts: list, deadline, progress: bool, timer: _Timer, main: bool) -> None:
+def _samples_stage(k: int, gen_dir: Path, samples: Path, n_samples: int, fmt, prompts: list, session: _Session,
+                   timer: _Timer) -> None:
     """Step 3: the samples of theta_g from ``prompts`` into ``samples`` (one shard per session unit under a
     deadline)."""
+    task, cfg, deadline, progress = session.task, session.cfg, session.deadline, session.progress
+    main = session.state.is_main_process
     from ..generation.sample import generate_samples
 
     while True:
@@ -425,10 +442,13 @@ def _with_beta(ds, shallow_model: str, task: TaskSpec, cfg: IbadrConfig):
     return _add(ds, "beta", [float(b) for b in beta])
 
 
-def _iteration_report(k: int, pool, kept, shallow, scores, gen_report: dict, samples: Path, bbar: np.ndarray,
-                      filt: dict, task: TaskSpec, cfg: IbadrConfig, timer: _Timer, uses_indicator: bool) -> dict:
+def _iteration_report(k: int, pool, kept, stages: dict, session: _Session, timer: _Timer) -> dict:
     """``report.json`` of iteration k: pool sizes, theta_s, the score summary, theta_g's training, the
-    samples, the indicators drawn, the filter and the seconds per stage."""
+    samples, the indicators drawn (``stages["indicators"]``: b-bar, None without indicators), the filter and the
+    seconds per stage."""
+    task, cfg = session.task, session.cfg
+    shallow, scores, gen_report, samples = stages["shallow"], stages["scores"], stages["generator"], stages["samples"]
+    bbar, filt, uses_indicator = stages["indicators"], stages["filter"], stages["indicators"] is not None
     from ..generation.sample import summarize
 
     return {"iteration": k, "pool_before": len(pool), "pool_after": len(pool) + len(kept), "kept": len(kept),
@@ -464,8 +484,10 @@ def _shallow(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig
             "train_seconds": res.get("train_seconds")}
 
 
-def _train_generator(k, gen_dir: Path, out: Path, pool, indicators, task, cfg: IbadrConfig, deadline, gen_chunk_steps,
-                     progress, timer, main) -> None:
+def _train_generator(k, gen_dir: Path, pool, indicators, session: _Session, timer: _Timer) -> None:
+    """Step 2: theta_g of iteration k, continued from the previous iteration's (in chunks under a deadline)."""
+    out, task, cfg, deadline, progress = session.out, session.task, session.cfg, session.deadline, session.progress
+    gen_chunk_steps, main = session.gen_chunk_steps, session.state.is_main_process
     from ..generation.conditional import CONTROL_PREFIX
     from ..generation.models import LoraOptions
     from ..generation.train import checkpoints, train_generator
