@@ -267,13 +267,29 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         for i, step in enumerate(recipe[key] or []):
             if not isinstance(step, Mapping) or not isinstance(step.get("step"), str):
                 raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {excerpt(step)}")
-            get_step(kind, step["step"])
+            # the step's values against its declaration: an unknown key or a wrong type fails here, before any work
+            get_step(kind, step["step"]).check_params(_given(step, kind), f"{where}: {key}[{i}] ({step['step']})")
     if recipe["configs"] != "auto":
         known = list(Z_CONFIGS) + [s.get("config", s["step"]) for s in recipe["filters"]] + ["original"]
         for c in recipe["configs"]:
             if c not in known:
                 raise ConfigError(f"{where}: unknown config {excerpt(c)}.{did_you_mean(c, known)} Known configs: {known}")
     return recipe
+
+
+def _given(spec: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """A step's parameters as the recipe gives them: its mapping without ``step`` (and a filter step's ``config``)."""
+    return {k: v for k, v in spec.items() if k != "step" and not (kind == "filter" and k == "config")}
+
+
+def step_params(step, spec: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """What the build hands a step: the recipe's values (:func:`_given`) and, for every step that takes one, the
+    build's seed as ``seed`` where the recipe sets none. One route for every step, so two steps that share a run
+    (``ibadr`` and ``ibadr_rows`` with one ``out``) see the same seed."""
+    params = _given(spec, step.kind)
+    if step.takes_seed():
+        params.setdefault("seed", seed)
+    return params
 
 
 @dataclasses.dataclass
@@ -501,7 +517,7 @@ def _run_source_steps(run: _Run, d0):
     for k, spec in enumerate(run.recipe["new_rows"]):
         clock = time.perf_counter()
         step = get_step("source", spec["step"])
-        params = {key: v for key, v in spec.items() if key != "step"}
+        params = step_params(step, spec, run.seed)
         key, made = new_rows_key(k, spec["step"]), spec["step"] != "files"
         if made and d0_hash is None:
             from .decisions import input_sha256
@@ -643,9 +659,8 @@ def _run_filter_steps(run: _Run, d0, eval_splits: dict) -> list:
         name = spec.get("config", spec["step"])
         if run.recipe["configs"] != "auto" and name not in run.recipe["configs"]:
             continue
-        params = {k: v for k, v in spec.items() if k not in ("step", "config")}
-        params.setdefault("seed", run.seed)
         step = get_step("filter", spec["step"])
+        params = step_params(step, spec, run.seed)
         clock = time.perf_counter()
         if d0_filters is None:
             # filter steps (AFLite, PDD, IBADR) get D0 with its feature columns and return their rows with

@@ -7,7 +7,7 @@ files are checked when they are read (:func:`check_unit`: types and ranges, one 
     for row in rows, seed in seeds:                   # one unit; skipped when its result file is there and not stale
         data  = the row's training rows               # rows.resolve_row
         model = debiased_nli.models.training.train_classifier(model, data, selection rows)   # `debiased-nli train`
-        score = debiased_nli.models.evaluation.evaluate_models([model], sets, keep_predictions=True)
+        score = debiased_nli.evaluation.scores.evaluate_models([model], sets, keep_predictions=True)
         write results_dir/predictions/<row>-s<seed>.npz, then results_dir/<row>-s<seed>.json (atomically)
 
 Each stage (build, train, evaluate) takes the heavy lock (``--lock``) on its own; an interrupted training resumes
@@ -101,11 +101,10 @@ def selection_rows(plan: Plan) -> tuple:
     import numpy as np
 
     from ...data.loading import content_fingerprint
-    from ...data.tasks import get_task
     from ...models.challenge import load_challenge_set
     from ...models.training import load_training_split, subsample
 
-    task = get_task(plan.task)
+    task = plan.spec
     sel = plan.select_on
     if sel is None:
         files = [str(plan.path_of(p)) for p in plan.train.get("dev_files") or []]
@@ -225,7 +224,7 @@ def train_unit(plan: Plan, row: dict, seed: int, data: RowData, lock: str | None
             log(f"{what}: {len(data.dataset):,} rows at {commit}, session {len(sessions) + 1}")
             cb = _stop_at_deadline_callback(turns.remaining())
             t0, c0 = time.perf_counter(), time.process_time()
-            bias = bias_model_for(cfg, plan.task) if cfg.poe and cfg.bias_model != "joint" else None
+            bias = bias_model_for(cfg, plan.spec) if cfg.poe and cfg.bias_model != "joint" else None
             res = train_classifier(cfg, plan.task, data.dataset, dev, callbacks=[cb], bias_model=bias)
             sessions.append({"git": commit, "seconds": round(time.perf_counter() - t0, 1),
                              "cpu_seconds": round(time.process_time() - c0, 1), "stopped_for_the_lock": cb.stopped,
@@ -268,7 +267,7 @@ def _epoch_history(out: Path, best_checkpoint: str | None) -> list[dict]:
 # ------------------------------------------------------------------------------------------ evaluation
 
 def eval_config(plan: Plan, progress: bool = True):
-    from ...models.evaluation import EvalConfig
+    from ..scores import EvalConfig
 
     e = plan.evaluate
     return EvalConfig(max_examples=e.get("max_examples"), batch_size=int(e.get("batch_size", EVAL_BATCH_SIZE)),
@@ -323,13 +322,13 @@ def read_predictions(path: Path) -> tuple[dict, dict]:
 
 def evaluate_unit(plan: Plan, row: dict, seed: int, train_record: dict, lock: str | None, progress: bool = True) -> dict:
     """Score the unit's model on every set (full sets unless the plan says ``max_examples``; a ``select_on`` set
-    without its selection rows) with ``debiased-nli evaluate``'s :func:`debiased_nli.models.evaluation.evaluate_models`,
+    without its selection rows) with ``debiased-nli evaluate``'s :func:`debiased_nli.evaluation.scores.evaluate_models`,
     the probabilities computed in chunks of at most 5,000 rows, each cached in the model folder (the stage can give
     up the lock between chunks, and an interrupted evaluation continues). Writes the predictions file, then the
     result file."""
     import torch
 
-    from ...models.evaluation import evaluate_models
+    from ..scores import evaluate_models
     from ...utils.provenance import library_versions
 
     path = plan.unit_file(row["name"], seed)

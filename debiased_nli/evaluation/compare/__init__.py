@@ -22,6 +22,6 @@ from .plan import Plan, load_plan
 from .rows import NotBuilt, Pending, RowData, resolve_row
 from .units import run, run_workers, unit_states
 
-# the report: debiased_nli.release.compare.report.report (the module keeps its name)
+# the report: debiased_nli.evaluation.compare.report.report (the module keeps its name)
 __all__ = ["Plan", "load_plan", "NotBuilt", "Pending", "RowData", "resolve_row", "run", "run_workers",
            "unit_states"]

@@ -49,13 +49,12 @@ class _Revisions:
             from huggingface_hub import snapshot_download
 
             from ...data.loading import content_fingerprint
-            from ...data.tasks import get_task
             from ...models.training import load_training_split
 
             try:
                 folder = snapshot_download(self.repo_id, repo_type="dataset", revision=rev, token=self.token,
                                            endpoint=self.endpoint, allow_patterns=["README.md", f"data/{config}/*"])
-                ds = load_training_split(get_task(self.plan.task), release=folder, config=config)
+                ds = load_training_split(self.plan.spec, release=folder, config=config)
                 self.fingerprints[rev, config] = content_fingerprint(ds)
             except Exception as err:  # noqa: BLE001 - a revision without that config, or unreadable: no match
                 log.info("%s@%s has no readable config %s: %s", self.repo_id, rev, config, err)
@@ -182,7 +181,7 @@ def push_report(plan: Plan, table: dict, stem: Path, repo_id: str, *, revision: 
     ``<stem>_intervals.png`` into the dataset repo ``repo_id`` (which must exist: the release). Returns ``{commit, commit_url, files, notes}``."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from ..publish import check_repo_id, hub_call
+    from ...release.publish import check_repo_id, hub_call
     from .report import intervals_path
 
     check_repo_id(repo_id, "--push-to")

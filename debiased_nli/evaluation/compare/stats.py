@@ -1,10 +1,10 @@
-"""The statistics of a comparison: the seed-row t interval of :mod:`debiased_nli.models.significance` on the units'
+"""The statistics of a comparison: the seed-row t interval of :mod:`debiased_nli.evaluation.significance` on the units'
 stored predictions, the correction over the plan's primary comparisons with the intervals that match its calls,
 and the seeds-only view for units that have no predictions (written before they were kept).
 
 For a comparison A - B on a set, each side is the seeds x rows matrix of 0/1 correctness of its units' stored
 predictions; both must have scored the same rows (the same content fingerprint), and
-:func:`~debiased_nli.models.significance.seed_row_interval` takes the seeds as the unit of replication (their
+:func:`~debiased_nli.evaluation.significance.seed_row_interval` takes the seeds as the unit of replication (their
 unbiased variance, Welch-Satterthwaite degrees of freedom) and adds the paired variance of the test rows:
 
     per (comparison, set):
@@ -50,7 +50,7 @@ FAMILY_INTERVALS = {
     "bh": "Benjamini & Yekutieli's (2005) false-coverage-rate interval at 1 - {alpha} R/m (R rejections): it excludes "
           "0 exactly when the BH-adjusted p is under {alpha}",
 }
-METHOD = ("seed-row t interval (debiased_nli.models.significance.seed_row_interval): the seeds are the unit of "
+METHOD = ("seed-row t interval (debiased_nli.evaluation.significance.seed_row_interval): the seeds are the unit of "
           "replication (unbiased variance, Welch-Satterthwaite degrees of freedom), the test rows' paired variance "
           "added (between clusters where the set declares them), closed form")
 
@@ -159,7 +159,7 @@ class Sides:
 
         from ...data.loading import content_fingerprint
         from ...models.challenge import load_challenge_set
-        from ...models.evaluation import sample_rows
+        from ..scores import sample_rows
         from ...utils.errors import ConfigError
         from .units import eval_config, selection_rows
 
@@ -223,11 +223,11 @@ def compute(plan: Plan, units: dict[str, list[dict]], table_rows: dict[str, dict
     correction, family_intervals, primary_tests, comparisons: [{row, against, why, kind, primary, sets: {set:
     ...}}], coverage, clusters, ignored}``.
 
-    A set's entry is the :class:`~debiased_nli.models.significance.Difference` (``to_dict()``, plus ``text``:
+    A set's entry is the :class:`~debiased_nli.evaluation.significance.Difference` (``to_dict()``, plus ``text``:
     ``describe()``, ``family``: ``primary`` or ``secondary``, ``machines`` and ``cluster_column``), or
     ``{"family", "unavailable": why, "seeds_only": {difference, se, call}}`` where a side has no stored
     predictions or fewer than 2 seeds."""
-    from ...models.significance import Difference, correct, seed_row_interval
+    from ..significance import Difference, correct, seed_row_interval
 
     settings = plan.statistics
     level = settings["level"]

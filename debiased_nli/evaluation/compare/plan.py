@@ -48,6 +48,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...data.tasks import get_task
 from ...utils.errors import ConfigError
 from ...utils.paths import check_name
 
@@ -75,7 +76,7 @@ def report_outputs(stem: Path, intervals: Path):
     the user's) is refused before the bootstrap runs, and each is written whole or not at all. A report written
     before the markers is recognised by its JSON (the report's schema), and replaced."""
     from ...utils.outputs import OwnFiles, json_of
-    from ..efficacy import TABLE_SCHEMAS
+    from ...release.efficacy import TABLE_SCHEMAS
 
     def legacy(path: Path) -> bool:
         table = json_of(stem.with_suffix(".json"))
@@ -113,6 +114,7 @@ class Plan:
     evaluate: dict
     releases: dict[str, dict]
     rows: list[dict]
+    spec: Any = None          # the task's TaskSpec, resolved once when the plan is read (its `task` names it)
 
     # -- paths
     def path_of(self, value: "str | os.PathLike") -> Path:
@@ -165,7 +167,7 @@ class Plan:
         """``{"level"}`` of the intervals: ``statistics: {level: L}`` (default 0.95). A plan written for the bootstrap
         may give it as ``bootstrap: {level: L}``; its ``replicates`` and ``seed`` are no longer used (the interval is
         in closed form) and are returned as ``ignored`` for the report to say so."""
-        from ...models.significance import DEFAULT_LEVEL
+        from ..significance import DEFAULT_LEVEL
 
         given = dict(self.raw.get("statistics") or {})
         legacy = dict(self.raw.get("bootstrap") or {})
@@ -314,7 +316,7 @@ def load_plan(path: "str | os.PathLike", *, base: "str | os.PathLike | None" = N
                 runs_dir=_expand(runs, base_dir),
                 results_dir=_expand(results_dir or raw.get("results_dir", "results/compare"), base_dir),
                 reference=reference, train=dict(raw["train"]), evaluate=dict(raw["evaluate"]),
-                releases=dict(raw.get("releases") or {}), rows=list(raw["rows"]))
+                releases=dict(raw.get("releases") or {}), rows=list(raw["rows"]), spec=get_task(raw["task"]))
     _check_sets(plan, raw, sel, where)
     plan.statistics  # noqa: B018 - checks the level before any work
     return plan
@@ -444,8 +446,7 @@ def _check_sets(plan: "Plan", raw: dict, sel: dict | None, where: str) -> None:
                                   f"is not scored (evaluate.sets: {', '.join(scored)})")
     if sel is not None and "set" in sel:
         spec = plan.selection_spec()  # a scored set, or a registered one (unknown: an error naming the sets)
-        from ...data.tasks import get_task
 
-        if tuple(spec.labels) != tuple(get_task(plan.task).labels):
+        if tuple(spec.labels) != tuple(plan.spec.labels):
             raise ConfigError(f"{where}: select_on set {spec.name!r} has the labels {list(spec.labels)}, not the "
-                              f"task's {list(get_task(plan.task).labels)}: the epoch is selected on the task's labels")
+                              f"task's {list(plan.spec.labels)}: the epoch is selected on the task's labels")

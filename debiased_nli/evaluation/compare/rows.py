@@ -83,7 +83,7 @@ def build_command(plan: Plan, name: str) -> list[str]:
 
 def build_release(plan: Plan, name: str, lock: str | None, progress: bool = True) -> Path:
     """Build one of the plan's releases (``debiased-nli build``) if it is not there; records the commit."""
-    from ..recipe import build
+    from ...release.recipe import build
 
     out = plan.release_dir(name)
     if build_record(out).exists():
@@ -104,10 +104,9 @@ def build_release(plan: Plan, name: str, lock: str | None, progress: bool = True
 
 
 def _load_release(plan: Plan, folder: Path, config: str):
-    from ...data.tasks import get_task
     from ...models.training import load_training_split
 
-    return load_training_split(get_task(plan.task), release=str(folder), config=config)
+    return load_training_split(plan.spec, release=str(folder), config=config)
 
 
 def per_unit_subset(row: dict) -> bool:
@@ -135,7 +134,6 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
                 _cache: dict | None = None, unit_seed: int | None = None) -> RowData:
     """The row's training rows, or :class:`Pending`. With ``build``, releases of ``releases:`` are built.
     ``unit_seed``: the seed of the unit, which draws the subset of a ``seed: unit`` random control."""
-    from ...data.tasks import get_task
     from ...models.training import load_training_split
 
     cache = _cache if _cache is not None else {}
@@ -153,11 +151,11 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         missing = [str(p) for p in paths if not p.exists()]
         if missing:
             raise Pending(f"training file(s) not on disk: {missing}")
-        ds = load_training_split(get_task(plan.task), data_files={"train": [str(p) for p in paths]})
+        ds = load_training_split(plan.spec, data_files={"train": [str(p) for p in paths]})
         info = {"kind": "files", "files": [plan.show(p) for p in paths], "command": "the file(s) as they are: "
                 + " ".join(plan.show(p) for p in paths)}
     elif "split" in d:
-        task = get_task(plan.task)
+        task = plan.spec
         ds = load_training_split(task, split=str(d["split"]))
         info = {"kind": "task", "split": str(d["split"]),
                 "command": f"the {d['split']!r} split of the task {task.name!r} from its own source"}

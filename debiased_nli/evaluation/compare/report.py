@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..efficacy import TABLE_SCHEMA_V2, difference_cells, train_rows_text
+from ...release.efficacy import TABLE_SCHEMA_V2, difference_cells, train_rows_text
 from . import stats
 from .plan import Plan, report_outputs, write_json_atomic
 from .rows import per_unit_subset
@@ -375,7 +375,7 @@ def _method_md(st: dict) -> list[str]:
     """How the intervals were computed, in words, with what the data's structure changed (machines, clusters)."""
     level = 100 * st["level"]
     L = [f"Row A minus row B, accuracy points, from the units' stored per-row predictions, with a {level:.0f}% "
-         f"**seed-row t interval** (`debiased_nli.models.significance.seed_row_interval`): the seeds are the unit of "
+         f"**seed-row t interval** (`debiased_nli.evaluation.significance.seed_row_interval`): the seeds are the unit of "
          f"replication (the unbiased variance of each side's seed accuracies), the test rows add their paired "
          f"variance (the variance over rows of the difference, less the seed-by-row noise already in the seeds' "
          f"term), and the t quantile has Welch-Satterthwaite degrees of freedom. It is in closed form: **no Monte "
@@ -508,7 +508,6 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
 
 def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[str]) -> list[str]:
     """Title, what was run and with which commands, the model, the training and the evaluation."""
-    from ...data.tasks import get_task
 
     from .units import eval_config
 
@@ -532,7 +531,7 @@ def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[st
         L += [" ".join(str(plan.raw["note"]).split()), ""]
     t = plan.train
     where = where_text(table, t.get("threads")) or (f"on {', '.join(gpus)}" if gpus else f"{t.get('threads')} CPU threads")
-    n_labels = len(get_task(plan.task).labels)
+    n_labels = len(plan.spec.labels)
     L += [f"- Model: `{Path(plan.model).name}` (a fresh {n_labels}-way head). Training: lr {t['learning_rate']}, batch "
           f"{t['batch_size']}, max length {t['max_length']}, {t['epochs']} epochs, {int(100 * t.get('warmup_ratio', 0.1))}% linear "
           f"warm-up, {selection_text(plan, table)}, {where}; seeds {', '.join(map(str, plan.seeds))}.",

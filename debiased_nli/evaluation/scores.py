@@ -27,8 +27,8 @@ import numpy as np
 from ..data.loading import labels_of
 from ..utils.errors import ConfigError
 from ..utils.provenance import git_hash, library_versions
-from .challenge import ChallengeSet, challenge_source, hub_reference, load_challenge_set, load_metric
-from .classifier import LoadedClassifier, load_classifier, output_names, predict_probabilities, read_train_record
+from ..models.challenge import ChallengeSet, challenge_source, hub_reference, load_challenge_set, load_metric
+from ..models.classifier import LoadedClassifier, load_classifier, output_names, predict_probabilities, read_train_record
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def set_predictions(spec: ChallengeSet, probs_model_order: np.ndarray, id2label:
     labels by name, the labels the set leaves out (``prediction_map: null``) are dropped, and the
     argmax is mapped onto the set's labels.
     """
-    from .labels import map_model_labels
+    from ..models.labels import map_model_labels
 
     task_labels = spec.model_labels
     order = map_model_labels(dict(id2label), task_labels, model_name)  # task label i = model output order[i]
@@ -61,7 +61,7 @@ def gold_probabilities(spec: ChallengeSet, probs_model_order: np.ndarray, id2lab
     """The probability the model gives each row's gold label, in the set's labels: the probabilities of the
     model labels the set keeps (:meth:`ChallengeSet.prediction_indices`), renormalised to sum to 1, summed
     over the model labels mapped onto each set label (HANS: P(non-entailment) = P(neutral) + P(contradiction))."""
-    from .labels import map_model_labels
+    from ..models.labels import map_model_labels
 
     order = map_model_labels(dict(id2label), spec.model_labels, model_name)
     kept, targets = spec.prediction_indices()
