@@ -99,6 +99,21 @@ def _minhash(sets: list[set[int]], num_perm: int, seed: int) -> np.ndarray:
     return out
 
 
+def _lsh_candidates(sig_own: np.ndarray, sig_ref: np.ndarray, bands: int, self_ref: bool, earlier_only: bool):
+    """(i, j) for every own row i and reference row j that share a band of their MinHash signatures (a pair may
+    come once per band it shares); a set against itself skips i == j, or with ``earlier_only`` every j >= i."""
+    rows = sig_own.shape[1] // bands
+    for b in range(bands):
+        buckets: dict[bytes, list[int]] = {}
+        for j, sig in enumerate(sig_ref[:, b * rows:(b + 1) * rows]):
+            buckets.setdefault(sig.tobytes(), []).append(j)
+        for i, sig in enumerate(sig_own[:, b * rows:(b + 1) * rows]):
+            for j in buckets.get(sig.tobytes(), ()):
+                if self_ref and (j >= i if earlier_only else j == i):
+                    continue
+                yield i, j
+
+
 def near_duplicates(texts: Sequence[str], reference: Sequence[str] | None = None, *,
                     threshold: float = NEAR_DUP_JACCARD, num_perm: int = NUM_PERM, bands: int = BANDS,
                     seed: int = 0, earlier_only: bool = False) -> dict:
@@ -111,25 +126,17 @@ def near_duplicates(texts: Sequence[str], reference: Sequence[str] | None = None
         raise ConfigError("earlier_only compares a set with itself; it takes no reference")
     if num_perm % bands:
         raise ConfigError(f"num_perm ({num_perm}) must be a multiple of bands ({bands})")
-    rows = num_perm // bands
     own = [_shingles(t) for t in texts]
     ref = own if reference is None else [_shingles(t) for t in reference]
     sig_own = _minhash(own, num_perm, seed)
     sig_ref = sig_own if reference is None else _minhash(ref, num_perm, seed)
     best = np.zeros(len(own))
     match = np.full(len(own), -1, dtype=np.int64)
-    for b in range(bands):
-        buckets: dict[bytes, list[int]] = {}
-        for j, sig in enumerate(sig_ref[:, b * rows:(b + 1) * rows]):
-            buckets.setdefault(sig.tobytes(), []).append(j)
-        for i, sig in enumerate(sig_own[:, b * rows:(b + 1) * rows]):
-            for j in buckets.get(sig.tobytes(), ()):
-                if reference is None and (j >= i if earlier_only else j == i):
-                    continue
-                inter = len(own[i] & ref[j])
-                jac = inter / max(len(own[i] | ref[j]), 1)
-                if jac > best[i]:
-                    best[i], match[i] = jac, j
+    for i, j in _lsh_candidates(sig_own, sig_ref, bands, reference is None, earlier_only):
+        inter = len(own[i] & ref[j])
+        jac = inter / max(len(own[i] | ref[j]), 1)
+        if jac > best[i]:
+            best[i], match[i] = jac, j
     hit = best >= threshold
     return {"rows": len(own), "threshold": threshold, "near_duplicates": int(hit.sum()),
             "near_duplicate_share": round(float(hit.mean()) if len(own) else 0.0, 6),
@@ -157,7 +164,6 @@ def pair_near_duplicates(premises: Sequence[str], hypotheses: Sequence[str],
         raise ConfigError(f"{len(premises)} premises but {len(hypotheses)} hypotheses")
     if num_perm % bands:
         raise ConfigError(f"num_perm ({num_perm}) must be a multiple of bands ({bands})")
-    rows = num_perm // bands
     own_h = [_shingles(t) for t in hypotheses]
     own_p: dict[int, set[int]] = {}
     self_ref = ref_premises is None
@@ -178,21 +184,16 @@ def pair_near_duplicates(premises: Sequence[str], hypotheses: Sequence[str],
     best = np.zeros(len(own_h))
     match = np.full(len(own_h), -1, dtype=np.int64)
     checked: list[set[int]] = [set() for _ in own_h]
-    for b in range(bands):
-        buckets: dict[bytes, list[int]] = {}
-        for j, sig in enumerate(sig_ref[:, b * rows:(b + 1) * rows]):
-            buckets.setdefault(sig.tobytes(), []).append(j)
-        for i, sig in enumerate(sig_own[:, b * rows:(b + 1) * rows]):
-            for j in buckets.get(sig.tobytes(), ()):
-                if (self_ref and (j >= i if earlier_only else j == i)) or j in checked[i]:
-                    continue
-                checked[i].add(j)
-                jh = jac(own_h[i], ref_h[j])
-                if jh < threshold or jh <= best[i]:
-                    continue
-                sim = min(jh, jac(shingles_of(own_p, premises, i), shingles_of(ref_p, src_p, j)))
-                if sim > best[i]:
-                    best[i], match[i] = sim, j
+    for i, j in _lsh_candidates(sig_own, sig_ref, bands, self_ref, earlier_only):
+        if j in checked[i]:
+            continue
+        checked[i].add(j)
+        jh = jac(own_h[i], ref_h[j])
+        if jh < threshold or jh <= best[i]:
+            continue
+        sim = min(jh, jac(shingles_of(own_p, premises, i), shingles_of(ref_p, src_p, j)))
+        if sim > best[i]:
+            best[i], match[i] = sim, j
     hit = best >= threshold
     return {"rows": len(own_h), "threshold": threshold, "near_duplicates": int(hit.sum()),
             "near_duplicate_share": round(float(hit.mean()) if len(own_h) else 0.0, 6),
