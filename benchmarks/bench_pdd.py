@@ -74,7 +74,7 @@ def setup(meta: dict):
     """The input rows, the featurizer and prompt words exactly as the committed run built them."""
     from debiased_nli.data.loading import labels_of, load_task
     from debiased_nli.methods.pdd.algorithm import PairFeaturizer
-    from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+    from debiased_nli.methods.pdd.hypothesis_folds import HypothesisOnlyFolds
     from debiased_nli.methods.pdd.step import _fingerprint
     from debiased_nli.data.tasks import get_task
 
@@ -127,6 +127,8 @@ def replay_walk(meta: dict, cache: list[dict], fallback) -> dict:
     and output rows with the committed run's. A request the committed run never computed is computed
     with ``fallback`` (the real models)."""
     import copy
+
+    from debiased_nli.data.tasks import get_task
 
     import pyarrow.parquet as pq
 
@@ -181,7 +183,7 @@ def replay_walk(meta: dict, cache: list[dict], fallback) -> dict:
     original = run_mod.Perturber
     run_mod.Perturber = Replay
     try:
-        out = run_mod.run_pdd(ds, "snli", filler=None, teacher=None, config=cfg, ratios=params["ratios"],
+        out = run_mod.run_pdd(ds, get_task("snli"), filler=None, teacher=None, config=cfg, ratios=params["ratios"],
                               prompt_words=params["prompt_words"], overlap_extractor=params["overlap_extractor"],
                               hypo_only_folds=params["hypo_only_folds"], progress=False)
     finally:

@@ -1,6 +1,6 @@
 """The efficacy table (issue 14): does training on a debiased release make a model more robust?
 
-A thin plan over ``debiased-nli compare`` (:mod:`debiased_nli.release.compare`): the rows of
+A thin plan over ``debiased-nli compare`` (:mod:`debiased_nli.evaluation.compare`): the rows of
 ``benchmarks/efficacy.yaml`` (every release config and method of this project, and random controls of their
 size) train the same model and are scored on every challenge set in full; each (row, seed) is one unit whose
 result file (and, for units run since issue 34, predictions file) lands in ``benchmarks/results/efficacy/``.
@@ -33,17 +33,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/efficacy.py` from a checkout
     sys.path.insert(0, str(ROOT))
 
-from debiased_nli.release.compare import plan as _plan_module  # noqa: E402
-from debiased_nli.release.compare import report as _report_module  # noqa: E402
-from debiased_nli.release.compare import units as _units  # noqa: E402
-from debiased_nli.release.compare.locking import LockTurns, claim, heavy_lock, log  # noqa: E402,F401
-from debiased_nli.release.compare.plan import Plan, write_json_atomic  # noqa: E402,F401
-from debiased_nli.release.compare.report import (SHARE_SETS, build_of as _build_of, same_rows as _same_rows,  # noqa: E402,F401
+from debiased_nli.evaluation.compare import plan as _plan_module  # noqa: E402
+from debiased_nli.evaluation.compare import report as _report_module  # noqa: E402
+from debiased_nli.evaluation.compare import units as _units  # noqa: E402
+from debiased_nli.evaluation.compare.locking import LockTurns, claim, heavy_lock, log  # noqa: E402,F401
+from debiased_nli.evaluation.compare.plan import Plan, write_json_atomic  # noqa: E402,F401
+from debiased_nli.evaluation.compare.report import (SHARE_SETS, build_of as _build_of, same_rows as _same_rows,  # noqa: E402,F401
                                                  verdict_paragraph)
-from debiased_nli.release.compare.rows import (NotBuilt, Pending, RowData, build_command, per_unit_subset,  # noqa: E402,F401
+from debiased_nli.evaluation.compare.rows import (NotBuilt, Pending, RowData, build_command, per_unit_subset,  # noqa: E402,F401
                                                poe_settings, resolve_row)
-from debiased_nli.release.compare.stats import seeds_only as compare  # noqa: E402,F401
-from debiased_nli.release.compare.units import (SCHEMA, TRAIN_RECORD, device_name, eval_config, evaluate_unit,  # noqa: E402,F401
+from debiased_nli.evaluation.compare.stats import seeds_only as compare  # noqa: E402,F401
+from debiased_nli.evaluation.compare.units import (SCHEMA, TRAIN_RECORD, device_name, eval_config, evaluate_unit,  # noqa: E402,F401
                                                 load_units, train_cli, train_config, train_unit, unit_order,
                                                 unit_states)
 
@@ -126,7 +126,7 @@ def speed(plan: Plan, model: str | None = None, rows_per_set: int = 150, threads
 
     from debiased_nli.models.challenge import load_challenge_set, resolve_sets
     from debiased_nli.models.classifier import load_classifier, predict_probabilities
-    from debiased_nli.models.evaluation import sample_rows
+    from debiased_nli.evaluation.scores import sample_rows
     from debiased_nli.data.tasks import get_task
     from debiased_nli.models.training import load_model_for_task
 

@@ -420,7 +420,7 @@ def run_there(kit: Path, plan_path: Path, workers: int, deadline: float, out: Pa
                OMP_NUM_THREADS="1", DEBIASED_NLI_GIT_COMMIT=str(info.get("git") or ""))
     smoke = subprocess.run([sys.executable, "-c",
                             "import torch, transformers, datasets, evaluate, pyarrow; import debiased_nli.models.training, "
-                            "debiased_nli.models.evaluation; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), "
+                            "debiased_nli.evaluation.scores; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), "
                             "torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transformers', "
                             "transformers.__version__, 'datasets', datasets.__version__, 'evaluate', evaluate.__version__, "
                             "'pyarrow', pyarrow.__version__)"], env=env, capture_output=True, text=True)

@@ -14,8 +14,8 @@ HANS).
 Scenarios:
 
 * ``seeds``: the default, k = 3, 5, 10 seeds a side, 3,000 rows: the seed-row t interval
-  (:func:`debiased_nli.models.significance.seed_row_interval`) against the nested bootstrap it replaces
-  (:func:`~debiased_nli.models.significance.paired_bootstrap`);
+  (:func:`debiased_nli.evaluation.significance.seed_row_interval`) against the nested bootstrap it replaces
+  (:func:`~debiased_nli.evaluation.significance.paired_bootstrap`);
 * ``rows``: the same with a seed spread of about 0.3 points (seed_sd 0.05), so that the test rows carry 40% of the
   variance and the seed-by-row noise matters (SNLI test-hard's share in the committed units: 38-40% rows): the
   bootstrap, which counts that noise in both stages, over-covers there;
@@ -40,7 +40,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from debiased_nli.models.significance import paired_bootstrap, seed_row_interval  # noqa: E402
+from debiased_nli.evaluation.significance import paired_bootstrap, seed_row_interval  # noqa: E402
 
 # logit-scale parameters of the default scenario (see the module docstring for what they reproduce)
 SEEDS_SCENARIO = {"rows": 3000, "row_sd": 5.0, "effect": 0.1, "effect_sd": 1.5, "seed_sd": 0.2}

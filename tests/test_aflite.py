@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from debiased_nli.data.tasks import get_task
 from debiased_nli.methods.aflite.algorithm import AFLiteParams, aflite, predictability_scores, random_partitions, standardize
 from debiased_nli.methods.aflite.step import aflite_filter, aflite_step
 from debiased_nli.methods.aflite.ensemble import fit_linear_ensemble, predict_ensemble, shared_preconditioner
@@ -31,7 +32,7 @@ def planted_bias(n_per_class=200, biased_share=0.3, d=8, seed=0, shift=3.0):
 
 def test_planted_bias_rows_are_the_ones_removed():
     X, y, biased = planted_bias()
-    res = aflite(X, y, K, m=32, train_size=150, k=30, tau=0.75, target_n=200, seed=0, progress=False)
+    res = aflite(X, y, K, AFLiteParams(m=32, train_size=150, k=30, tau=0.75, target_n=200, seed=0), progress=False)
     removed = res.removed_indices
     assert len(removed) >= 0.8 * biased.sum()
     # almost everything removed is a planted row, and almost every planted row is gone
@@ -213,19 +214,19 @@ def test_partitions_have_t_train_rows_each():
 
 def test_same_seed_same_output_other_seed_other_partitions():
     X, y, _ = planted_bias(n_per_class=60, seed=1)
-    a = aflite(X, y, K, m=16, train_size=50, k=10, target_n=60, seed=5, progress=False)
-    b = aflite(X, y, K, m=16, train_size=50, k=10, target_n=60, seed=5, progress=False)
+    a = aflite(X, y, K, AFLiteParams(m=16, train_size=50, k=10, target_n=60, seed=5), progress=False)
+    b = aflite(X, y, K, AFLiteParams(m=16, train_size=50, k=10, target_n=60, seed=5), progress=False)
     np.testing.assert_array_equal(a.kept_indices, b.kept_indices)
     np.testing.assert_array_equal(a.removed_indices, b.removed_indices)
     np.testing.assert_array_equal(a.removed_scores, b.removed_scores)
     assert a.history == b.history
-    c = aflite(X, y, K, m=16, train_size=50, k=10, target_n=60, seed=6, progress=False)
+    c = aflite(X, y, K, AFLiteParams(m=16, train_size=50, k=10, target_n=60, seed=6), progress=False)
     assert a.history[0]["score_histogram"] != c.history[0]["score_histogram"]
 
 
 def test_greedy_removes_highest_scores_first_and_respects_tau():
     X, y, _ = planted_bias(n_per_class=80, seed=2)
-    res = aflite(X, y, K, m=24, train_size=60, k=20, tau=0.75, target_n=80, seed=0, progress=False)
+    res = aflite(X, y, K, AFLiteParams(m=24, train_size=60, k=20, tau=0.75, target_n=80, seed=0), progress=False)
     assert (res.removed_scores >= 0.75).all()
     for r in np.unique(res.removed_round):
         s = res.removed_scores[res.removed_round == r]
@@ -238,18 +239,18 @@ def test_greedy_removes_highest_scores_first_and_respects_tau():
 
 def test_target_n_is_never_undershot():
     X, y, _ = planted_bias(n_per_class=60, biased_share=0.9, seed=4)
-    res = aflite(X, y, K, m=16, train_size=40, k=50, tau=0.5, target_n=150, seed=0, progress=False)
+    res = aflite(X, y, K, AFLiteParams(m=16, train_size=40, k=50, tau=0.5, target_n=150, seed=0), progress=False)
     assert len(res.kept_indices) == 150
     assert "target size" in res.stop_reason
 
 
 def test_slice_sampling_variant_draws_only_rows_above_tau():
     X, y, biased = planted_bias(seed=3)
-    res = aflite(X, y, K, m=32, train_size=150, k=30, tau=0.75, target_n=200, selection="sample", seed=0,
+    res = aflite(X, y, K, AFLiteParams(m=32, train_size=150, k=30, tau=0.75, target_n=200, selection="sample", seed=0),
                  progress=False)
     assert (res.removed_scores >= 0.75).all()
     assert biased[res.removed_indices].mean() > 0.85
-    greedy = aflite(X, y, K, m=32, train_size=150, k=30, tau=0.75, target_n=200, seed=0, progress=False)
+    greedy = aflite(X, y, K, AFLiteParams(m=32, train_size=150, k=30, tau=0.75, target_n=200, seed=0), progress=False)
     assert not np.array_equal(np.sort(res.removed_indices), np.sort(greedy.removed_indices))
 
 
@@ -313,7 +314,7 @@ def test_nan_embedding_and_out_of_range_label_name_the_row():
 def test_step_rejects_unknown_parameters_with_a_suggestion():
     ds, _, _, _ = _dataset(n_per_class=5)
     with pytest.raises(ConfigError, match="Did you mean.*'tau'"):
-        aflite_step(ds, "snli", {"tua": 0.7})
+        aflite_step(ds, get_task("snli"), {"tua": 0.7})
 
 
 def test_command_writes_kept_removed_report_and_plot(tmp_path, tiny_encoder):

@@ -55,3 +55,35 @@ def test_the_picture_draws_each_distinct_point_once_with_the_opacity_of_its_copi
     got = {(int(x), float(y)): round(float(a), 6) for x, y, a in zip(xs, ys, alpha)}
     # three copies of (1, 1.0) drawn at alpha 0.25 leave (1 - 0.25)^3 of the background: one draw at 1 - 0.75^3
     assert got == {(1, 1.0): round(1 - 0.75 ** 3, 6), (1, 0.0): 0.25, (5, 0.2): round(1 - 0.75 ** 2, 6)}
+
+
+def test_the_threshold_curves_are_drawn_over_sorted_n(tmp_path, monkeypatch):
+    """The |z| = threshold curves p0 +- t sqrt(p0 (1 - p0) / n) are one smooth line each: drawn over a sorted grid
+    of n (they were drawn over the scatter's unsorted x values and zig-zagged across the panel)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import numpy as np
+    from matplotlib.axes import Axes
+
+    from debiased_nli.bias.audit import plot_zstats
+    from debiased_nli.bias.zstats import compute_zstats
+    from debiased_nli.bias.features import build_feature_matrix
+    from debiased_nli.data.loading import load_task
+
+    ds = load_task("demo", max_rows=600).dataset
+    from debiased_nli.bias.featurize import add_features
+    ds, _ = add_features(ds, "demo", hypothesis_only=None, progress=False)
+    zs = compute_zstats(build_feature_matrix(ds), np.asarray(ds["label"]), ["entailment", "neutral", "contradiction"])
+    lines = []
+    real_plot = Axes.plot
+
+    def spy(self, x, y, *args, **kw):
+        lines.append((np.asarray(x), np.asarray(y)))
+        return real_plot(self, x, y, *args, **kw)
+
+    monkeypatch.setattr(Axes, "plot", spy)
+    plot_zstats(zs, 3.0, tmp_path / "z.png")
+    assert len(lines) == 6 and (tmp_path / "z.png").stat().st_size > 10_000
+    for x, y in lines:
+        assert (np.diff(x) > 0).all()  # sorted n
+        assert len(x) == 200

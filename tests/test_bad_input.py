@@ -1199,7 +1199,7 @@ def test_evaluate_warns_on_label_i_heads_and_takes_label_order(tiny_models, capl
         clf = load_classifier(str(tiny_models["generic"]), "cpu", label_order=["contradiction", "entailment", "neutral"])
     assert clf.id2label == {0: "contradiction", 1: "entailment", 2: "neutral"} and "LABEL_0" not in caplog.text
     from debiased_nli.models.challenge import get_set
-    from debiased_nli.models.evaluation import set_predictions
+    from debiased_nli.evaluation.scores import set_predictions
     import numpy as np
     # output 0 now means contradiction: a row the model gives to output 0 is predicted contradiction
     pred, label_map = set_predictions(get_set("snli_test_hard"), np.array([[0.9, 0.05, 0.05]]), clf.id2label)

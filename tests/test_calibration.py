@@ -203,6 +203,10 @@ def test_stored_probabilities_threshold_the_rows_again_without_m(tmp_path):
     assert r.returncode == 0, r.stderr[-1500:]
     a, b = pd.read_parquet(tmp_path / "a" / "kept.parquet"), pd.read_parquet(tmp_path / "b" / "kept.parquet")
     assert sorted(a.uid) == sorted(b.uid) and len(a) > 0
+    # the report names the stored scores it used, not a model that never ran
+    rep = json.loads((tmp_path / "b" / "confidence_report.json").read_text())
+    assert rep["model"] is None and rep["probabilities_from"]["file"] == "scores.parquet"
+    assert len(rep["probabilities_from"]["sha256"]) == 64
     # an earlier run's kept and rejected files as the input (their columns differ by the reason): the same rows kept
     r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "confidence-filter", "snli", "--data-files",
                         str(tmp_path / "a" / "kept.parquet"), str(tmp_path / "a" / "rejected.parquet"), "--quiet",

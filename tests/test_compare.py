@@ -1,4 +1,4 @@
-"""`debiased-nli compare` (debiased_nli.release.compare): per-row predictions and fingerprints of every unit, the
+"""`debiased-nli compare` (debiased_nli.evaluation.compare): per-row predictions and fingerprints of every unit, the
 epoch selected on held-out rows that are then not scored, the report's statistics against seed_row_interval and
 Holm directly (clusters, machines, the intervals that match the calls), the seeds-only fallback for units without
 predictions, stale and impossible units, the card, the Hub push, and the committed reports' calls.
@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from debiased_nli.utils.provenance import file_sha256
-from debiased_nli.models.significance import correct, seed_row_interval
-from debiased_nli.release.compare import load_plan, run
-from debiased_nli.release.compare import report as report_module
-from debiased_nli.release.compare import units
+from debiased_nli.evaluation.significance import correct, seed_row_interval
+from debiased_nli.evaluation.compare import load_plan, run
+from debiased_nli.evaluation.compare import report as report_module
+from debiased_nli.evaluation.compare import units
 from debiased_nli.utils.errors import ConfigError
 from test_training import make_tiny_bert
 
@@ -64,7 +64,7 @@ def done(tmp_path_factory, shared_data):
 def _scored_rows(plan, set_name):
     """The rows a unit scores on a set, recomputed: the set, without the selection rows, then the seeded sample."""
     from debiased_nli.models.challenge import get_set, load_challenge_set
-    from debiased_nli.models.evaluation import sample_rows
+    from debiased_nli.evaluation.scores import sample_rows
 
     ds = load_challenge_set(get_set(set_name))
     _, excluded, _ = units.selection_rows(plan)
@@ -194,7 +194,7 @@ def test_a_set_can_name_a_cluster_column_and_its_rows_variance_is_taken_between_
     """The same units with ANLI declared as clustered by round (3 clusters): the statistics read the clusters from
     the set on disk (the units' content fingerprint checked) and the interval widens; a set whose rows on disk are
     not the ones scored is said to have unknown clusters, its rows treated as independent."""
-    from debiased_nli.release.compare import stats
+    from debiased_nli.evaluation.compare import stats
 
     raw = yaml.safe_load(done.path.read_text())
     anli = yaml.safe_load((ROOT / "evaluation" / "sets" / "anli.yaml").read_text())
@@ -307,7 +307,7 @@ def test_the_evaluation_report_goes_beside_the_release_on_the_hub(done, tmp_path
     import huggingface_hub.constants as c
     from fake_hub import FakeHub
 
-    from debiased_nli.release.compare.hub import push_report, read_model_index
+    from debiased_nli.evaluation.compare.hub import push_report, read_model_index
     from debiased_nli.release.publish import push_release
 
     plan = done
@@ -429,8 +429,8 @@ def test_a_unit_whose_rows_release_changed_is_stale_and_run_trains_it_again(done
     """A row's release rebuilt after the run (one row fewer): status says stale for its units (and for the random
     control of its size, whose subsets changed with it), the report leaves them out and says so, and run sets the
     old files aside and trains the unit again, with an estimate of the time left."""
-    from debiased_nli.release.compare import unit_states
-    from debiased_nli.release.compare.units import load_units
+    from debiased_nli.evaluation.compare import unit_states
+    from debiased_nli.evaluation.compare.units import load_units
 
     plan = _copy_plan(done, tmp_path)
     part = next((plan.release_dir("small") / "data" / "z_filtered").glob("*.parquet"))
@@ -460,7 +460,7 @@ def test_a_unit_whose_rows_release_changed_is_stale_and_run_trains_it_again(done
 
 
 def test_the_progress_line_estimates_the_time_left():
-    from debiased_nli.release.compare.units import progress_line
+    from debiased_nli.evaluation.compare.units import progress_line
 
     assert progress_line(1, 4, "aflite", 2, [], []) == "unit 1/4 (aflite seed 2): no estimate until the first unit finishes"
     assert progress_line(3, 4, "aflite", 2, [100.0, 140.0], [1.0]) == (
@@ -498,8 +498,8 @@ def test_every_published_primary_call_is_the_same_at_20_bootstrap_seeds_and_matc
     """The committed plans' statistics recomputed from their unit files: the committed report JSON's figures and
     calls, whatever the plan's (legacy) bootstrap seed, with no Monte Carlo error; every primary call's adjusted
     interval excludes 0 exactly when the call is made."""
-    from debiased_nli.release.compare import stats
-    from debiased_nli.release.compare.units import load_units
+    from debiased_nli.evaluation.compare import stats
+    from debiased_nli.evaluation.compare.units import load_units
 
     for name in ("efficacy_headline", "efficacy_headline_gpu", "efficacy_seqz"):
         plan = load_plan(ROOT / "benchmarks" / f"{name}.yaml")

@@ -49,3 +49,26 @@ def test_the_readme_is_a_front_page():
     text = "\n".join(lines)
     for method in ("z-filtering", "AFLite", "PDD", "IBADR", "Seq-Z", "product of experts"):
         assert method.lower() in text.lower(), f"the README's method table lacks {method}"
+
+
+def test_the_home_pages_demo_pictures_are_what_build_demo_makes_now(tmp_path):
+    """docs/img/demo_zstats_*.png (from benchmarks/results/) are the images `debiased-nli build demo` writes with the
+    current code (decoded and compared pixel by pixel, so a matplotlib patch release changing a PNG chunk does not
+    matter; a change of the plot does)."""
+    import os
+
+    import numpy as np
+    from matplotlib.image import imread
+
+    from debiased_nli.release.recipe import build
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from debiased_nli.utils.resources import find_recipe
+    build(find_recipe("demo"), tmp_path / "demo", progress=False)
+    for name in ("original", "z_filtered"):
+        made = imread(tmp_path / "demo" / "images" / f"zstats_{name}.png")
+        committed = imread(ROOT / "benchmarks" / "results" / f"demo_zstats_{name}.png")
+        assert made.shape == committed.shape, name
+        assert np.abs(made - committed).mean() < 0.002, (
+            f"benchmarks/results/demo_zstats_{name}.png is stale: debiased-nli build demo --out X, then copy "
+            f"X/images/zstats_{name}.png to benchmarks/results/demo_zstats_{name}.png and docs/img/")

@@ -14,7 +14,7 @@ import yaml
 
 from benchmarks import efficacy
 from debiased_nli.cli import build_parser
-from debiased_nli.release.compare import units
+from debiased_nli.evaluation.compare import units
 from debiased_nli.utils.errors import ConfigError
 from test_training import make_tiny_bert
 
@@ -102,7 +102,7 @@ def test_a_second_run_skips_finished_units(setup, monkeypatch):
         raise AssertionError("a finished unit was run again")
 
     monkeypatch.setattr("debiased_nli.models.training.train_classifier", fail)
-    monkeypatch.setattr("debiased_nli.models.evaluation.evaluate_models", fail)
+    monkeypatch.setattr("debiased_nli.evaluation.scores.evaluate_models", fail)
     efficacy.run(plan, progress=False)
     assert {p: p.stat().st_mtime_ns for p in plan.results_dir.glob("*.json")} == before
 
@@ -273,7 +273,7 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
 def test_a_unit_scores_what_debiased_nli_evaluate_scores_and_a_cached_one_loads_no_model(setup, tmp_path, monkeypatch):
     """evaluate_unit goes through evaluate_models (issue 33): the same accuracies, breakdowns and confusion
     matrices as an evaluation without chunks or cache; re-scored from its cached chunks, the model is not loaded."""
-    from debiased_nli.models import evaluation
+    from debiased_nli.evaluation import scores as evaluation
     from debiased_nli.models.challenge import resolve_sets
 
     plan, _ = setup

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from debiased_nli.data.tasks import get_task
 from debiased_nli.methods import embeddings as E
-from debiased_nli.methods.aflite.algorithm import PARAM_SOURCES
+from debiased_nli.methods.aflite.params import PARAMS
 from debiased_nli.methods.aflite.step import aflite_step
 from debiased_nli.data.loading import new_rows
 from debiased_nli.utils.errors import ConfigError, InvalidInputError
@@ -118,7 +119,7 @@ def test_warm_up_rows_are_removed_with_their_reason_and_never_kept(tiny_encoder,
     reused: they leave the data with reason "warm-up" and are counted in the report."""
     monkeypatch.setenv("DEBIASED_NLI_CACHE", str(tmp_path))
     ds = _rows(n=60, seed=1)
-    kept, removed, report = aflite_step(ds, "snli", {"encoder": tiny_encoder, "warmup_share": 0.2, **WARM})
+    kept, removed, report = aflite_step(ds, get_task("snli"), {"encoder": tiny_encoder, "warmup_share": 0.2, **WARM})
     warm = removed.filter(lambda r: r["reason"] == "warm-up")
     assert len(warm) == 12 == report["removed_by_reason"]["warm-up"] == report["warm_up"]["rows"]
     np.testing.assert_array_equal(sorted(warm["uid"]), sorted(ds.select(E.warm_up_indices(60, 0.2, 0))["uid"]))
@@ -140,7 +141,7 @@ def test_train_size_is_the_warm_up_size_and_the_target_a_third_of_the_input(tiny
     n = |D|/3 of the whole input (SNLI: 182k of 550k); m, k and tau are reported as the project's."""
     monkeypatch.setenv("DEBIASED_NLI_CACHE", str(tmp_path))
     ds = _rows(n=90, seed=2)
-    kept, removed, report = aflite_step(ds, "snli", {"encoder": tiny_encoder, "warmup_share": 0.1, "audit": False,
+    kept, removed, report = aflite_step(ds, get_task("snli"), {"encoder": tiny_encoder, "warmup_share": 0.1, "audit": False,
                                                      **WARM})
     assert report["warm_up"]["rows"] == 9
     assert report["params"]["train_size"] == 9
@@ -153,7 +154,7 @@ def test_train_size_is_the_warm_up_size_and_the_target_a_third_of_the_input(tiny
         assert proto[key]["source"].startswith("project's choice")
     for key in ("m", "k", "warmup_lr"):  # set for this run
         assert proto[key]["source"] == "set for this run"
-    assert "project's choice" in E.__doc__ and "project's choice" in PARAM_SOURCES["m"]
+    assert "project's choice" in E.__doc__ and "project's choice" in PARAMS["m"].origin()
 
 
 def test_embeddings_come_from_the_fine_tuned_encoders_first_token(tiny_encoder, tmp_path, monkeypatch):
@@ -170,7 +171,7 @@ def test_embeddings_come_from_the_fine_tuned_encoders_first_token(tiny_encoder, 
 
     monkeypatch.setattr(A, "aflite_filter", spy)
     ds = _rows(n=60, seed=3)
-    _, _, report = aflite_step(ds, "snli", {"encoder": tiny_encoder, "warmup_share": 0.2, "audit": False, **WARM})
+    _, _, report = aflite_step(ds, get_task("snli"), {"encoder": tiny_encoder, "warmup_share": 0.2, "audit": False, **WARM})
     tuned = report["warm_up"]["model_dir"]
     assert report["embedded_with"] == tuned
     row = seen["work"][4]
@@ -183,7 +184,7 @@ def test_embeddings_come_from_the_fine_tuned_encoders_first_token(tiny_encoder, 
 def test_without_warm_up_every_row_is_filtered(tiny_encoder, tmp_path, monkeypatch):
     monkeypatch.setenv("DEBIASED_NLI_CACHE", str(tmp_path))
     ds = _rows(n=60, seed=4)
-    kept, removed, report = aflite_step(ds, "snli", {"encoder": tiny_encoder, "warmup_share": 0, "audit": False,
+    kept, removed, report = aflite_step(ds, get_task("snli"), {"encoder": tiny_encoder, "warmup_share": 0, "audit": False,
                                                      **WARM})
     assert "warm_up" not in report and report["removed_by_reason"]["warm-up"] == 0
     assert report["history"][0]["size_before"] == 60

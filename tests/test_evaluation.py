@@ -10,7 +10,7 @@ import pytest
 from debiased_nli.models.challenge import get_set, load_challenge_set
 from debiased_nli.cli import main
 from debiased_nli.utils.errors import ConfigError
-from debiased_nli.models.evaluation import SCHEMA, load_results, score_predictions, set_predictions
+from debiased_nli.evaluation.scores import SCHEMA, load_results, score_predictions, set_predictions
 
 from test_training import make_tiny_bert
 

@@ -230,8 +230,8 @@ def test_the_walks_over_the_new_rows_give_the_same_configs_in_processes_or_one_a
     feats = featurize_build(d0, dg, get_task("snli"), progress=False)
     kw = dict(features=(feats.d0, feats.dg), batch_size=100, seed=4, progress=False)
     seconds = {}
-    alone = compose(d0, dg, "snli", num_proc=1, **kw)
-    together = compose(d0, dg, "snli", num_proc=3, seconds=seconds, **kw)  # three forked walks at once
+    alone = compose(d0, dg, get_task("snli"), num_proc=1, **kw)
+    together = compose(d0, dg, get_task("snli"), num_proc=3, seconds=seconds, **kw)  # three forked walks at once
     assert set(alone) == set(together) == {"z_filtered", "z_aug", "par_z_new", "seq_z"} == set(seconds)
     for name in alone:
         a, b = alone[name], together[name]
@@ -263,4 +263,4 @@ def test_a_walk_process_that_dies_stops_the_build_with_an_error(d0_dg, monkeypat
     feats = featurize_build(d0, dg, get_task("snli"), progress=False)
     monkeypatch.setattr(release, "_walk", _dies_in_a_forked_process)  # the forked processes inherit it
     with pytest.raises(RuntimeError, match="z-filtering process ended without its result"):
-        release.compose(d0, dg, "snli", features=(feats.d0, feats.dg), batch_size=100, progress=False, num_proc=2)
+        release.compose(d0, dg, get_task("snli"), features=(feats.d0, feats.dg), batch_size=100, progress=False, num_proc=2)

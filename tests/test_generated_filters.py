@@ -82,8 +82,9 @@ def test_fluency_drops_rows_under_the_real_rows_quantile(d0, tmp_path):
     # the bound recomputed independently: the 0.25 quantile of the same seeded 200 D0 rows
     ref = d0.select(np.sort(np.random.default_rng(0).choice(len(d0), size=200, replace=False)))
     lm = GPT2LMHeadModel.from_pretrained(tmp_path / "lm")
-    bound = float(np.quantile(fluency_scores(pair_texts(ref), lm, tokenizer=tok, device="cpu", progress=False), 0.25))
-    scores = fluency_scores(pair_texts(dg), lm, tokenizer=tok, device="cpu", progress=False)
+    kw = dict(tokenizer=tok, device="cpu", progress=False, batch_size=16, max_length=64)  # as the filter scores
+    bound = float(np.quantile(fluency_scores(pair_texts(ref), lm, **kw), 0.25))
+    scores = fluency_scores(pair_texts(dg), lm, **kw)
     assert report["bound"] == pytest.approx(bound, abs=1e-5)
     assert sorted(dropped["uid"]) == sorted(np.asarray(dg["uid"])[scores < bound].tolist())
     assert all(r.startswith("fluency ") and "< bound" in r for r in dropped["reason"])
@@ -166,3 +167,51 @@ def test_without_the_options_the_manifest_does_not_name_them(d0_file, tmp_path):
 def test_wrong_settings_are_named(over, match):
     with pytest.raises(ConfigError, match=match):
         load_recipe(_recipe(**over))
+
+
+def _quality(rows_file, d0_file, out, env_extra=None):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "quality", "snli", "--data-files", f"train={rows_file}",
+                        "--reference", str(d0_file), "--out", str(out), "-q"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    return out / "quality.json"
+
+
+def test_quality_reports_go_into_the_card_and_manifest_of_the_release_they_measured(d0_file, new_file, tmp_path):
+    report = _quality(new_file, d0_file, tmp_path / "q_new")
+    out = tmp_path / "rel"
+    build(_recipe(), out, data_files={"train": str(d0_file)}, new_rows_files=[str(new_file)], progress=False,
+          quality=[str(report)])
+    m = json.loads((out / "manifest.json").read_text())
+    q = json.loads(report.read_text())
+    [entry] = m["quality"]
+    assert entry["set"].startswith("new rows") and entry["rows"] == 300 == q["rows"]
+    assert entry["pair_copy_share"] == q["copies"]["pair_copy_share"] > 0  # the 20 copies of D0 rows
+    card = (out / "README.md").read_text()
+    section = card.split("## Quality of the generated rows (measured)")[1].split("\n## ")[0]
+    assert "### new rows (D_G, as composed)" in section and "copied from D0" in section
+    assert "#### Examples of the rows" in section  # 20 of the rows, under the set's heading
+    # seq_z's own generated rows: a report on them (taken from the release) matches that config
+    from datasets import load_dataset
+    seq = load_dataset(str(out), "seq_z", split="train")
+    gen = seq.filter(lambda r: r["origin"] == "generated")
+    gen.select_columns(["premise", "hypothesis", "label"]).to_parquet(str(tmp_path / "seq_gen.parquet"))
+    rep2 = _quality(tmp_path / "seq_gen.parquet", d0_file, tmp_path / "q_seq")
+    out2 = tmp_path / "rel2"
+    build(_recipe(), out2, data_files={"train": str(d0_file)}, new_rows_files=[str(new_file)], progress=False,
+          quality=[str(report), str(rep2.parent)])
+    sets = [e["set"] for e in json.loads((out2 / "manifest.json").read_text())["quality"]]
+    assert sets == ["new rows (D_G, as composed)", "seq_z: its generated rows"]
+    # a report of other rows, or against another D0, is refused before anything is written
+    with pytest.raises(ConfigError, match="are none of this release's sets"):
+        build(_recipe(), tmp_path / "rel3", data_files={"train": str(d0_file)}, new_rows_files=[str(tmp_path / "seq_gen.parquet")],
+              progress=False, quality=[str(report)])
+    assert not (tmp_path / "rel3").exists()
+    with pytest.raises(ConfigError, match="not a report of `debiased-nli quality`"):
+        (tmp_path / "fake.json").write_text("{}")
+        build(_recipe(), tmp_path / "rel4", data_files={"train": str(d0_file)}, progress=False,
+              quality=[str(tmp_path / "fake.json")])

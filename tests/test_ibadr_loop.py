@@ -97,7 +97,7 @@ def canonical(ds):
 @pytest.fixture(scope="module")
 def full_run(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("ibadr_full")
-    return out, run_ibadr(world["d0"], "snli", config(world), out, progress=False)
+    return out, run_ibadr(world["d0"], get_task("snli"), config(world), out, progress=False)
 
 
 def test_the_pool_grows_by_exactly_the_kept_rows(world, full_run):
@@ -178,19 +178,19 @@ def test_a_killed_run_resumes_to_the_identical_pool(world, full_run, tmp_path):
     _, res = full_run
     out = tmp_path / "resumed"
     for stop in ("iter-1:shallow", "iter-1:generator", "iter-2:scores", "iter-2:samples"):
-        part = run_ibadr(world["d0"], "snli", config(world), out, progress=False, stop_after=stop)
+        part = run_ibadr(world["d0"], get_task("snli"), config(world), out, progress=False, stop_after=stop)
         assert not part.complete
-    again = run_ibadr(world["d0"], "snli", config(world), out, progress=False)
+    again = run_ibadr(world["d0"], get_task("snli"), config(world), out, progress=False)
     assert again.complete and canonical(again.pool) == canonical(res.pool)
     # a rerun of a finished run reads it and changes nothing
-    assert canonical(run_ibadr(world["d0"], "snli", config(world), out, progress=False).pool) == canonical(res.pool)
+    assert canonical(run_ibadr(world["d0"], get_task("snli"), config(world), out, progress=False).pool) == canonical(res.pool)
     with pytest.raises(Exception, match="other settings"):
-        run_ibadr(world["d0"], "snli", config(world, epsilon=0.5), out, progress=False)
+        run_ibadr(world["d0"], get_task("snli"), config(world, epsilon=0.5), out, progress=False)
 
 
 def test_ablations_change_what_they_name(world, tmp_path):
     # w/o bias indicator and w/o iterative generation: one iteration of n_iter x M samples from p(x | y)
-    res = run_ibadr(world["d0"], "snli", config(world, indicator="none", iterate=False), tmp_path / "a",
+    res = run_ibadr(world["d0"], get_task("snli"), config(world, indicator="none", iterate=False), tmp_path / "a",
                     progress=False)
     it = tmp_path / "a" / "iter-1"
     assert res.complete and res.report["iterations_complete"] == 1 and not (tmp_path / "a" / "iter-2").exists()
@@ -199,7 +199,7 @@ def test_ablations_change_what_they_name(world, tmp_path):
     assert set(load_parquet(it / "prompts.parquet")["indicator"]) == {0}
     # b_r => b_1 and w/o USM: every b-bar is b1; iteration 2 scores with the first theta_s
     out = tmp_path / "b"
-    run_ibadr(world["d0"], "snli", config(world, indicator="lowest", update_shallow=False), out, progress=False,
+    run_ibadr(world["d0"], get_task("snli"), config(world, indicator="lowest", update_shallow=False), out, progress=False,
               stop_after="iter-2:scores")
     assert set(load_parquet(out / "iter-1" / "prompts.parquet")["indicator"]) == {1}
     s2 = json.loads((out / "iter-2" / "shallow.json").read_text())
@@ -212,7 +212,8 @@ def test_the_recipe_publishes_an_ibadr_config_and_composes_its_rows(world, full_
 
     out, _ = full_run
     params = {"out": str(out), **{k: v for k, v in json.loads((out / "config.json").read_text()).items()
-                                  if k not in ("task", "d0_rows", "d0_sha256")}, "progress": False}
+                                  if k not in ("task", "d0_rows", "d0_sha256", "seed")}, "progress": False}
+    # no seed of their own: both steps get the build's (0 here, the run's), by one route
     recipe = {"task": "snli", "name": "ibadr-test", "z_filter": {"top_k": 5, "batch_size": 8},
               "features": {"hypothesis_only": "tfidf", "folds": 2}, "configs": ["ibadr", "z_aug", "seq_z"],
               "filters": [{"step": "ibadr", "config": "ibadr", **params}],

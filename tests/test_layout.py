@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "debiased_nli"
 # the stages in pipeline order: each may import only from itself and the ones before it
-STAGES = ("utils", "data", "models", "bias", "methods", "release", "api", "cli")
+STAGES = ("utils", "data", "models", "bias", "methods", "release", "evaluation", "api", "cli")
 
 
 def _module(path: Path) -> str:
@@ -126,3 +126,53 @@ def test_each_stage_imports_on_its_own(stage):
     proc = subprocess.run([sys.executable, "-c", f"import debiased_nli.{stage}"], capture_output=True, text=True,
                           cwd=PACKAGE.parent)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_evaluation_is_a_stage_of_its_own_and_release_only_builds_diffs_and_publishes():
+    """Scoring models, their statistics and the comparisons live in ``evaluation`` (after ``release``): no module
+    of ``release`` or ``models`` scores classifiers on the challenge suite or compares trained rows."""
+    modules = _modules()
+    assert {"debiased_nli.evaluation.scores", "debiased_nli.evaluation.significance",
+            "debiased_nli.evaluation.compare"} <= set(modules)
+    wrong = [m for m in modules if _stage(m) in ("release", "models")
+             and m.rsplit(".", 1)[-1] in ("compare", "evaluation", "significance", "scores")]
+    assert wrong == []
+
+
+# where a task's name becomes its TaskSpec (data.tasks.get_task): the edges, each with why; everything past an
+# edge takes the TaskSpec it was handed
+TASK_EDGES = {
+    "debiased_nli.cli.commands._common": "the command line (task_from_args)",
+    "debiased_nli.cli.commands.generate": "the command line",
+    "debiased_nli.api.classifiers": "the public API (train)",
+    "debiased_nli.api.releases": "the public API (audit)",
+    "debiased_nli.release.recipe": "a recipe names its task",
+    "debiased_nli.evaluation.compare.plan": "a comparison plan names its task",
+    "debiased_nli.release.diff": "a release's manifest names its task",
+    "debiased_nli.models.challenge": "a challenge set's spec names its task",
+    "debiased_nli.models.card": "a training record names its task",
+    "debiased_nli.data.loading": "the public API (load_task, new_rows)",
+    "debiased_nli.bias.featurize": "the public API (add_features)",
+    "debiased_nli.bias.zfilter": "the public API (z_filter)",
+    "debiased_nli.bias.audit": "the public API (audit_dataset)",
+    "debiased_nli.models.training": "the public API (train_classifier)",
+    # not yet: modules other work held while the rest moved (issue 47 item 3); each takes a name or a TaskSpec
+    "debiased_nli.methods.generation.sample": "not yet (held by other work)",
+    "debiased_nli.methods.generation.steps": "not yet (held by other work)",
+    "debiased_nli.methods.generation.train": "not yet (held by other work)",
+    "debiased_nli.methods.confidence": "not yet (held by other work)",
+    "debiased_nli.methods.quality": "not yet (held by other work)",
+    "debiased_nli.bias.self_audit": "not yet (held by other work)",
+}
+
+
+def test_a_task_is_resolved_only_at_the_edges():
+    """``get_task(`` is called where a name comes in (the command line, a recipe, a plan, a file that names its
+    task, the public API) and nowhere past it: the steps, the methods' runs and the comparison's rows and units
+    take the TaskSpec they are handed."""
+    import re
+
+    calls = {m for m, path in _modules().items() if m != "debiased_nli.data.tasks"
+             and re.search(r"\bget_task\(", path.read_text())}
+    assert sorted(calls - set(TASK_EDGES)) == [], "resolve the task at the edge and hand its TaskSpec on"
+    assert sorted(set(TASK_EDGES) - calls) == [], "no longer an edge: remove it from TASK_EDGES"

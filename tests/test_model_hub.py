@@ -168,7 +168,7 @@ def test_evaluate_creates_the_repo_and_keeps_another_cards_text(hub):
     results stay and only the same sets' results are replaced."""
     from huggingface_hub import HfApi, ModelCard
 
-    from debiased_nli.models.evaluation import SCHEMA
+    from debiased_nli.evaluation.scores import SCHEMA
     from debiased_nli.models.hub import push_results
 
     def results(acc):

@@ -184,7 +184,7 @@ def test_compare_runs_from_the_wheel_on_the_demo_release_and_resumes_after_a_kil
     assert comp["primary"] and comp["sets"]["demo_heldout"]["p_adjusted"] is not None
     md = (work / "results" / "compare.md").read_text()
     assert "## Differences with 95% intervals" in md and (work / "results" / "compare.png").exists()
-    imported = subprocess.run([sys.executable, "-c", "import debiased_nli.release.compare as c; print(c.__file__)"],
+    imported = subprocess.run([sys.executable, "-c", "import debiased_nli.evaluation.compare as c; print(c.__file__)"],
                               cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert imported.stdout.startswith(str(site)), imported.stdout + imported.stderr
     print(f"killed after {killed_at:.0f}s with {len(finished)} unit(s) done; all 6 after {time.monotonic() - t0:.0f}s")

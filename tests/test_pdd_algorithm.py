@@ -13,7 +13,7 @@ from debiased_nli.bias.featurize import add_features
 from debiased_nli.methods.pdd.algorithm import (LOST_X, NO_SURVIVOR, SAME_AS_SOURCE, STILL_HAS_X, Algorithm1,
                                                 PairFeaturizer, PDDConfig, PDDState, Perturber, PerturbRequest,
                                                 ResultCache, reference_reduce_feature)
-from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+from debiased_nli.methods.pdd.hypothesis_folds import HypothesisOnlyFolds
 from debiased_nli.methods.pdd.run import run_pdd
 from debiased_nli.methods.pdd.step import build_outputs, log_dataset
 from debiased_nli.methods.pdd.zvalue import z_star
@@ -29,7 +29,7 @@ def demo():
 
 @pytest.fixture(scope="module")
 def run(demo):
-    return run_pdd(demo, "demo", filler=NonceFiller(), teacher=HashTeacher(), progress=False,
+    return run_pdd(demo, get_task("demo"), filler=NonceFiller(), teacher=HashTeacher(), progress=False,
                    config=PDDConfig(tau=TAU, batch_size=16, seed=3))
 
 
@@ -121,7 +121,7 @@ def test_fast_walk_agrees_with_the_slow_reference_operation_for_operation(demo, 
 
 def test_batch_size_does_not_change_the_output(demo):
     small = demo.select(range(300))
-    outs = [run_pdd(small, "demo", filler=NonceFiller(), teacher=HashTeacher(), progress=False,
+    outs = [run_pdd(small, get_task("demo"), filler=NonceFiller(), teacher=HashTeacher(), progress=False,
                     config=PDDConfig(tau=3.0, batch_size=b, seed=1, families=["unigram", "hypo_only"]))
             for b in (1, 13)]
     assert outs[0].state.uid == outs[1].state.uid and outs[0].state.alive == outs[1].state.alive
@@ -132,7 +132,7 @@ def test_same_seed_gives_byte_identical_output(demo, tmp_path):
     small = demo.select(range(300))
     paths = []
     for i in range(2):
-        out = run_pdd(small, "demo", filler=NonceFiller(), teacher=HashTeacher(), progress=False,
+        out = run_pdd(small, get_task("demo"), filler=NonceFiller(), teacher=HashTeacher(), progress=False,
                       config=PDDConfig(tau=3.0, seed=2, families=["overlap", "unigram"]))
         kept, removed = build_outputs(small, get_task("demo"), out)
         for name, d in (("kept", kept), ("removed", removed), ("log", log_dataset(out.log))):
@@ -161,24 +161,24 @@ class FailingAfter:
 def test_an_interrupted_run_continues_from_its_checkpoint(demo, tmp_path):
     small = demo.select(range(300))
     cfg = PDDConfig(tau=3.0, seed=4, batch_size=8, checkpoint_every=5, families=["unigram"])
-    full = run_pdd(small, "demo", filler=NonceFiller(), teacher=HashTeacher(), progress=False, config=cfg)
+    full = run_pdd(small, get_task("demo"), filler=NonceFiller(), teacher=HashTeacher(), progress=False, config=cfg)
     with pytest.raises(KeyboardInterrupt):
-        run_pdd(small, "demo", filler=FailingAfter(NonceFiller(), 6), teacher=HashTeacher(), progress=False,
+        run_pdd(small, get_task("demo"), filler=FailingAfter(NonceFiller(), 6), teacher=HashTeacher(), progress=False,
                 config=cfg, work_dir=tmp_path / "w")
-    resumed = run_pdd(small, "demo", filler=NonceFiller(), teacher=HashTeacher(), progress=False, config=cfg,
+    resumed = run_pdd(small, get_task("demo"), filler=NonceFiller(), teacher=HashTeacher(), progress=False, config=cfg,
                       work_dir=tmp_path / "w")
     ops = resumed.report["operations"]
     assert ops["from_checkpoint"] > 0 and ops["computed"] < full.report["operations"]["computed"]
     assert resumed.state.uid == full.state.uid and resumed.state.alive == full.state.alive
     with pytest.raises(ConfigError, match="other settings"):
-        run_pdd(small, "demo", filler=NonceFiller(), teacher=HashTeacher(), progress=False,
+        run_pdd(small, get_task("demo"), filler=NonceFiller(), teacher=HashTeacher(), progress=False,
                 config=PDDConfig(tau=2.5, seed=4, families=["unigram"]), work_dir=tmp_path / "w")
 
 
 def test_a_feature_that_cannot_reach_tau_stops_with_the_reason(demo):
     """A filler that always puts x back can never make a lose candidate: every pass fails, the feature is
     reported unreachable instead of looping."""
-    out = run_pdd(demo.select(range(400)), "demo", filler=WordFiller("nobody"), teacher=HashTeacher(),
+    out = run_pdd(demo.select(range(400)), get_task("demo"), filler=WordFiller("nobody"), teacher=HashTeacher(),
                   progress=False, config=PDDConfig(tau=TAU, families=["unigram"], max_passes=50))
     rec = next(r for r in out.report["features"] if r["feature"] == "nobody@pair")
     # keep operations (for labels under p0) can still succeed in the first pass; no lose operation ever does
@@ -190,7 +190,7 @@ def test_a_feature_that_cannot_reach_tau_stops_with_the_reason(demo):
 
 
 def test_max_passes_bounds_the_walk(demo):
-    out = run_pdd(demo.select(range(400)), "demo", filler=NonceFiller(), teacher=HashTeacher(), progress=False,
+    out = run_pdd(demo.select(range(400)), get_task("demo"), filler=NonceFiller(), teacher=HashTeacher(), progress=False,
                   config=PDDConfig(tau=0.5, families=["hypo_only"], max_passes=1))
     assert all(r["passes"] <= 1 for r in out.report["features"])
     assert any(r["status"] == "max_passes" for r in out.report["features"])
@@ -251,7 +251,7 @@ def test_fever_label_groups_walk_two_classes():
     lab = [labels[0] if i % 3 == 0 else labels[1 + (i % 2)] for i in range(300)]
     ds = new_rows("fever", [" ".join(rng.choice(words, 9)) for _ in range(300)], claims, lab, origin="original",
                   method="test")
-    out = run_pdd(ds, "fever", filler=NonceFiller(), teacher=HashTeacher(), progress=False,
+    out = run_pdd(ds, get_task("fever"), filler=NonceFiller(), teacher=HashTeacher(), progress=False,
                   config=PDDConfig(tau=3.0, families=["unigram"],
                                    label_groups=[["SUPPORTS"], ["REFUTES", "NOT ENOUGH INFO"]]))
     assert out.report["label_groups"] == ["SUPPORTS", "REFUTES+NOT ENOUGH INFO"] and out.report["p0"] == 0.5

@@ -16,7 +16,7 @@ from debiased_nli.methods.pdd.algorithm import (Algorithm1, PairFeaturizer, PDDC
                                                 PerturbRequest)
 from debiased_nli.methods.pdd.encoder import PackedBert, length_groups, supports
 from debiased_nli.methods.pdd.fill import FillRequest, MaskFiller
-from debiased_nli.methods.pdd.hyponly import HypothesisOnlyFolds
+from debiased_nli.methods.pdd.hypothesis_folds import HypothesisOnlyFolds
 from debiased_nli.methods.pdd.masking import MASK
 from debiased_nli.methods.pdd.run import run_pdd
 from debiased_nli.methods.pdd.step import build_outputs, log_dataset
@@ -183,7 +183,7 @@ def test_the_walk_with_the_fast_engines_gives_the_same_rows_and_is_byte_identica
     cfg = PDDConfig(tau=3.0, seed=6, batch_size=8, families=["hypo_only", "unigram"])
     outs = {}
     for name, p in (("padded", ref), ("fast", fast), ("fast2", fast)):
-        outs[name] = run_pdd(demo, "demo", filler=p.filler, teacher=p.teacher, progress=False, config=cfg)
+        outs[name] = run_pdd(demo, get_task("demo"), filler=p.filler, teacher=p.teacher, progress=False, config=cfg)
     a, b = outs["padded"], outs["fast"]
     assert a.report["operations"]["succeeded"] >= 10
     assert a.state.uid == b.state.uid and a.state.alive == b.state.alive

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from debiased_nli.data.tasks import get_task
 from debiased_nli.cli import main
 from debiased_nli.data.loading import load_task
 from debiased_nli.utils.errors import ConfigError
@@ -62,9 +63,9 @@ def test_the_pdd_config_builds_with_its_card(models, tmp_path):
 def test_unknown_parameters_and_a_missing_teacher_are_refused(models):
     ds = load_task("demo").dataset.select(range(50))
     with pytest.raises(ConfigError, match="unknown PDD parameter"):
-        pdd_step(ds, "demo", {"teacher": models[1], "taus": 3})
+        pdd_step(ds, get_task("demo"), {"teacher": models[1], "taus": 3})
     with pytest.raises(ConfigError, match="needs `teacher`"):
-        pdd_step(ds, "demo", {"mlm": models[0]})
+        pdd_step(ds, get_task("demo"), {"mlm": models[0]})
 
 
 def test_the_recipes_pdd_profiles_load():

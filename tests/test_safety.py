@@ -570,7 +570,7 @@ def test_a_recipe_card_text_with_the_markers_never_reaches_the_hub(world, capsys
 def test_each_writer_replaces_its_own_files_and_refuses_the_users(tmp_path):
     """An output of this tool (marked with its sha256) is replaced by the next run; the same file edited by the
     user since, or one the user put there, is refused by name."""
-    from debiased_nli.models.evaluation import SCHEMA, write_outputs
+    from debiased_nli.evaluation.scores import SCHEMA, write_outputs
     from debiased_nli.utils.errors import ConfigError
 
     results = {"schema": SCHEMA, "models": [{"path": "m", "seed": 0}], "num_models": 1, "config": {},
@@ -669,7 +669,7 @@ def test_every_hub_call_ends_at_the_deadline(aflite_release, tmp_path, monkeypat
     from test_bad_input import TricklingServer
 
     from debiased_nli.models.hub import push_model, push_results
-    from debiased_nli.release.compare.hub import push_report
+    from debiased_nli.evaluation.compare.hub import push_report
     from debiased_nli.utils.errors import ConfigError
 
     rel = aflite_release / "rel"

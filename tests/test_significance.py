@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks import interval_coverage
-from debiased_nli.models.significance import (Difference, benjamini_hochberg, bonferroni, correct, holm,
+from debiased_nli.evaluation.significance import (Difference, benjamini_hochberg, bonferroni, correct, holm,
                                               matching_levels, paired_bootstrap, permutation_test, seed_row_interval)
 from debiased_nli.utils.errors import ConfigError
 

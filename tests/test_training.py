@@ -275,7 +275,7 @@ def test_poe_training_runs_with_the_tfidf_bias_model(tiny_encoder, snli_small, t
     cfg = TrainConfig(model=str(tiny_encoder), output_dir=str(tmp_path / "poe"), learning_rate=1e-3,
                       batch_size=32, max_length=48, epochs=1, seed=1, progress=False, use_cpu=True,
                       poe=True, poe_beta=1.0, poe_gamma=1.0)
-    result = train_classifier(cfg, "snli", train, dev, bias_model=bias_model_for(cfg, "snli"))
+    result = train_classifier(cfg, "snli", train, dev, bias_model=bias_model_for(cfg, get_task("snli")))
     assert result.bias_model["method"] == "tfidf-logreg-oof" and result.bias_model["beta"] == 1.0
     assert (tmp_path / "poe" / "model.safetensors").exists()
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from debiased_nli.data.loading import load_task
+from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError, EmptyResultError
 from debiased_nli.bias.features import build_feature_matrices, build_feature_matrix
 from debiased_nli.bias.featurize import add_features
@@ -172,7 +173,7 @@ def test_compose_and_z_filter_resolve_the_small_input_rule_alike(snli):
         warnings.simplefilter("always")
         alone = z_filter(d0, "snli", batch_size=1000, progress=False)
         new_alone = z_filter(dg, "snli", batch_size=1000, progress=False)
-        composed = compose(d0, dg, "snli", batch_size=1000, progress=False)
+        composed = compose(d0, dg, get_task("snli"), batch_size=1000, progress=False)
     assert alone.params["batch_size_used"] == composed["z_filtered"].params["batch_size_used"] == 30
     assert alone.params["batch_size_note"] == composed["z_filtered"].params["batch_size_note"]
     assert new_alone.params["batch_size_note"] == composed["par_z_new"].params["batch_size_note"]

@@ -213,8 +213,8 @@ def evaluate(models: "str | Sequence[str]", *, suite: str | None = None, sets: "
         progress: show progress bars.
     """
     from ..models.challenge import resolve_sets
-    from ..models.evaluation import EvalConfig, evaluate_models, evaluation_outputs, load_results, render_report
-    from ..models.evaluation import write_outputs
+    from ..evaluation.scores import EvalConfig, evaluate_models, evaluation_outputs, load_results, render_report
+    from ..evaluation.scores import write_outputs
     from ..utils.errors import ConfigError
     from ..utils.paths import check_model_reference
 
@@ -315,10 +315,10 @@ def compare(plan: "str | os.PathLike[str]", action: str = "report", *, runs_dir:
     import sys
     import time
 
-    from ..release.compare import load_plan, run_workers, unit_states
-    from ..release.compare import run as run_units
-    from ..release.compare.report import intervals_path
-    from ..release.compare.report import report as write_report
+    from ..evaluation.compare import load_plan, run_workers, unit_states
+    from ..evaluation.compare import run as run_units
+    from ..evaluation.compare.report import intervals_path
+    from ..evaluation.compare.report import report as write_report
     from ..utils.errors import ConfigError
 
     if action not in ("status", "run", "report"):
@@ -365,7 +365,7 @@ def compare(plan: "str | os.PathLike[str]", action: str = "report", *, runs_dir:
     files = [stem.with_suffix(x) for x in (".md", ".json", ".png")] + [intervals_path(stem)]
     pushed = None
     if push_to:
-        from ..release.compare.hub import push_report
+        from ..evaluation.compare.hub import push_report
 
         pushed = push_report(p, table, stem, push_to, revision=revision, token=token)
     return CompareOutcome(action, table=table, files=[f for f in files if f.exists()], stem=stem,

@@ -20,7 +20,7 @@ def build(recipe: "str | os.PathLike[str] | Mapping[str, Any]", out: "str | os.P
           new_rows: "Sequence[str] | None" = None, profile: str | None = None, max_rows: int | None = None,
           seed: int | None = None, overwrite: bool = False, efficacy: "str | os.PathLike[str] | None" = None,
           replay: "str | os.PathLike[str] | None" = None, timings: bool = False, progress: bool = False,
-          prune_cache: bool = True) -> "BuildResult":
+          prune_cache: bool = True, quality: "Sequence[str] | None" = None) -> "BuildResult":
     """Build a release folder from a recipe (``debiased-nli build``).
 
     Args:
@@ -41,6 +41,8 @@ def build(recipe: "str | os.PathLike[str] | Mapping[str, Any]", out: "str | os.P
         progress: show progress bars.
         prune_cache: afterwards, delete the oldest feature-cache entries beyond ``$DEBIASED_NLI_CACHE_MAX_MB``
             (the result's ``pruned``).
+        quality: reports of ``debiased-nli quality`` (``quality.json`` files or their folders) on this release's
+            generated rows: shown in the card, recorded in the manifest; one that measured other rows is refused.
 
     Returns:
         The :class:`~debiased_nli.release.recipe.BuildResult`: ``out_dir``, the train rows of each config, the
@@ -53,7 +55,7 @@ def build(recipe: "str | os.PathLike[str] | Mapping[str, Any]", out: "str | os.P
     path = recipe if isinstance(recipe, Mapping) else find_recipe(recipe)
     result = build_release(path, out, data_files=data_files, new_rows_files=new_rows, overwrite=overwrite, seed=seed,
                            progress=progress and is_main_rank(), max_rows=max_rows, profile=profile,
-                           efficacy=efficacy, timings=timings, replay=replay)
+                           efficacy=efficacy, timings=timings, replay=replay, quality=quality)
     result.recipe_path = None if isinstance(path, Mapping) else Path(path)
     if prune_cache and is_main_rank():
         from ..utils.cache import prune_cache as prune

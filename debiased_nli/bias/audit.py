@@ -124,7 +124,8 @@ def plot_zstats(zs: ZStats, threshold: float, path: "str | Path", title: str = "
     fig, axes = plt.subplots(1, K, figsize=(4.2 * K, 3.8), sharey=True, squeeze=False)
     present = zs.n > 0
     n = zs.n[present]
-    xs = np.logspace(0, math.log10(max(n.max() if len(n) else 10, 10)), 200)
+    # the threshold curves are drawn over this grid (sorted); the scatter's own x values are not
+    grid = np.logspace(0, math.log10(max(n.max() if len(n) else 10, 10)), 200)
     top = zs.top_k(annotate)
     for l, ax in enumerate(axes[0]):
         p = zs.p_hat[present, l]
@@ -136,9 +137,9 @@ def plot_zstats(zs: ZStats, threshold: float, path: "str | Path", title: str = "
         xs, ys, a = _stacked(n[sig], c[sig], 0.7)
         ax.scatter(xs, ys, alpha=a, s=6, color="C3", lw=0, label="|z| > threshold")
         p0 = zs.p0[l]
-        band = threshold * np.sqrt(p0 * (1 - p0) / xs)
-        ax.plot(xs, np.clip(p0 + band, 0, 1), color="C0", lw=1)
-        ax.plot(xs, np.clip(p0 - band, 0, 1), color="C0", lw=1)
+        band = threshold * np.sqrt(p0 * (1 - p0) / grid)
+        ax.plot(grid, np.clip(p0 + band, 0, 1), color="C0", lw=1)
+        ax.plot(grid, np.clip(p0 - band, 0, 1), color="C0", lw=1)
         ax.axhline(p0, color="C0", lw=0.6, ls=":")
         for i in top[l][top[l] >= 0]:
             ax.annotate(str(zs.vocab[i]), (zs.n[i], zs.p_hat[i, l]), fontsize=6, alpha=0.9,

@@ -9,13 +9,13 @@ import time
 from typing import Mapping, Sequence
 
 from ..data.loading import labels_of, materialize
-from ..data.tasks import TaskSpec, get_task
+from ..data.tasks import TaskSpec
 from ..utils.processes import can_fork, freeze_gc, return_free_memory, unfreeze_gc, usable_cpus
 from .features import FeatureMatrix, build_feature_matrices, build_feature_matrix
 from .zfilter import MIN_BATCHES, ZFilterResult, walk_batch_size, z_filter_matrix, z_filter_result
 
 
-def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
+def compose(d0, dg, task: TaskSpec, *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
             p0="uniform", configs: Sequence[str] | None = None, progress: bool = True,
             features: "tuple[FeatureMatrix, FeatureMatrix | None] | None" = None,
             seconds: dict | None = None, num_proc: "int | str | None" = None) -> dict[str, ZFilterResult]:
@@ -33,7 +33,6 @@ def compose(d0, dg, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int 
     """
     from tqdm.auto import tqdm
 
-    task = get_task(task)
     wanted = set(configs) if configs else None
     has_new = dg is not None and len(dg) > 0
     if features is None:
@@ -157,7 +156,7 @@ def _forked_walks(jobs: Mapping[str, tuple], processes: int):
         _WALKS.clear()
 
 
-def z_filtered_original(d0, task: "str | TaskSpec", *, hypothesis_only="tfidf", folds: int = 5, seed: int = 0,
+def z_filtered_original(d0, task: TaskSpec, *, hypothesis_only="tfidf", folds: int = 5, seed: int = 0,
                         top_k: int = 20, batch_size: int = 1000, p0="uniform", progress: bool = True) -> ZFilterResult:
     """Z(D0) exactly as ``debiased-nli build`` makes its ``z_filtered`` config from a recipe with these
     ``features`` and ``z_filter`` settings and this seed (the hypothesis-only model's folds and the

@@ -530,10 +530,6 @@ class FeatureMatrix:
         data = np.ones(len(self.indices), dtype=np.float32)
         return sp.csr_matrix((data, self.indices, self.indptr), shape=(self.n_rows, self.n_features))
 
-    def row_ids(self) -> np.ndarray:
-        """The row of every stored entry (same length as ``indices``)."""
-        return np.repeat(np.arange(self.n_rows, dtype=np.int64), np.diff(self.indptr))
-
     def row(self, i: int) -> list[str]:
         return [str(self.vocab[j]) for j in self.indices[self.indptr[i]:self.indptr[i + 1]]]
 

@@ -180,11 +180,6 @@ def add_features_pair(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | 
     return d0_f, dg_f, result
 
 
-def require_features(ds, what: str = "this stage") -> None:
-    if not feature_columns(ds):
-        raise ConfigError(f"{what} needs feature columns (feat_*); run debiased_nli.bias.featurize.add_features first")
-
-
 def transformer_dir(cache: Path, d0, params: dict, seed: int) -> Path:
     """Where the out-of-fold transformer keeps its folds: one folder per (D0, settings, seed)."""
     from .hypothesis_only import TRANSFORMER_RUNTIME_KEYS, transformer_params

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..data.tasks import TaskSpec, get_task
+from ..data.tasks import TaskSpec
 from ..utils.errors import ConfigError
 from .featurize import add_features
 
@@ -29,9 +29,8 @@ def bias_log_probabilities(ds, task: TaskSpec, bias_model: str = "tfidf", *, see
     return np.log(probs).astype(np.float32), result.to_dict()
 
 
-def bias_model_for(cfg: Any, task: "str | TaskSpec") -> Callable[[Any], tuple[np.ndarray, dict]]:
+def bias_model_for(cfg: Any, task: TaskSpec) -> Callable[[Any], tuple[np.ndarray, dict]]:
     """The fixed bias model a :class:`~debiased_nli.models.training.TrainConfig` names (``cfg.bias_model``:
     ``"tfidf"`` or a hypothesis-only classifier folder), as the function of the training rows that
     ``train_classifier(..., bias_model=...)`` calls on the rows it trains on."""
-    task = get_task(task)
     return lambda ds: bias_log_probabilities(ds, task, cfg.bias_model, seed=cfg.data_seed, progress=cfg.progress)

@@ -106,15 +106,6 @@ class ZStats:
             out[l] = top_k_ids(self.z[:, l], k, present)
         return out
 
-    def biased_mask(self, k: int = 20) -> np.ndarray:
-        """mask[x, l]: feature x is among label l's top-k."""
-        mask = np.zeros(self.z.shape, bool)
-        top = self.top_k(k)
-        for l in range(self.num_labels):
-            ids = top[l][top[l] >= 0]
-            mask[ids, l] = True
-        return mask
-
     def count_above(self, threshold: float) -> dict[str, int]:
         present = self.n > 0
         return {name: int(np.sum(present & (np.abs(self.z[:, l]) > threshold)))

@@ -49,6 +49,7 @@ from .. import __version__
 from ..utils.cache import discard_entry, load_npy, record_entry, save_npy, temp_name, usable
 from ..utils.outputs import marker_of
 from ..utils.errors import ConfigError, InvalidInputError
+from .aflite.params import PARAMS as _AFLITE
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,10 @@ DEFAULT_ENCODER = "roberta-large"
 #: the encoder available offline on the development machines
 OFFLINE_ENCODER = str(Path.home() / ".cache" / "debiased-nli" / "models" / "all-minilm-l6-v2")
 POOLINGS = ("cls", "mean")
-#: Appendix A.4 of the paper (see the module docstring)
-PAPER_WARMUP = {"epochs": 3.0, "lr": 1e-5, "eps": 1e-8, "batch_size": 92}
+#: Appendix A.4 of the paper (see the module docstring), as AFLite's parameters declare it (aflite/params.py)
+PAPER_WARMUP = {k: _AFLITE[f"warmup_{k}"].default for k in ("epochs", "lr", "eps", "batch_size")}
 #: "a small fraction of the data" (§2): the share is the project's choice
-DEFAULT_WARMUP_SHARE = 0.1
+DEFAULT_WARMUP_SHARE = _AFLITE["warmup_share"].default
 
 
 def default_encoder() -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -98,6 +99,21 @@ def _minhash(sets: list[set[int]], num_perm: int, seed: int) -> np.ndarray:
     return out
 
 
+def _lsh_candidates(sig_own: np.ndarray, sig_ref: np.ndarray, bands: int, self_ref: bool, earlier_only: bool):
+    """(i, j) for every own row i and reference row j that share a band of their MinHash signatures (a pair may
+    come once per band it shares); a set against itself skips i == j, or with ``earlier_only`` every j >= i."""
+    rows = sig_own.shape[1] // bands
+    for b in range(bands):
+        buckets: dict[bytes, list[int]] = {}
+        for j, sig in enumerate(sig_ref[:, b * rows:(b + 1) * rows]):
+            buckets.setdefault(sig.tobytes(), []).append(j)
+        for i, sig in enumerate(sig_own[:, b * rows:(b + 1) * rows]):
+            for j in buckets.get(sig.tobytes(), ()):
+                if self_ref and (j >= i if earlier_only else j == i):
+                    continue
+                yield i, j
+
+
 def near_duplicates(texts: Sequence[str], reference: Sequence[str] | None = None, *,
                     threshold: float = NEAR_DUP_JACCARD, num_perm: int = NUM_PERM, bands: int = BANDS,
                     seed: int = 0, earlier_only: bool = False) -> dict:
@@ -110,25 +126,17 @@ def near_duplicates(texts: Sequence[str], reference: Sequence[str] | None = None
         raise ConfigError("earlier_only compares a set with itself; it takes no reference")
     if num_perm % bands:
         raise ConfigError(f"num_perm ({num_perm}) must be a multiple of bands ({bands})")
-    rows = num_perm // bands
     own = [_shingles(t) for t in texts]
     ref = own if reference is None else [_shingles(t) for t in reference]
     sig_own = _minhash(own, num_perm, seed)
     sig_ref = sig_own if reference is None else _minhash(ref, num_perm, seed)
     best = np.zeros(len(own))
     match = np.full(len(own), -1, dtype=np.int64)
-    for b in range(bands):
-        buckets: dict[bytes, list[int]] = {}
-        for j, sig in enumerate(sig_ref[:, b * rows:(b + 1) * rows]):
-            buckets.setdefault(sig.tobytes(), []).append(j)
-        for i, sig in enumerate(sig_own[:, b * rows:(b + 1) * rows]):
-            for j in buckets.get(sig.tobytes(), ()):
-                if reference is None and (j >= i if earlier_only else j == i):
-                    continue
-                inter = len(own[i] & ref[j])
-                jac = inter / max(len(own[i] | ref[j]), 1)
-                if jac > best[i]:
-                    best[i], match[i] = jac, j
+    for i, j in _lsh_candidates(sig_own, sig_ref, bands, reference is None, earlier_only):
+        inter = len(own[i] & ref[j])
+        jac = inter / max(len(own[i] | ref[j]), 1)
+        if jac > best[i]:
+            best[i], match[i] = jac, j
     hit = best >= threshold
     return {"rows": len(own), "threshold": threshold, "near_duplicates": int(hit.sum()),
             "near_duplicate_share": round(float(hit.mean()) if len(own) else 0.0, 6),
@@ -156,7 +164,6 @@ def pair_near_duplicates(premises: Sequence[str], hypotheses: Sequence[str],
         raise ConfigError(f"{len(premises)} premises but {len(hypotheses)} hypotheses")
     if num_perm % bands:
         raise ConfigError(f"num_perm ({num_perm}) must be a multiple of bands ({bands})")
-    rows = num_perm // bands
     own_h = [_shingles(t) for t in hypotheses]
     own_p: dict[int, set[int]] = {}
     self_ref = ref_premises is None
@@ -177,21 +184,16 @@ def pair_near_duplicates(premises: Sequence[str], hypotheses: Sequence[str],
     best = np.zeros(len(own_h))
     match = np.full(len(own_h), -1, dtype=np.int64)
     checked: list[set[int]] = [set() for _ in own_h]
-    for b in range(bands):
-        buckets: dict[bytes, list[int]] = {}
-        for j, sig in enumerate(sig_ref[:, b * rows:(b + 1) * rows]):
-            buckets.setdefault(sig.tobytes(), []).append(j)
-        for i, sig in enumerate(sig_own[:, b * rows:(b + 1) * rows]):
-            for j in buckets.get(sig.tobytes(), ()):
-                if (self_ref and (j >= i if earlier_only else j == i)) or j in checked[i]:
-                    continue
-                checked[i].add(j)
-                jh = jac(own_h[i], ref_h[j])
-                if jh < threshold or jh <= best[i]:
-                    continue
-                sim = min(jh, jac(shingles_of(own_p, premises, i), shingles_of(ref_p, src_p, j)))
-                if sim > best[i]:
-                    best[i], match[i] = sim, j
+    for i, j in _lsh_candidates(sig_own, sig_ref, bands, self_ref, earlier_only):
+        if j in checked[i]:
+            continue
+        checked[i].add(j)
+        jh = jac(own_h[i], ref_h[j])
+        if jh < threshold or jh <= best[i]:
+            continue
+        sim = min(jh, jac(shingles_of(own_p, premises, i), shingles_of(ref_p, src_p, j)))
+        if sim > best[i]:
+            best[i], match[i] = sim, j
     hit = best >= threshold
     return {"rows": len(own_h), "threshold": threshold, "near_duplicates": int(hit.sum()),
             "near_duplicate_share": round(float(hit.mean()) if len(own_h) else 0.0, 6),
@@ -273,6 +275,18 @@ def rows_fingerprint(ds) -> str:
     return h.hexdigest()[:12]
 
 
+def set_fingerprint(ds) -> str:
+    """16 hex digits of the sha256 of the sorted (premise, hypothesis, label) rows: the same for the same set of
+    rows in any order. A quality report records it, so a release build can tell which of its sets it measured."""
+    labels = labels_of(ds).tolist()
+    digests = sorted(hashlib.sha256(f"{p}\t{h}\t{lab}".encode()).digest()
+                     for p, h, lab in zip(ds["premise"], ds["hypothesis"], labels))
+    h = hashlib.sha256()
+    for d in digests:
+        h.update(d)
+    return h.hexdigest()[:16]
+
+
 def _probs(model_dir: str, ds, task: TaskSpec, progress: bool) -> np.ndarray:
     from ..models.classifier import load_classifier, predict_probabilities
 
@@ -341,3 +355,49 @@ def train_on_generated(generated, real, heldout, task: "str | TaskSpec", model: 
     r = float(np.mean([r["real"] for r in runs]))
     return {"n": n, "heldout_rows": len(heldout), "model": model, "epochs": epochs, "runs": runs,
             "generated_accuracy": round(g, 6), "real_accuracy": round(r, 6), "ratio": round(g / r, 6) if r else None}
+
+
+def _near_dup_rule(nd: dict) -> str:
+    if nd.get("definition", "").startswith("premise and hypothesis"):
+        return f"premise and hypothesis each Jaccard >= {nd['threshold']}"
+    return f"premise + hypothesis Jaccard >= {nd['threshold']}"  # reports written before pair_near_duplicates
+
+
+def render_report(r: dict) -> str:
+    """``quality.md``: the measures of a report (``debiased-nli quality``'s ``quality.json``) as tables, then
+    the examples."""
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    L = [f"# Quality of {r['rows']:,} generated rows ({r['task']})", "",
+         f"Against {r['reference_rows']:,} real rows (D0: `{r['reference']}`)"
+         + (f" and held-out real rows `{r['heldout']}`" if r.get("heldout") else "") + ". Labels: "
+         + ", ".join(f"{k} {v:,}" for k, v in r["labels"].items()) + ".", "", "| measure | generated | real |", "|---|---:|---:|"]
+    c, nd = r["copies"], r["near_duplicates"]
+    L += [f"| (premise, hypothesis) copied from D0 | {pct(c['pair_copy_share'])} | – |",
+          f"| hypothesis copied from D0 | {pct(c['hypothesis_copy_share'])} | – |",
+          f"| premise copied from D0 | {pct(c['premise_copy_share'])} | – |",
+          f"| near-duplicate of a D0 row ({_near_dup_rule(nd)}) | {pct(nd['near_duplicate_share'])} | – |",
+          f"| near-duplicate within the set | {pct(nd['within_set_share'])} | – |"]
+    fl = r.get("fluency")
+    if fl:
+        L += [f"| mean token log-prob under `{Path(fl['lm']).name}` | {fl['mean']:.3f} | {fl['real_mean']:.3f} |",
+              f"| under the fluency bound ({fl['bound']:.3f}: real rows' 5th percentile) | {pct(fl['under_bound_share'])} | "
+              f"{pct(fl['real_under_bound_share'])} |"]
+    ag = r.get("agreement")
+    if ag:
+        L.append(f"| label = the {ag['k']}-fold cross-fitted ensemble's | {pct(ag['agreement'])} | "
+                 f"{pct(ag['d0_agreement_cross_fitted'])} |")
+        L += [f"| ... {k} | {pct(v)} | – |" for k, v in ag["agreement_per_label"].items()]
+    tg = r.get("train_on_generated")
+    if tg:
+        L.append(f"| held-out accuracy of a classifier trained on {tg['n']:,} of these rows / of D0's | "
+                 f"{pct(tg['generated_accuracy'])} | {pct(tg['real_accuracy'])} |")
+        L += ["", f"Train on generated, test on real: the generated rows are worth **{tg['ratio']:.3f}x** real rows at equal "
+                  f"n ({len(tg['runs'])} seed(s), {tg['heldout_rows']:,} held-out rows)."]
+    for key, title in (("examples", "Examples of the rows"), ("rejected_examples", "Examples of the rows a filter dropped")):
+        if r.get(key):
+            L += ["", f"## {title}", "", "| premise | hypothesis | label |", "|---|---|---|"]
+            L += [f"| {e['premise'].replace('|', '/')} | {e['hypothesis'].replace('|', '/')} | {e['label']}"
+                  + (f" ({e['confidence']:.2f})" if "confidence" in e else "") + " |" for e in r[key]]
+    return "\n".join(L) + "\n"

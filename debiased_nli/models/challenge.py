@@ -9,7 +9,7 @@ gold labels (``labels`` + ``label_values``), the task whose label names the mode
 ``null`` is left out of the argmax, e.g. NOT ENOUGH INFO on the 2-way FEVER-Symmetric), a row filter,
 the breakdown columns, the expected number of rows, and ``cluster``: the column whose values group rows that
 were not sampled independently (HANS: 30 subcases x 1,000 instances of a few templates each), over which a
-comparison's statistics take the rows' variance (:func:`debiased_nli.models.significance.seed_row_interval`).
+comparison's statistics take the rows' variance (:func:`debiased_nli.evaluation.significance.seed_row_interval`).
 
 ``hub.local_copy: true`` says the local file holds exactly the rows of the Hub split, so that scores on
 it may be published under the Hub id (``evaluate --push-to``); a stand-in (the regenerated HANS, the

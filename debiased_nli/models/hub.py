@@ -291,7 +291,7 @@ def _new_card(repo_id: str) -> str:
 def push_results(repo_id: str, results: Mapping[str, Any], *, report_md: str | None = None,
                  model_name: str | None = None, token: str | None = None, endpoint: str | None = None,
                  private: bool = False, commit_message: str | None = None, api: Any = None) -> dict[str, Any]:
-    """Record an evaluation (``results.json``, :func:`debiased_nli.models.evaluation.evaluate_models`) in the model
+    """Record an evaluation (``results.json``, :func:`debiased_nli.evaluation.scores.evaluate_models`) in the model
     repo ``repo_id``, creating it if needed, in one commit: the card's ``model-index`` (results of the same sets
     replaced, others kept; the card's text kept, its result table replaced), ``.eval_results/<set>.yaml``,
     ``evaluation/results.json`` (local paths reduced to file names) and ``evaluation/report.md`` (``report_md``).

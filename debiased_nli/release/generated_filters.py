@@ -210,7 +210,9 @@ def self_audit_configs(run, configs: list, feats) -> list:
     import datasets
 
     from ..bias.self_audit import self_audit_fixed_point
-    from .recipe import Z_REJECTS
+    from .steps import Rejects
+
+    z_rejects = Rejects(reason="rejected_by")  # as the build writes the z-filter's dropped rows (recipe.Z_REJECTS)
 
     params = resolve("self_audit", run.recipe["self_audit"] if run.recipe["self_audit"]["configs"] else None, "recipe")
     if params is None:
@@ -236,7 +238,7 @@ def self_audit_configs(run, configs: list, feats) -> list:
             extra = res.rejected.map(lambda b: {"rejected_by": [[f"self-audit round {r}"] + list(why) for r, why in
                                                                 zip(b["self_audit_round"], b["rejected_by"])]},
                                      batched=True)
-            extra = Z_REJECTS.table(extra, c.name)
+            extra = z_rejects.table(extra, c.name)
             rejected = extra if rejected is None or not len(rejected) else \
                 datasets.concatenate_datasets([rejected, extra.cast(rejected.features)])
         c.splits["train"] = kept

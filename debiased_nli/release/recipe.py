@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 
 from ..data.tasks import get_task
@@ -267,13 +267,29 @@ def load_recipe(path_or_dict: "str | Path | Mapping[str, Any]", profile: str | N
         for i, step in enumerate(recipe[key] or []):
             if not isinstance(step, Mapping) or not isinstance(step.get("step"), str):
                 raise ConfigError(f"{where}: {key}[{i}] must be a mapping with a `step` name, got {excerpt(step)}")
-            get_step(kind, step["step"])
+            # the step's values against its declaration: an unknown key or a wrong type fails here, before any work
+            get_step(kind, step["step"]).check_params(_given(step, kind), f"{where}: {key}[{i}] ({step['step']})")
     if recipe["configs"] != "auto":
         known = list(Z_CONFIGS) + [s.get("config", s["step"]) for s in recipe["filters"]] + ["original"]
         for c in recipe["configs"]:
             if c not in known:
                 raise ConfigError(f"{where}: unknown config {excerpt(c)}.{did_you_mean(c, known)} Known configs: {known}")
     return recipe
+
+
+def _given(spec: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """A step's parameters as the recipe gives them: its mapping without ``step`` (and a filter step's ``config``)."""
+    return {k: v for k, v in spec.items() if k != "step" and not (kind == "filter" and k == "config")}
+
+
+def step_params(step, spec: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """What the build hands a step: the recipe's values (:func:`_given`) and, for every step that takes one, the
+    build's seed as ``seed`` where the recipe sets none. One route for every step, so two steps that share a run
+    (``ibadr`` and ``ibadr_rows`` with one ``out``) see the same seed."""
+    params = _given(spec, step.kind)
+    if step.takes_seed():
+        params.setdefault("seed", seed)
+    return params
 
 
 @dataclasses.dataclass
@@ -291,13 +307,16 @@ class BuildResult:
 def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
           max_rows: int | None = None, profile: str | None = None, efficacy=None,
-          timings: bool = False, replay: "str | Path | None" = None) -> BuildResult:
+          timings: bool = False, replay: "str | Path | None" = None,
+          quality: "Sequence[str] | None" = None) -> BuildResult:
     """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
     (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs.
     ``timings`` adds each stage's wall-clock ``seconds`` to the manifest's stages (then the release
     is no longer the same byte for byte from run to run). ``replay``: an earlier release folder whose
     recorded filter-step decisions are reused where the step, its parameters and its input rows are the same
-    (:mod:`.decisions`), so the neural steps give that release's rows on any machine.
+    (:mod:`.decisions`), so the neural steps give that release's rows on any machine. ``quality``: reports of
+    ``debiased-nli quality`` on this release's generated rows (:mod:`.quality_card`), shown in its card and
+    recorded in its manifest.
 
     The target is checked before any work (see :func:`debiased_nli.utils.outputs.check_target`: never the
     current or home folder, a parent of an input, a file, or a folder that is not a release of this
@@ -316,10 +335,14 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         from .decisions import Replay
 
         replay = Replay(replay)
+    if quality:  # and a quality report that is not one
+        from .quality_card import load_reports
+
+        quality = load_reports(quality)
     if not is_main_rank():  # under `accelerate launch` / torchrun: rank 0 checks, locks and writes
         return _build(recipe, out_dir, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy, timings=timings, replay=replay)
+                      efficacy=efficacy, timings=timings, replay=replay, quality=quality)
     rec = load_recipe(recipe, profile)
     inputs: list[Any] = [] if isinstance(recipe, Mapping) else [recipe]
     for spec in [data_files if data_files is not None else rec["data"]["data_files"], new_rows_files] + \
@@ -333,7 +356,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
         check_target(target, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
         return _build(recipe, target, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
                       seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy, timings=timings, replay=replay)
+                      efficacy=efficacy, timings=timings, replay=replay, quality=quality)
     finally:
         unlock()
 
@@ -363,7 +386,7 @@ def _cuda_available() -> bool:
 def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
            new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
            max_rows: int | None = None, profile: str | None = None, efficacy=None,
-           timings: bool = False, replay=None) -> BuildResult:
+           timings: bool = False, replay=None, quality=None) -> BuildResult:
     recipe = _effective_recipe(recipe, profile=profile, data_files=data_files, new_rows_files=new_rows_files,
                                seed=seed, max_rows=max_rows)
     run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=progress, timings=timings,
@@ -384,7 +407,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     z_configs = self_audit_configs(run, _compose_z_configs(run, feats, eval_splits), feats)
     filter_configs = _run_filter_steps(run, feats.d0, eval_splits)
     configs, default = _assemble_configs(run, z_configs + filter_configs, feats, eval_splits)
-    return _write(run, out_dir, configs, default, loaded, feats, efficacy=efficacy, overwrite=overwrite)
+    return _write(run, out_dir, configs, default, loaded, feats, efficacy=efficacy, overwrite=overwrite,
+                  quality=quality)
 
 
 # the z-filter's dropped rows, written like a filter step's: their reason is the biased features that rejected
@@ -493,7 +517,7 @@ def _run_source_steps(run: _Run, d0):
     for k, spec in enumerate(run.recipe["new_rows"]):
         clock = time.perf_counter()
         step = get_step("source", spec["step"])
-        params = {key: v for key, v in spec.items() if key != "step"}
+        params = step_params(step, spec, run.seed)
         key, made = new_rows_key(k, spec["step"]), spec["step"] != "files"
         if made and d0_hash is None:
             from .decisions import input_sha256
@@ -635,9 +659,8 @@ def _run_filter_steps(run: _Run, d0, eval_splits: dict) -> list:
         name = spec.get("config", spec["step"])
         if run.recipe["configs"] != "auto" and name not in run.recipe["configs"]:
             continue
-        params = {k: v for k, v in spec.items() if k not in ("step", "config")}
-        params.setdefault("seed", run.seed)
         step = get_step("filter", spec["step"])
+        params = step_params(step, spec, run.seed)
         clock = time.perf_counter()
         if d0_filters is None:
             # filter steps (AFLite, PDD, IBADR) get D0 with its feature columns and return their rows with
@@ -703,7 +726,7 @@ def _recorded_recipe(recipe: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Features, *, efficacy,
-           overwrite: bool) -> BuildResult:
+           overwrite: bool, quality=None) -> BuildResult:
     """The manifest and the card's metadata, then the release folder (see :func:`.layout.write_release`)."""
     from ..bias.features import describe_extractors
     from ..data.loading import combine_set_aside, set_aside_summary
@@ -731,6 +754,12 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
             "summary": recipe["summary"], "release_version": recipe["release_version"], "license": task.license,
             "history": recipe["history"] or [{"version": recipe["release_version"], "notes": "first release"}],
             "extra_citations": recipe["extra_citations"]}
+    if quality:
+        from . import quality_card
+
+        matched = quality_card.match_reports(quality, feats.d0, feats.dg, configs)
+        manifest["quality"] = quality_card.manifest_entries(matched)
+        meta["quality_md"] = quality_card.card_markdown(matched)
     if efficacy is not None:
         from .efficacy import card_markdown
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
 from ..utils.errors import ConfigError, did_you_mean, excerpt
+from ..utils.params import Param, Params
 
 KINDS = ("source", "filter")
 CONTEXT = {
@@ -81,6 +82,25 @@ class Step:
     needs: tuple[str, ...] = ()
     card_section: "str | Callable | None" = None
     rejects: Rejects | None = None
+    params: "str | Params | None" = None
+
+    def declared(self) -> "Params | None":
+        """The step's parameters as it declares them (:class:`~debiased_nli.utils.params.Params`; None: not
+        declared, any key is passed on)."""
+        return None if self.params is None else _resolve(self.params)
+
+    def takes_seed(self) -> bool:
+        """Whether the build hands the step its seed as ``params["seed"]``: every step that declares a ``seed``
+        (and, as before declarations, every filter step that declares none)."""
+        declared = self.declared()
+        return "seed" in declared if declared is not None else self.kind == "filter"
+
+    def check_params(self, params: Mapping[str, Any], where: str) -> None:
+        """The recipe's values for this step against its declaration: an unknown key gets "did you mean", a
+        value of the wrong type is named with its key (nothing is checked for a step that declares nothing)."""
+        declared = self.declared()
+        if declared is not None:
+            declared.check(params, where)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -114,8 +134,8 @@ class Step:
         return None if self.card_section is None else _resolve(self.card_section)(report)
 
 
-def _resolve(ref: "str | Callable") -> Callable:
-    if callable(ref):
+def _resolve(ref):
+    if not isinstance(ref, str):
         return ref
     module, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module), attr)
@@ -144,35 +164,44 @@ def known_steps() -> dict[str, list[str]]:
     return {kind: sorted(name for k, name in _STEPS if k == kind) for kind in KINDS}
 
 
-def register_source_step(name: str, *, needs=tuple(CONTEXT)):
+def register_source_step(name: str, *, needs=tuple(CONTEXT), params=None):
     """Decorator: declare ``function(task, params, ctx)`` (new rows, or ``(rows, None, report)``) as the
     source step ``name``; by default its ``ctx`` has every key of :data:`CONTEXT`."""
     def wrap(fn):
-        declare(Step(name, "source", fn, needs=needs))
+        declare(Step(name, "source", fn, needs=needs, params=params))
         return fn
     return wrap
 
 
-def register_filter_step(name: str, *, needs=tuple(CONTEXT), card_section=None, rejects: Rejects | None = None):
+def register_filter_step(name: str, *, needs=tuple(CONTEXT), card_section=None, rejects: Rejects | None = None,
+                         params=None):
     """Decorator: declare ``function(ds, task, params, ctx) -> (kept, dropped, report)`` as the filter
     step ``name``; by default its ``ctx`` has every key of :data:`CONTEXT` and its dropped rows keep a
     ``reason`` column."""
     def wrap(fn):
-        declare(Step(name, "filter", fn, needs=needs, card_section=card_section, rejects=rejects))
+        declare(Step(name, "filter", fn, needs=needs, card_section=card_section, rejects=rejects, params=params))
         return fn
     return wrap
+
+
+FILES_PARAMS = Params("files", [
+    Param("data_files", "str_list", None, "the files of new rows (the task's columns or the canonical ones)",
+          required=True),
+    Param("origin", "str", "generated", "the rows' `origin`"),
+    Param("method", "str", None, "the rows' `method` (default: files:<the first file's name>)"),
+    Param("on_invalid", "str", "error", "bad rows: stop with an error naming the row, or set them aside",
+          choices=("error", "set_aside")),
+])
 
 
 def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     """New rows (e.g. generated elsewhere) from local files in the task's schema or the canonical one."""
     from ..data.loading import content_uids, load_task
 
-    files = params.get("data_files")
-    if not files:
-        raise ConfigError("the `files` step needs `data_files`")
-    origin = params.get("origin", "generated")
-    method = params.get("method", f"files:{Path(str(files if isinstance(files, str) else files[0])).name}")
-    loaded = load_task(task, "train", data_files={"train": files}, on_invalid=params.get("on_invalid", "error"))
+    p = FILES_PARAMS.merge(params, "the `files` step")
+    files, origin = p["data_files"], p["origin"]
+    method = p["method"] or f"files:{Path(str(files if isinstance(files, str) else files[0])).name}"
+    loaded = load_task(task, "train", data_files={"train": files}, on_invalid=p["on_invalid"])
     ds = loaded.dataset
     # new rows are named by their content, as new_rows() names them (see the card's column table);
     # a chunk of rows at a time (in worker processes for large inputs), so no Python string outlives its chunk
@@ -197,18 +226,33 @@ def files_source(task, params: Mapping[str, Any], ctx: Mapping[str, Any]):
     return ds
 
 
+GENERATOR_PARAMS = Params("generator", [
+    Param("generator", "str", None, "an already trained G (skips `train`)"),
+    Param("train", "mapping", None, "train G: the parameters of `debiased-nli train-generator` (out, model, lr, ...)"),
+    Param("debias", "mapping", None, "fine-tune G* on Z(D0) with unlikelihood on Z-(D0) (out, alpha, ...)"),
+    Param("generate", "mapping", None, "sample: the parameters of `debiased-nli generate` (out, num_samples, ...)",
+          required=True),
+    Param("confidence", "mapping", None, "confidence-filter the samples (model, tau, ...)"),
+    Param("data_files", "any", None, "D0's files (default: the recipe's data)"),
+])
+"""The generator step's parameters (the pipeline of Wu et al. 2022: each part's own values are checked by that
+part, methods/generation). Its seed is still read from ``ctx["seed"]`` (for G*'s Z(D0)), not from ``params``."""
+
 _METHODS = "debiased_nli.methods"
 for _step in (
-    Step("files", "source", files_source, needs=("sources", "set_aside")),
-    Step("generator", "source", f"{_METHODS}.generation.steps:generator_source", needs=("recipe", "seed")),
-    Step("ibadr_rows", "source", f"{_METHODS}.ibadr.step:ibadr_rows", needs=("recipe",)),
+    Step("files", "source", files_source, needs=("sources", "set_aside"), params=FILES_PARAMS),
+    Step("generator", "source", f"{_METHODS}.generation.steps:generator_source", needs=("recipe", "seed"),
+         params=GENERATOR_PARAMS),
+    Step("ibadr_rows", "source", f"{_METHODS}.ibadr.step:ibadr_rows", needs=("recipe",),
+         params=f"{_METHODS}.ibadr.params:PARAMS"),
     Step("aflite", "filter", f"{_METHODS}.aflite.step:aflite_step",
          card_section=f"{_METHODS}.aflite.report:render_aflite_md",
-         rejects=Rejects(extra=("aflite_score", "aflite_round"))),
+         rejects=Rejects(extra=("aflite_score", "aflite_round")), params=f"{_METHODS}.aflite.params:PARAMS"),
     Step("pdd", "filter", f"{_METHODS}.pdd.step:pdd_step", card_section=f"{_METHODS}.pdd.step:render_pdd_md",
-         rejects=Rejects(extra=("replaced_by", "source_uid", "teacher_confidence"))),
+         rejects=Rejects(extra=("replaced_by", "source_uid", "teacher_confidence")),
+         params=f"{_METHODS}.pdd.params:PARAMS"),
     Step("ibadr", "filter", f"{_METHODS}.ibadr.step:ibadr_step", card_section=f"{_METHODS}.ibadr.step:render_ibadr_md",
-         rejects=Rejects(extra=("stage",))),
+         rejects=Rejects(extra=("stage",)), params=f"{_METHODS}.ibadr.params:PARAMS"),
 ):
     declare(_step)
 del _step

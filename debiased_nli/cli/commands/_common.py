@@ -90,12 +90,73 @@ def task_from_args(args: argparse.Namespace) -> TaskSpec:
 
 # ------------------------------------------------------------------ the method commands (aflite, pdd, ibadr)
 
-def add_run_arguments(p, *, seed_default: int | None = 0, seed_help: str = "seed of every random choice (default 0)"
-                      ) -> None:
+def add_run_arguments(p, *, seed_default: int | None = 0, seed_help: str = "seed of every random choice (default 0)",
+                      seed: bool = True) -> None:
     """``--seed`` and ``--threads``, the flags the method commands share, each with one type: a seed is a
-    non-negative integer below 2**32 (:data:`SEED`), threads a positive integer. ``p``: a parser or group."""
-    p.add_argument("--seed", type=SEED, default=seed_default, help=seed_help)
+    non-negative integer below 2**32 (:data:`SEED`), threads a positive integer. ``p``: a parser or group.
+    ``seed=False``: ``--threads`` only (the step's declaration gives ``--seed``, see :func:`add_param_options`)."""
+    if seed:
+        p.add_argument("--seed", type=SEED, default=seed_default, help=seed_help)
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads (default: torch's own choice)")
+
+
+def _param_type(param):
+    """The argparse ``type`` of a declared parameter (:class:`~debiased_nli.utils.params.Param`)."""
+    if param.parse is not None:
+        return param.parse
+    if param.kind == "seed":
+        return SEED
+    if param.kind in ("int", "float"):
+        return number(int if param.kind == "int" else float, low=param.low, high=param.high,
+                      low_open=param.low_open, high_open=param.high_open)
+    return None
+
+
+def _param_help(param) -> str:
+    """The declaration's help, then its default and where that comes from."""
+    from ...utils.params import NOT_GIVEN
+
+    text = param.help
+    if param.flag is None and param.default is not None:
+        text += f" (default {param.default}"
+        text += f"; paper {param.quote})" if param.paper is not NOT_GIVEN and param.quote else ")"
+    return text.replace("%", "%%")
+
+
+def add_param_options(p, params, names=None, *, skip=()) -> None:
+    """One option per declared parameter of a step (``params``: its :class:`~debiased_nli.utils.params.Params`;
+    ``names``: those, in this order; ``skip``: those the command adds itself), generated from the declaration:
+    the option name, the type with its range, the choices, the help with the default and the paper's words.
+    Every option's default is None (a switch: unset), so :func:`params_from_args` passes on only what the user
+    set and the step's report can tell the user's values from the defaults."""
+    for name in (names if names is not None else params.names()):
+        param = params[name]
+        if param.option is None or name in skip:
+            continue
+        if param.flag is not None:
+            p.add_argument(param.option, dest=name, action="store_const", const=param.flag == "on", default=None,
+                           help=_param_help(param))
+            continue
+        kw = {"dest": name, "default": None, "help": _param_help(param)}
+        if param.choices:
+            kw["choices"] = list(param.choices)
+        if _param_type(param) is not None:
+            kw["type"] = _param_type(param)
+        if param.metavar:
+            kw["metavar"] = param.metavar
+        if param.nargs:
+            kw["nargs"] = param.nargs
+        p.add_argument(param.option, **kw)
+
+
+def params_from_args(args: argparse.Namespace, params, names=None) -> dict:
+    """The values of ``params``' options the user set (None: not set)."""
+    out = {}
+    for name in (names if names is not None else params.names()):
+        value = getattr(args, name, None)
+        if value is not None and params[name].option is not None:
+            out[name] = value
+    return out
 
 
 def run_method(args: argparse.Namespace, step, write, *, task: TaskSpec | None = None) -> int:

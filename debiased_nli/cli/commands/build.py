@@ -42,6 +42,10 @@ def register(sub) -> None:
                         "IBADR: decisions/<config>/) where the step, its parameters and its input rows are the same, "
                         "so the neural steps give that release's rows exactly on any CPU; a step whose record does "
                         "not fit runs, and the build says why")
+    p.add_argument("--quality", nargs="+", metavar="REPORT",
+                   help="reports of `debiased-nli quality` (quality.json or its folder) on this release's generated "
+                        "rows (the new rows, or one config's generated rows: matched by their rows' fingerprint): "
+                        "the card shows their tables and examples, manifest.json records them")
     p.add_argument("--timings", action="store_true",
                    help="record each stage's seconds in manifest.json (the release is then no longer the same "
                         "byte for byte from run to run)")
@@ -55,7 +59,7 @@ def run(args) -> int:
     main = is_main_rank()  # under `accelerate launch` / torchrun the other ranks share the work and say nothing
     result = build(args.recipe, args.out, data_files=args.data_files, new_rows=args.new_rows, overwrite=args.overwrite,
                    seed=args.seed, progress=not args.quiet, max_rows=args.max_rows, profile=args.profile,
-                   efficacy=args.efficacy, timings=args.timings, replay=args.replay)
+                   efficacy=args.efficacy, timings=args.timings, replay=args.replay, quality=args.quality)
     if not main:
         return 0
     if result.recipe_path is not None and str(result.recipe_path) != args.recipe:

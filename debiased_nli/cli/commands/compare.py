@@ -23,7 +23,7 @@ interval (the seeds as the unit of replication, the test rows' variance added; c
 error); the primary comparisons are Holm-corrected, each shown with the adjusted interval that matches its call.
 A unit whose row's training rows changed since it ran is stale: `status` says so, `run` trains it again.
 The plan's format:
-`python -c "import debiased_nli.release.compare.plan as p; print(p.__doc__)"` or docs/efficacy.md."""
+`python -c "import debiased_nli.evaluation.compare.plan as p; print(p.__doc__)"` or docs/efficacy.md."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from ._common import POSITIVE_INT, add_task_arguments, command_outputs, number, task_from_args
 from ...utils.paths import check_model_reference
@@ -96,7 +97,13 @@ def run(args) -> int:
                                                                "calibration_method": args.calibration_method,
                                                                "reuse_probabilities": args.reuse_probabilities,
                                                                "probabilities": args.probabilities})
-    report["model"] = args.model
+    if args.probabilities_from and not args.calibration_data:  # M was not run: its stored scores were
+        from ...utils.provenance import file_sha256
+        report["model"] = None
+        report["probabilities_from"] = {"file": Path(args.probabilities_from).name,
+                                        "sha256": file_sha256(args.probabilities_from)}
+    else:
+        report["model"] = args.model
     if "calibration" in report:
         report["calibration"]["data"] = args.calibration_data
     with outputs:

@@ -5,14 +5,16 @@ import argparse
 import json
 import time
 
+from ...methods.ibadr.params import PARAMS
 from ._common import (
-    NON_NEGATIVE_INT,
     POSITIVE_FLOAT,
     POSITIVE_INT,
+    add_param_options,
     add_run_arguments,
     add_task_arguments,
     command_outputs,
     number,
+    params_from_args,
     run_method,
 )
 
@@ -39,60 +41,24 @@ Ablations (Table 5): --no-update-shallow (w/o USM), --indicator lowest (b_r => b
 
 
 def register(sub) -> None:
-    from ...methods.ibadr import PAPER_DEFAULTS as P
-
     p = sub.add_parser("ibadr", help="IBADR: iterative bias-aware dataset refinement with a generator",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_task_arguments(p)
     p.add_argument("--out", required=True, help="run folder (one resumable folder per iteration)")
-    p.add_argument("--generator", default=P["generator"], help="causal LM to start from (Hub id or folder)")
-    p.add_argument("--lora", action="store_true", help="train a LoRA adapter (peft) instead of the full model")
-    p.add_argument("--lora-r", type=POSITIVE_INT, default=8)
-    p.add_argument("--lora-alpha", type=POSITIVE_INT, default=16)
-    p.add_argument("--lora-dropout", type=number(float, low=0, high=1, high_open=True), default=0.05)
-    p.add_argument("--lora-targets", default="all-linear")
-    p.add_argument("--confidence-model", required=True, help="the NLI classifier M of the confidence filter")
-    p.add_argument("--epsilon", type=number(float, low=0, high=1, high_open=True), default=P["epsilon"], help="keep samples with p_M(label) > epsilon")
-    p.add_argument("--shallow-model", default=P["shallow_model"], help="the shallow model theta_s (a classifier to fine-tune)")
-    p.add_argument("--shallow-rows", type=POSITIVE_INT, help="rows theta_s is trained on (default 2000; FEVER 500)")
-    p.add_argument("--shallow-epochs", type=POSITIVE_FLOAT, default=P["shallow_epochs"])
-    p.add_argument("--shallow-lr", type=POSITIVE_FLOAT, default=P["shallow_lr"])
-    p.add_argument("--shallow-batch-size", type=POSITIVE_INT, default=16)
-    p.add_argument("--shallow-max-length", type=POSITIVE_INT, default=128)
-    p.add_argument("--no-update-shallow", action="store_true", help="ablation: keep the first theta_s (w/o USM)")
-    p.add_argument("--usm-rows", type=POSITIVE_INT, default=P["usm_rows"], help="pool rows theta_s is re-trained on (USM)")
-    p.add_argument("--usm-continue", action="store_true", help="USM fine-tunes the previous theta_s, not the pretrained model")
-    p.add_argument("--n-bi", type=POSITIVE_INT, default=P["n_bi"], help="number of bias indicators N_bi")
-    p.add_argument("--n-iter", type=POSITIVE_INT, default=P["n_iter"], help="iterations N_iter")
-    p.add_argument("--samples-per-iter", type=POSITIVE_INT, default=P["samples_per_iter"])
-    p.add_argument("--indicator", choices=["random_low", "lowest", "none"], default=P["indicator"],
-                   help="b-bar: random among b1..b_{N_bi/2} (the paper), always b1, or no indicator at all")
-    p.add_argument("--no-iterate", action="store_true",
-                   help="ablation: one iteration sampling n-iter x samples-per-iter rows")
-    p.add_argument("--gen-lr", type=POSITIVE_FLOAT, default=P["gen_lr"])
-    p.add_argument("--gen-epochs-first", type=NON_NEGATIVE_INT, default=P["gen_epochs_first"])
-    p.add_argument("--gen-epochs-later", type=NON_NEGATIVE_INT, default=P["gen_epochs_later"])
-    p.add_argument("--gen-batch-size", type=POSITIVE_INT, default=8)
-    p.add_argument("--gen-grad-accum", type=POSITIVE_INT, default=1)
-    p.add_argument("--gen-max-length", type=POSITIVE_INT, default=128)
-    p.add_argument("--gen-rows", type=POSITIVE_INT, help="train the generator on this many indicator-stratified pool rows "
-                                                "per iteration (default: all of S, the paper)")
-    p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=500, help="generator checkpoint interval (steps)")
-    p.add_argument("--top-p", type=number(float, low=0, high=1, low_open=True), default=P["top_p"])
-    p.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)
-    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=96)
-    p.add_argument("--sample-batch-size", type=POSITIVE_INT, default=16)
-    p.add_argument("--shard-size", type=POSITIVE_INT, default=1000)
-    p.add_argument("--confidence-batch-size", type=POSITIVE_INT, default=64)
-    add_run_arguments(p, seed_help="seed of the run's random choices (theta_s's rows, the indicators, the generator's "
-                                   "training and sampling; iteration k uses seed + k; default 0)")
-    p.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="generator dtype for sampling")
-    p.add_argument("--cpu", action="store_true", help="run on CPU even when a GPU is visible")
+    # the options come from the declaration (methods/ibadr/params.py), but for the LoRA switch and its settings
+    add_param_options(p, PARAMS, skip=("generator", "confidence_model"))
+    p.add_argument("--generator", default=PARAMS["generator"].paper, help=PARAMS["generator"].help +
+                   f" (default {PARAMS['generator'].paper}, the paper's)")
+    p.add_argument("--confidence-model", required=True, help=PARAMS["confidence_model"].help)
+    lora = p.add_argument_group("LoRA (peft) for the generator")
+    lora.add_argument("--lora", action="store_true", help="train a LoRA adapter (peft) instead of the full model")
+    lora.add_argument("--lora-r", type=POSITIVE_INT, default=8)
+    lora.add_argument("--lora-alpha", type=POSITIVE_INT, default=16)
+    lora.add_argument("--lora-dropout", type=number(float, low=0, high=1, high_open=True), default=0.05)
+    lora.add_argument("--lora-targets", default="all-linear")
+    add_run_arguments(p, seed=False)
     p.add_argument("--time-budget", type=POSITIVE_FLOAT, metavar="SECONDS",
                    help="stop between units of work after this long (resume by rerunning); single process only")
-    p.add_argument("--gen-chunk-steps", type=POSITIVE_INT, default=20,
-                   help="with --time-budget: generator steps between deadline checks (default 20)")
     p.set_defaults(func=run)
 
 
@@ -104,19 +70,8 @@ def run(args) -> int:
     if args.lora:
         lora = {"r": args.lora_r, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
                 "target_modules": args.lora_targets}
-    params = {"generator": args.generator, "confidence_model": args.confidence_model, "shallow_model": args.shallow_model,
-              "lora": lora, "n_bi": args.n_bi, "n_iter": args.n_iter, "samples_per_iter": args.samples_per_iter,
-              "epsilon": args.epsilon, "shallow_rows": args.shallow_rows, "shallow_epochs": args.shallow_epochs,
-              "shallow_lr": args.shallow_lr, "shallow_batch_size": args.shallow_batch_size,
-              "shallow_max_length": args.shallow_max_length, "update_shallow": not args.no_update_shallow,
-              "usm_rows": args.usm_rows, "usm_continue": args.usm_continue, "indicator": args.indicator,
-              "iterate": not args.no_iterate, "gen_lr": args.gen_lr, "gen_epochs_first": args.gen_epochs_first,
-              "gen_epochs_later": args.gen_epochs_later, "gen_batch_size": args.gen_batch_size,
-              "gen_grad_accum": args.gen_grad_accum, "gen_max_length": args.gen_max_length, "gen_rows": args.gen_rows,
-              "gen_checkpoint_every": args.checkpoint_every, "top_p": args.top_p, "temperature": args.temperature,
-              "max_new_tokens": args.max_new_tokens, "sample_batch_size": args.sample_batch_size,
-              "shard_size": args.shard_size, "confidence_batch_size": args.confidence_batch_size, "seed": args.seed,
-              "cpu": args.cpu, "mixed_precision": args.mixed_precision, "dtype": args.dtype}
+    params = {**params_from_args(args, PARAMS), "generator": args.generator, "confidence_model": args.confidence_model,
+              "lora": lora}
 
     # before any work: the folder is new, empty or this command's run (its iterations resume)
     outputs = command_outputs(args.out, "ibadr", ("ibadr.json", "pool.parquet", "generated.parquet", "rejected.parquet",
@@ -125,7 +80,7 @@ def run(args) -> int:
     def step(d0, task):
         cfg = config_from_params(task, params)
         deadline = time.time() + args.time_budget if args.time_budget else None
-        return run_ibadr(d0, task, cfg, args.out, deadline=deadline, gen_chunk_steps=args.gen_chunk_steps)
+        return run_ibadr(d0, task, cfg, args.out, deadline=deadline, gen_chunk_steps=args.gen_chunk_steps or 20)
 
     def write(res, loaded, manifest) -> int:  # IBADR's report has no manifest: it records its own run
         from accelerate import PartialState

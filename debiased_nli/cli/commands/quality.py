@@ -101,7 +101,8 @@ def run(args) -> int:
             torch.set_num_threads(args.threads)
 
         report: dict = {"task": task.name, "rows_files": files, "reference": args.reference, "heldout": args.heldout,
-                        "rows": len(rows), "reference_rows": len(d0), "labels": _label_shares(rows, task)}
+                        "rows": len(rows), "reference_rows": len(d0), "labels": _label_shares(rows, task),
+                        "rows_fingerprint": Q.set_fingerprint(rows), "reference_fingerprint": Q.set_fingerprint(d0)}
         scores: dict = {"uid": list(rows["uid"]) if "uid" in rows.column_names else list(range(len(rows)))}
         cp = Q.copies(rows, d0)
         scores["pair_copy"] = cp.pop("pair_copy_mask").tolist()
@@ -144,7 +145,7 @@ def run(args) -> int:
             report["rejected_rows"] = len(rejected)
             report["rejected_examples"] = _examples(rejected, task, args.seed)
         files_out = {"quality.json": json.dumps({**report, WRITTEN_BY_KEY: TOOL}, indent=2, default=float) + "\n",
-                     "quality.md": render(report)}
+                     "quality.md": Q.render_report(report)}
         for name, text in files_out.items():  # each file whole or absent (written beside, then renamed)
             tmp = out / f".{name}.tmp"
             tmp.write_text(text)
@@ -154,7 +155,7 @@ def run(args) -> int:
         os.replace(tmp, out / "scores.parquet")
     finally:
         unlock()
-    print(render(report).split("\n## Examples")[0])
+    print(Q.render_report(report).split("\n## Examples")[0])
     return 0
 
 
@@ -178,41 +179,3 @@ def _examples(ds, task, seed: int, n: int = 20) -> list[dict]:
                     "label": task.labels[lab] if isinstance(lab, int) and 0 <= lab < task.num_labels else lab,
                     **({"confidence": round(float(r["confidence"]), 4)} if r.get("confidence") is not None else {})})
     return out
-
-
-def render(r: dict) -> str:
-    def pct(x):
-        return "–" if x is None else f"{100 * x:.1f}%"
-
-    L = [f"# Quality of {r['rows']:,} generated rows ({r['task']})", "",
-         f"Against {r['reference_rows']:,} real rows (D0: `{r['reference']}`)"
-         + (f" and held-out real rows `{r['heldout']}`" if r.get("heldout") else "") + ". Labels: "
-         + ", ".join(f"{k} {v:,}" for k, v in r["labels"].items()) + ".", "", "| measure | generated | real |", "|---|---:|---:|"]
-    c, nd = r["copies"], r["near_duplicates"]
-    L += [f"| (premise, hypothesis) copied from D0 | {pct(c['pair_copy_share'])} | – |",
-          f"| hypothesis copied from D0 | {pct(c['hypothesis_copy_share'])} | – |",
-          f"| premise copied from D0 | {pct(c['premise_copy_share'])} | – |",
-          f"| near-duplicate of a D0 row (Jaccard >= {nd['threshold']}) | {pct(nd['near_duplicate_share'])} | – |",
-          f"| near-duplicate within the set | {pct(nd['within_set_share'])} | – |"]
-    fl = r.get("fluency")
-    if fl:
-        L += [f"| mean token log-prob under `{Path(fl['lm']).name}` | {fl['mean']:.3f} | {fl['real_mean']:.3f} |",
-              f"| under the fluency bound ({fl['bound']:.3f}: real rows' 5th percentile) | {pct(fl['under_bound_share'])} | "
-              f"{pct(fl['real_under_bound_share'])} |"]
-    ag = r.get("agreement")
-    if ag:
-        L.append(f"| label = the {ag['k']}-fold cross-fitted ensemble's | {pct(ag['agreement'])} | "
-                 f"{pct(ag['d0_agreement_cross_fitted'])} |")
-        L += [f"| ... {k} | {pct(v)} | – |" for k, v in ag["agreement_per_label"].items()]
-    tg = r.get("train_on_generated")
-    if tg:
-        L.append(f"| held-out accuracy of a classifier trained on {tg['n']:,} of these rows / of D0's | "
-                 f"{pct(tg['generated_accuracy'])} | {pct(tg['real_accuracy'])} |")
-        L += ["", f"Train on generated, test on real: the generated rows are worth **{tg['ratio']:.3f}x** real rows at equal "
-                  f"n ({len(tg['runs'])} seed(s), {tg['heldout_rows']:,} held-out rows)."]
-    for key, title in (("examples", "Examples of the rows"), ("rejected_examples", "Examples of the rows a filter dropped")):
-        if r.get(key):
-            L += ["", f"## {title}", "", "| premise | hypothesis | label |", "|---|---|---|"]
-            L += [f"| {e['premise'].replace('|', '/')} | {e['hypothesis'].replace('|', '/')} | {e['label']}"
-                  + (f" ({e['confidence']:.2f})" if "confidence" in e else "") + " |" for e in r[key]]
-    return "\n".join(L) + "\n"

@@ -24,7 +24,7 @@ Values: t = the warm-up size and n = |D|/3 are the paper's (§4: SNLI-AFLite has
 size and number of partitions are determined by the available computation budget"; τ is "a
 pre-specified early stopping threshold"): m = 64, τ = 0.75 and k = |S|/20 are the project's choices, as
 are the warm-up share (0.1; the paper: "a small fraction of the data"), C = 1 and tol = 1e-4 of the
-linear models. ``PARAM_SOURCES`` says where each value comes from; the report and the card repeat it.
+linear models. :data:`.params.PARAMS` says where each value comes from; the report and the card repeat it.
 
 The linear classifier is multinomial logistic regression with an L2 penalty, as scikit-learn's
 ``LogisticRegression(C=C)`` fits it (the intercept is not penalised)::
@@ -65,7 +65,9 @@ import logging
 import numpy as np
 
 from ...utils.errors import ConfigError, EmptyResultError, InvalidInputError
-from ..embeddings import DEFAULT_WARMUP_SHARE
+from .params import PARAMS
+
+_D = PARAMS.defaults()  # the declared defaults (m, tau, C, ...): written once, in .params
 from .ensemble import CHUNK_ROWS, fit_linear_ensemble
 
 log = logging.getLogger(__name__)
@@ -80,26 +82,6 @@ TARGET_SHARE = 1 / 3
 """n ≈ |D|/3: §4 "Experimental Setup" compares the filtered set to "a randomly subsampled dataset, with
 the same sample size as [the filtered one], amounting to only a third of the full data"; Table 1:
 "AFLite-filtered data (, size 182k)" against "the original SNLI data (, size 550k)"."""
-PARAM_SOURCES = {
-    "train_size": "paper: the warm-up size (§2: \"this fraction corresponds to the training size for AFLite "
-                  "and it remains unchanged across iterations\")",
-    "target_n": "paper: a third of the input (§4: SNLI-AFLite \"size 182k\" of 550k, \"only a third of the full "
-                "data\")",
-    "m": "project's choice (§2: \"number of partitions ... determined by the available computation budget\")",
-    "k": "project's choice, a twentieth of the rows filtered (§2: \"slice size ... determined by the available "
-         "computation budget\")",
-    "tau": "project's choice (the paper gives no value for the early-stopping threshold)",
-    "C": "project's choice (scikit-learn's default L2 strength; the paper says \"typically a linear classifier\")",
-    "tol": "project's choice (scikit-learn's default tolerance for LogisticRegression)",
-    "warmup_share": "project's choice (§2: \"a small fraction of the data\"; §5 ImageNet: \"a fixed 20% sample\")",
-    "warmup_epochs": "paper A.4 (\"3 epochs for all *NLI tasks\")",
-    "warmup_lr": "paper A.4 (\"a learning rate of 1e-05\")",
-    "warmup_eps": "paper A.4 (\"an epsilon value of 1e-08\")",
-    "warmup_batch_size": "paper A.4 (\"a batch size of 92\")",
-    "pooling": "the fine-tuned encoder's first token, the input of its classification head (§4: \"extracted from "
-               "the final layer before the output layer\")",
-    "encoder": "paper: RoBERTa-large (§4); here the offline all-MiniLM-L6-v2 where it exists",
-}
 WARMUP_REASON = "warm-up"
 AFLITE_REASON = "aflite"
 
@@ -112,18 +94,18 @@ AFLITE_REASON = "aflite"
 class AFLiteParams:
     """The knobs of Algorithm 1 (``None`` = the scaled default, see the module docstring)."""
 
-    m: int = 64
+    m: int = _D["m"]
     train_size: int | None = None
     k: int | None = None
-    tau: float = 0.75
+    tau: float = _D["tau"]
     target_n: int | None = None
-    selection: str = "greedy"
-    C: float = 1.0
-    max_iter: int = 1000
-    tol: float = 1e-4
+    selection: str = _D["selection"]
+    C: float = _D["C"]
+    max_iter: int = _D["max_iter"]
+    tol: float = _D["tol"]
     history_size: int = 10
     standardize: bool = True
-    seed: int = 0
+    seed: int = _D["seed"]
     max_rounds: int | None = None
 
     def resolved(self, n_rows: int, num_labels: int) -> "AFLiteParams":
@@ -133,7 +115,7 @@ class AFLiteParams:
             p.target_n = paper_target_size(n_rows)
         if p.train_size is None:
             # without a warm-up slice to size it: a tenth of the rows, the default warm-up share (project's choice)
-            p.train_size = max(2 * num_labels, min(round(n_rows * DEFAULT_WARMUP_SHARE), p.target_n - 1))
+            p.train_size = max(2 * num_labels, min(round(n_rows * PARAMS['warmup_share'].default), p.target_n - 1))
         if p.k is None:
             p.k = max(1, n_rows // 20)  # project's choice: twenty slices at most
         if p.m < 1:
@@ -222,7 +204,7 @@ def heldout_correct(y, logits, train_mask, *, chunk_rows: int = CHUNK_ROWS):
     return held.sum(0).cpu().numpy().astype(np.int64), n_corr.cpu().numpy()
 
 
-def predictability_scores(X, y, num_labels: int, *, m: int = 64, train_size: int, rng: np.random.Generator,
+def predictability_scores(X, y, num_labels: int, *, m: int = _D["m"], train_size: int, rng: np.random.Generator,
                           C: float = 1.0, max_iter: int = 1000, tol: float = 1e-4, history_size: int = 10,
                           precondition: bool = True, dtype=None, device=None, train_mask: np.ndarray | None = None,
                           progress: bool = False) -> ScoreRound:
@@ -277,15 +259,13 @@ def _select_slice(scores: np.ndarray, tau: float, k: int, selection: str, rng: n
     return cand[order[:k]]
 
 
-def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = None, *, m: int = 64,
-           train_size: int | None = None, k: int | None = None, tau: float = 0.75, target_n: int | None = None,
-           selection: str = "greedy", C: float = 1.0, max_iter: int = 1000, tol: float = 1e-4,
-           history_size: int = 10, standardize_embeddings: bool = True, seed: int = 0,
-           max_rounds: int | None = None, precondition: bool = True, dtype=None, device: str | None = None,
+def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = None,
+           params: AFLiteParams | None = None, *, precondition: bool = True, dtype=None, device: str | None = None,
            progress: bool = True) -> AFLiteResult:
     """Run AFLite (Le Bras et al. 2020, Algorithm 1) on precomputed embeddings Φ(x) and labels y.
 
-    ``device`` runs the linear models with torch on that device (default: the CPU)."""
+    ``params``: the algorithm's knobs (:class:`AFLiteParams`; default: the declared defaults, m, k, t and n scaled
+    to the input). ``device`` runs the linear models with torch on that device (default: the CPU)."""
     from tqdm.auto import tqdm
 
     X = np.asarray(embeddings)
@@ -309,10 +289,8 @@ def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = 
     N = len(y)
     if N < 3:
         raise EmptyResultError(f"AFLite needs at least 3 rows, got {N}")
-    p = AFLiteParams(m=m, train_size=train_size, k=k, tau=tau, target_n=target_n, selection=selection, C=C,
-                     max_iter=max_iter, tol=tol, history_size=history_size, standardize=standardize_embeddings,
-                     seed=seed, max_rounds=max_rounds).resolved(N, K)
-    rng = np.random.default_rng(seed)
+    p = (params or AFLiteParams()).resolved(N, K)
+    rng = np.random.default_rng(p.seed)
     alive = np.arange(N)
     removed, removed_scores, removed_round, history = [], [], [], []
     stop = f"reached the target size n = {p.target_n}"

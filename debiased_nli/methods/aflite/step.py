@@ -9,27 +9,20 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...data.loading import labels_of
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, InvalidInputError
-from ..embeddings import DEFAULT_WARMUP_SHARE, PAPER_WARMUP
-from .algorithm import AFLITE_REASON, PARAM_SOURCES, WARMUP_REASON, AFLiteResult, aflite, paper_target_size
+from .algorithm import AFLITE_REASON, WARMUP_REASON, AFLiteParams, AFLiteResult, aflite, paper_target_size
+from .params import PARAMS
 
 log = logging.getLogger(__name__)
 
-STEP_DEFAULTS: dict[str, Any] = {
-    "encoder": None, "batch_size": 64, "max_length": 128, "pooling": "cls",
-    "warmup_share": DEFAULT_WARMUP_SHARE, "warmup_epochs": PAPER_WARMUP["epochs"], "warmup_lr": PAPER_WARMUP["lr"],
-    "warmup_eps": PAPER_WARMUP["eps"], "warmup_batch_size": PAPER_WARMUP["batch_size"],
-    "m": 64, "train_size": None, "k": None, "tau": 0.75, "target_n": None, "selection": "greedy", "C": 1.0,
-    "max_iter": 1000, "tol": 1e-4, "seed": 0, "max_rounds": None, "audit": True, "top_k": 20, "random_control": True,
-    "progress": True, "device": None,
-}
-"""The step's defaults: the paper's protocol (warm-up of Appendix A.4, t = the warm-up size, n = |D|/3,
-first-token embeddings of the fine-tuned encoder); m, k and tau are the project's choices (see
-``PARAM_SOURCES``)."""
+RUN_OPTIONS = ("precondition", "dtype", "device", "progress")
+"""The keywords of :func:`aflite_filter` that say how to run :func:`.algorithm.aflite`, not what it computes."""
 
 
 def aflite_filter(ds, embeddings: np.ndarray, *, num_labels: int | None = None, **params) -> tuple[Any, Any, AFLiteResult]:
-    """AFLite on a canonical dataset with one embedding per row (same order). Returns
+    """AFLite on a canonical dataset with one embedding per row (same order); ``params``: the fields of
+    :class:`~.algorithm.AFLiteParams` and the keywords of :data:`RUN_OPTIONS`. Returns
     (kept_ds, removed_ds, result); removed rows carry ``aflite_score``, ``aflite_round`` and
     ``reason`` = "aflite", so nothing is lost."""
     import datasets
@@ -42,7 +35,8 @@ def aflite_filter(ds, embeddings: np.ndarray, *, num_labels: int | None = None, 
         raise InvalidInputError(f"the dataset has no 'label' column (columns: {ds.column_names})", column="label")
     if num_labels is None and hasattr(ds.features.get("label"), "num_classes"):
         num_labels = ds.features["label"].num_classes
-    res = aflite(emb, labels_of(ds), num_labels, **params)
+    run = {k: params.pop(k) for k in RUN_OPTIONS if k in params}
+    res = aflite(emb, labels_of(ds), num_labels, AFLiteParams(**params), **run)
     kept = ds.select(res.kept_indices)
     order = np.argsort(res.removed_indices, kind="stable")  # removed rows in input order
     removed = ds.select(res.removed_indices[order])
@@ -63,7 +57,7 @@ def _audit_summary(ds, task, top_k: int, seed: int, progress: bool) -> dict:
     return {k: rep[k] for k in keep if k in rep}
 
 
-def aflite_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
+def aflite_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
     """The AFLite recipe step, the paper's protocol: warm-up fine-tuning on a share of the rows ->
     first-token embeddings of the other rows with the fine-tuned encoder -> Algorithm 1 with t = the
     warm-up size and n = |D|/3 -> audit.
@@ -78,17 +72,10 @@ def aflite_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[
     """
     import datasets
 
-    from ...data.tasks import get_task
     from ..embeddings import compute_embeddings, default_encoder, warm_up_encoder
 
-    task = get_task(task)
-    unknown = sorted(set(params or {}) - set(STEP_DEFAULTS))
-    if unknown:
-        from ...utils.errors import did_you_mean
-        raise ConfigError(f"unknown AFLite parameter(s) {unknown}{did_you_mean(unknown[0], list(STEP_DEFAULTS))}; "
-                          f"known: {sorted(STEP_DEFAULTS)}")
+    p = PARAMS.merge(params)
     given = {k for k, v in (params or {}).items() if v is not None}
-    p = {**STEP_DEFAULTS, **{k: v for k, v in (params or {}).items() if v is not None}}
     encoder = p["encoder"] or default_encoder()
     n_input = len(ds)
     report: dict[str, Any] = {"method": "aflite", "encoder": encoder, "n_input": n_input, "pooling": p["pooling"],
@@ -160,6 +147,6 @@ def _protocol(report: Mapping[str, Any], p: Mapping[str, Any], given: set) -> di
         elif key == "train_size" and "warm_up" not in report:
             src = "project's choice (no warm-up: a tenth of the rows)"
         else:
-            src = PARAM_SOURCES.get(key, "project's choice")
+            src = PARAMS[key].origin()
         out[key] = {"value": used[key], "source": src}
     return out

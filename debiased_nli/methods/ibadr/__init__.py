@@ -16,7 +16,7 @@ Dataset Refinement Framework for Debiasing NLU models", EMNLP Findings; section 
 
 Modules: :mod:`.shallow` (theta_s, beta), :mod:`.indicators` (binning and b-bar; a slow reference
 binning beside the fast one), :mod:`.loop` (the iterations, each in its own resumable folder),
-:mod:`.step` (the recipe's ``ibadr`` filter step and ``ibadr_rows`` source step, and the card
+:mod:`.params` (every parameter, declared once), :mod:`.step` (the recipe's ``ibadr`` filter step and ``ibadr_rows`` source step, and the card
 section). The generator is :mod:`debiased_nli.methods.generation` (models, LoRA, training under
 accelerate, sharded sampling) with the conditional format :mod:`debiased_nli.methods.generation.conditional`.
 
@@ -51,38 +51,5 @@ Choices the paper leaves open (this project's, each a parameter):
 """
 from __future__ import annotations
 
-# Wang et al. (2023), section 3.1 "Implementation Details" unless noted
-PAPER_DEFAULTS = {
-    # "we use GPT2-large ... to construct the sample generator and the shallow model"
-    "generator": "gpt2-large",
-    "shallow_model": "gpt2-large",
-    # section 3.10: "we finetune the LLaMA-7b model ... using LORA"
-    "generator_llama": "huggyllama/llama-7b",
-    # "we randomly select 2K, 2K, and 0.5K samples from the original training sets of MNLI, SNLI, and FEVER"
-    "shallow_rows": {"mnli": 2000, "snli": 2000, "fever": 500},
-    # "These shallow models are trained for 3 epochs with a learning rate of 5e-5."
-    "shallow_epochs": 3,
-    "shallow_lr": 5e-5,
-    # "When training the sample generator, we set the learning rate to 5e-5"
-    "gen_lr": 5e-5,
-    # "the number of pseudo sample generated per iteration to 200K"
-    "samples_per_iter": 200_000,
-    # "and the iteration number N_iter to 5"
-    "n_iter": 5,
-    # "we train the sample generator for 3 epochs in the first iteration and for only 1 epoch in the
-    # subsequent iterations"
-    "gen_epochs_first": 3,
-    "gen_epochs_later": 1,
-    # "When updating the shallow model, we randomly select 2K samples from the sample pool to finetune it."
-    "usm_rows": 2000,
-    # section 3.2: "we set N_bi to 5 for all subsequent experiments"
-    "n_bi": 5,
-    # section 2.3: "b-bar = b_r, where 1 <= r <= N_bi/2"
-    "indicator": "random_low",
-    # not in the paper: Wu et al. (2022)'s confidence threshold tau, which section 2.2 step 4 follows
-    "epsilon": 0.95,
-    # not in the paper: Wu et al. (2022)'s nucleus sampling
-    "top_p": 0.9,
-}
-
-__all__ = ["PAPER_DEFAULTS"]
+# the parameters, each with the paper's value and its words: .params.PARAMS (section 3.10's LLaMA-7b with LoRA,
+# "we finetune the LLaMA-7b model ... using LORA", is huggyllama/llama-7b with `lora`)

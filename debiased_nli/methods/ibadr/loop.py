@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from ...data.loading import content_uid, labels_of
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, EmptyResultError
+from .params import PARAMS
 from .indicators import STRATEGIES, assign_indicators, indicator_name, sample_indicators, sample_labels
 
 log = logging.getLogger(__name__)
@@ -46,46 +47,50 @@ CANONICAL = ["premise", "hypothesis", "label", "uid", "origin", "method"]
 BIAS_CONTROL = "bias"
 
 
+_D = PARAMS.defaults()
+
+
 @dataclasses.dataclass
 class IbadrConfig:
-    """Settings of one IBADR run; the defaults are the paper's where it gives them (see ``PAPER_DEFAULTS``)."""
+    """Settings of one IBADR run; the defaults are declared once, with the paper's
+    values and words, in :data:`.params.PARAMS`."""
 
     generator: str                       # theta_g's starting point: a causal LM (Hub id or folder)
     confidence_model: str                # M of the confidence filter (a sequence classifier)
-    shallow_model: str = "gpt2-large"
+    shallow_model: str = _D["shallow_model"]
     lora: dict | None = None             # LoraOptions fields (r, alpha, dropout, target_modules); None: full model
-    n_bi: int = 5
-    n_iter: int = 5
-    samples_per_iter: int = 200_000
-    epsilon: float = 0.95
-    shallow_rows: int = 2000
-    shallow_epochs: float = 3.0
-    shallow_lr: float = 5e-5
-    shallow_batch_size: int = 16
-    shallow_max_length: int = 128
-    update_shallow: bool = True          # USM; False: the "w/o USM" ablation
-    usm_rows: int = 2000
-    usm_continue: bool = False           # fine-tune the previous theta_s instead of the pretrained model
-    indicator: str = "random_low"        # random_low | lowest (b_r => b_1) | none (w/o bias indicator)
-    iterate: bool = True                 # False: "w/o iterative generation"
-    gen_lr: float = 5e-5
-    gen_epochs_first: int = 3
-    gen_epochs_later: int = 1
-    gen_batch_size: int = 8
-    gen_grad_accum: int = 1
-    gen_max_length: int = 128
-    gen_rows: int | None = None          # train theta_g on a bin-stratified sample of this many pool rows
-    gen_checkpoint_every: int = 500
-    top_p: float = 0.9
-    temperature: float = 1.0
-    max_new_tokens: int = 96
-    sample_batch_size: int = 16
-    shard_size: int = 1000
-    confidence_batch_size: int = 64
-    seed: int = 0
-    cpu: bool = False
-    mixed_precision: str = "no"
-    dtype: str | None = None
+    n_bi: int = _D["n_bi"]
+    n_iter: int = _D["n_iter"]
+    samples_per_iter: int = _D["samples_per_iter"]
+    epsilon: float = _D["epsilon"]
+    shallow_rows: int = _D["shallow_rows"]
+    shallow_epochs: float = _D["shallow_epochs"]
+    shallow_lr: float = _D["shallow_lr"]
+    shallow_batch_size: int = _D["shallow_batch_size"]
+    shallow_max_length: int = _D["shallow_max_length"]
+    update_shallow: bool = _D["update_shallow"]          # USM; False: the "w/o USM" ablation
+    usm_rows: int = _D["usm_rows"]
+    usm_continue: bool = _D["usm_continue"]           # fine-tune the previous theta_s instead of the pretrained model
+    indicator: str = _D["indicator"]        # random_low | lowest (b_r => b_1) | none (w/o bias indicator)
+    iterate: bool = _D["iterate"]                 # False: "w/o iterative generation"
+    gen_lr: float = _D["gen_lr"]
+    gen_epochs_first: int = _D["gen_epochs_first"]
+    gen_epochs_later: int = _D["gen_epochs_later"]
+    gen_batch_size: int = _D["gen_batch_size"]
+    gen_grad_accum: int = _D["gen_grad_accum"]
+    gen_max_length: int = _D["gen_max_length"]
+    gen_rows: int | None = _D["gen_rows"]          # train theta_g on a bin-stratified sample of this many pool rows
+    gen_checkpoint_every: int = _D["gen_checkpoint_every"]
+    top_p: float = _D["top_p"]
+    temperature: float = _D["temperature"]
+    max_new_tokens: int = _D["max_new_tokens"]
+    sample_batch_size: int = _D["sample_batch_size"]
+    shard_size: int = _D["shard_size"]
+    confidence_batch_size: int = _D["confidence_batch_size"]
+    seed: int = _D["seed"]
+    cpu: bool = _D["cpu"]
+    mixed_precision: str = _D["mixed_precision"]
+    dtype: str | None = _D["dtype"]
 
     def validate(self) -> None:
         if self.indicator not in STRATEGIES:
@@ -160,7 +165,7 @@ class _Timer:
         _write_json(self.path, self.data)
 
 
-def run_ibadr(d0, task: "str | TaskSpec", cfg: IbadrConfig, out_dir: "str | Path", *, deadline: float | None = None,
+def run_ibadr(d0, task: TaskSpec, cfg: IbadrConfig, out_dir: "str | Path", *, deadline: float | None = None,
               gen_chunk_steps: int | None = None, progress: bool = True, stop_after: str | None = None) -> IbadrResult:
     """Run (or resume) IBADR on the canonical dataset ``d0`` into ``out_dir``.
 
@@ -170,7 +175,6 @@ def run_ibadr(d0, task: "str | TaskSpec", cfg: IbadrConfig, out_dir: "str | Path
     import datasets
     from accelerate import PartialState
 
-    task = get_task(task)
     cfg.validate()
     if len(d0) == 0:
         raise EmptyResultError("IBADR needs a non-empty pool D0")
@@ -196,6 +200,7 @@ def run_ibadr(d0, task: "str | TaskSpec", cfg: IbadrConfig, out_dir: "str | Path
             _write_json(path, record)
     state.wait_for_everyone()
 
+    session = _Session(out, task, cfg, state, deadline, gen_chunk_steps, progress)
     base = d0.select_columns(CANONICAL)
     n_iters, per_iter = iteration_plan(cfg)
     kept_parts, rejected_parts, reports = [], [], []
@@ -205,8 +210,7 @@ def run_ibadr(d0, task: "str | TaskSpec", cfg: IbadrConfig, out_dir: "str | Path
         it = out / f"iter-{k}"
         if not (it / COMPLETE).exists():
             try:
-                _iteration(k, it, out, pool, task, cfg, per_iter, state, deadline, gen_chunk_steps, progress,
-                           stop_after)
+                _iteration(k, it, pool, per_iter, session, stop_after)
             except _Paused:
                 complete = False
                 break
@@ -265,16 +269,30 @@ def _pool_bias_degree(pool, model: str, task: TaskSpec, cfg: IbadrConfig, parts:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
 
 
+@dataclasses.dataclass
+class _Session:
+    """What every stage of one call of :func:`run_ibadr` shares: the run folder, the task, the settings,
+    accelerate's state, the deadline, the generator's steps between deadline checks and the progress bars."""
+
+    out: Path
+    task: TaskSpec
+    cfg: IbadrConfig
+    state: Any
+    deadline: float | None
+    gen_chunk_steps: int | None
+    progress: bool
+
+
 def _check_deadline(deadline: float | None) -> None:
     if deadline is not None and time.time() > deadline:
         raise _Paused()
 
 
-def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig, n_samples: int, state,
-               deadline, gen_chunk_steps, progress, stop_after) -> None:
+def _iteration(k: int, it: Path, pool, n_samples: int, session: _Session, stop_after) -> None:
     """Iteration k of IBADR in ``it``: each stage not yet on disk runs (theta_s, the bias indicators of
     the pool, theta_g, the samples, the confidence filter) and the iteration is marked complete. Returns
     early after the stage ``stop_after`` names."""
+    task, cfg, state, deadline, progress = session.task, session.cfg, session.state, session.deadline, session.progress
     main = state.is_main_process
     if main:
         it.mkdir(parents=True, exist_ok=True)
@@ -288,12 +306,12 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     uses_indicator = cfg.indicator != "none"
     if uses_indicator:
         if not (it / "shallow.json").exists():
-            _shallow_stage(k, it, out, pool, task, cfg, state, deadline, progress, timer)
+            _shallow_stage(k, it, pool, session, timer)
             if stop("shallow"):
                 return
         shallow = json.loads((it / "shallow.json").read_text())
         if not (it / "scores.parquet").exists():
-            _scores_stage(it, pool, shallow["model"], task, cfg, state, deadline, progress, timer)
+            _scores_stage(it, pool, shallow["model"], session, timer)
             if stop("scores"):
                 return
         scores = _read_parquet(it / "scores.parquet")
@@ -304,8 +322,7 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     # ---- step 2: fine-tune theta_g on S with L_g = -sum log p(x | b, y) ---------------------------
     gen_dir = it / "generator"
     if not (gen_dir / "train_report.json").exists():
-        _train_generator(k, gen_dir, out, pool, indicators, task, cfg, deadline, gen_chunk_steps, progress, timer,
-                         main)
+        _train_generator(k, gen_dir, pool, indicators, session, timer)
         if stop("generator"):
             return
     gen_report = json.loads((gen_dir / "train_report.json").read_text())
@@ -320,7 +337,7 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
                                                    "label": ybar.tolist()}), it / "prompts.parquet")
     samples = it / "samples"
     if not (samples / REPORT_FILE).exists():
-        _samples_stage(k, gen_dir, samples, task, cfg, n_samples, fmt, prompts, deadline, progress, timer, main)
+        _samples_stage(k, gen_dir, samples, n_samples, fmt, prompts, session, timer)
         if stop("samples"):
             return
     if not main:
@@ -339,16 +356,18 @@ def _iteration(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConf
     _write_parquet(kept, it / "kept.parquet")
     _write_parquet(rejected, it / "rejected.parquet")
     timer.add("filter", time.perf_counter() - t0)
-    report = _iteration_report(k, pool, kept, shallow, scores, gen_report, samples, bbar, filt, task, cfg, timer,
-                               uses_indicator)
+    report = _iteration_report(k, pool, kept, {"shallow": shallow, "scores": scores, "generator": gen_report,
+                                               "samples": samples, "indicators": bbar if uses_indicator else None,
+                                               "filter": filt}, session, timer)
     _write_json(it / "report.json", report)
     (it / COMPLETE).write_text("")
     state.wait_for_everyone()
 
 
-def _shallow_stage(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig, state, deadline,
-                   progress: bool, timer: _Timer) -> None:
+def _shallow_stage(k: int, it: Path, pool, session: _Session, timer: _Timer) -> None:
     """Step 1a: theta_s of iteration k (see :func:`_shallow`), recorded in ``shallow.json``."""
+    out, task, cfg, state, deadline, progress = (session.out, session.task, session.cfg, session.state,
+                                                 session.deadline, session.progress)
     _check_deadline(deadline)
     t0 = time.perf_counter()
     info = _shallow(k, it, out, pool, task, cfg, progress)
@@ -358,9 +377,9 @@ def _shallow_stage(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: Ibadr
     state.wait_for_everyone()
 
 
-def _scores_stage(it: Path, pool, shallow_model: str, task: TaskSpec, cfg: IbadrConfig, state, deadline,
-                  progress: bool, timer: _Timer) -> None:
+def _scores_stage(it: Path, pool, shallow_model: str, session: _Session, timer: _Timer) -> None:
     """Step 1b: beta of every pool row under theta_s and its bias indicator, in ``scores.parquet``."""
+    task, cfg, state, deadline, progress = session.task, session.cfg, session.state, session.deadline, session.progress
     _check_deadline(deadline)
     t0 = time.perf_counter()
     if state.is_main_process:
@@ -392,10 +411,12 @@ def _draw_prompts(k: int, gen_dir: Path, task: TaskSpec, cfg: IbadrConfig, n_sam
     return fmt, bbar, ybar, prompts
 
 
-def _samples_stage(k: int, gen_dir: Path, samples: Path, task: TaskSpec, cfg: IbadrConfig, n_samples: int, fmt,
-                   prompts: list, deadline, progress: bool, timer: _Timer, main: bool) -> None:
+def _samples_stage(k: int, gen_dir: Path, samples: Path, n_samples: int, fmt, prompts: list, session: _Session,
+                   timer: _Timer) -> None:
     """Step 3: the samples of theta_g from ``prompts`` into ``samples`` (one shard per session unit under a
     deadline)."""
+    task, cfg, deadline, progress = session.task, session.cfg, session.deadline, session.progress
+    main = session.state.is_main_process
     from ..generation.sample import generate_samples
 
     while True:
@@ -421,10 +442,13 @@ def _with_beta(ds, shallow_model: str, task: TaskSpec, cfg: IbadrConfig):
     return _add(ds, "beta", [float(b) for b in beta])
 
 
-def _iteration_report(k: int, pool, kept, shallow, scores, gen_report: dict, samples: Path, bbar: np.ndarray,
-                      filt: dict, task: TaskSpec, cfg: IbadrConfig, timer: _Timer, uses_indicator: bool) -> dict:
+def _iteration_report(k: int, pool, kept, stages: dict, session: _Session, timer: _Timer) -> dict:
     """``report.json`` of iteration k: pool sizes, theta_s, the score summary, theta_g's training, the
-    samples, the indicators drawn, the filter and the seconds per stage."""
+    samples, the indicators drawn (``stages["indicators"]``: b-bar, None without indicators), the filter and the
+    seconds per stage."""
+    task, cfg = session.task, session.cfg
+    shallow, scores, gen_report, samples = stages["shallow"], stages["scores"], stages["generator"], stages["samples"]
+    bbar, filt, uses_indicator = stages["indicators"], stages["filter"], stages["indicators"] is not None
     from ..generation.sample import summarize
 
     return {"iteration": k, "pool_before": len(pool), "pool_after": len(pool) + len(kept), "kept": len(kept),
@@ -460,8 +484,10 @@ def _shallow(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig
             "train_seconds": res.get("train_seconds")}
 
 
-def _train_generator(k, gen_dir: Path, out: Path, pool, indicators, task, cfg: IbadrConfig, deadline, gen_chunk_steps,
-                     progress, timer, main) -> None:
+def _train_generator(k, gen_dir: Path, pool, indicators, session: _Session, timer: _Timer) -> None:
+    """Step 2: theta_g of iteration k, continued from the previous iteration's (in chunks under a deadline)."""
+    out, task, cfg, deadline, progress = session.out, session.task, session.cfg, session.deadline, session.progress
+    gen_chunk_steps, main = session.gen_chunk_steps, session.state.is_main_process
     from ..generation.conditional import CONTROL_PREFIX
     from ..generation.models import LoraOptions
     from ..generation.train import checkpoints, train_generator
@@ -501,7 +527,11 @@ def _train_generator(k, gen_dir: Path, out: Path, pool, indicators, task, cfg: I
 
 
 def _add(ds, name: str, values) -> Any:
-    """``add_column`` on a selection (``datasets`` refuses it on an index mapping, empty or not)."""
+    """``add_column`` on a selection (``datasets`` refuses it on an index mapping, empty or not; and an empty
+    selection can flatten to its table's rows, so an empty one starts from no rows)."""
+    if not len(ds):
+        import datasets
+        ds = datasets.Dataset.from_dict({c: [] for c in ds.column_names}, features=ds.features)
     return ds.flatten_indices().add_column(name, list(values))
 
 

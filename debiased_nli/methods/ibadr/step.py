@@ -13,34 +13,24 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError
-from . import PAPER_DEFAULTS, loop
+from . import loop
 from .loop import IbadrConfig
-
-STEP_ONLY = ("out", "gen_chunk_steps", "progress", "data_files")
-
+from .params import PARAMS, SHALLOW_ROWS, STEP_ONLY
 
 def config_from_params(task: TaskSpec, params: Mapping[str, Any]) -> IbadrConfig:
-    """An :class:`IbadrConfig` from recipe/CLI parameters; the paper's values where none is given.
+    """An :class:`IbadrConfig` from recipe/CLI parameters, checked against their declaration
+    (:data:`.params.PARAMS`); the paper's values where none is given (``shallow_rows``: the paper's for the task).
     ``lora: true`` means the default LoRA options (r 8, alpha 16, dropout 0.05, all linear layers)."""
-    fields = {f for f in IbadrConfig.__dataclass_fields__}
-    unknown = sorted(set(params) - fields - set(STEP_ONLY))
-    if unknown:
-        from ...utils.errors import did_you_mean
-        raise ConfigError(f"unknown IBADR parameter(s) {unknown}.{did_you_mean(unknown[0], sorted(fields))} "
-                          f"Known: {sorted(fields | set(STEP_ONLY))}")
-    for key in ("generator", "confidence_model"):
-        if not params.get(key):
-            raise ConfigError(f"the IBADR step needs `{key}` (a {'causal LM' if key == 'generator' else 'classifier'} "
-                              f"Hub id or folder)")
-    kw = {k: v for k, v in params.items() if k in fields and v is not None}
+    merged = PARAMS.merge(params)
+    kw = {k: v for k, v in merged.items() if k not in STEP_ONLY}
     if kw.get("lora") is True:
         kw["lora"] = {}
     elif kw.get("lora") is False:
         kw["lora"] = None
-    if "shallow_rows" not in kw:
-        kw["shallow_rows"] = PAPER_DEFAULTS["shallow_rows"].get(task.name, 2000)
+    if params.get("shallow_rows") is None:
+        kw["shallow_rows"] = SHALLOW_ROWS.get(task.name, PARAMS["shallow_rows"].default)
     return IbadrConfig(**kw)
 
 
@@ -57,14 +47,13 @@ def _run(ds, task: TaskSpec, params: Mapping[str, Any]):
     return res
 
 
-def ibadr_step(ds, task, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
+def ibadr_step(ds, task: TaskSpec, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
     """Filter step: (S, rejected samples, report). S carries the task's features (recomputed on S,
     so the release's z-statistics describe it); the report has the audit of D0 and of S. ``ctx``: what a
     recipe build gives the step (it needs nothing from it)."""
     from ...bias.audit import audit_dataset
     from ...bias.featurize import add_features
 
-    task = get_task(task)
     res = _run(ds, task, params)
     pool, _ = add_features(res.pool, task, seed=params.get("seed", 0), progress=params.get("progress", True))
     report = dict(res.report)
@@ -83,18 +72,18 @@ def ibadr_step(ds, task, params: Mapping[str, Any], ctx: Mapping[str, Any] | Non
     return pool, removed, report
 
 
-def ibadr_rows(task, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
+def ibadr_rows(task: TaskSpec, params: Mapping[str, Any], ctx: Mapping[str, Any] | None = None):
     """Source step: (the pseudo samples IBADR added to the pool (canonical columns), None, IBADR's report).
     ``ctx["recipe"]`` gives D0 (its ``data``), unless ``params["data_files"]`` does."""
     from ...data.loading import load_task
 
-    task = get_task(task)
     ctx = ctx if ctx is not None else {}
     data = (ctx.get("recipe") or {}).get("data", {})
     d0 = load_task(task, data.get("split", "train"), data_files=params.get("data_files") or data.get("data_files"),
                    on_invalid=data.get("on_invalid", "error"), max_rows=data.get("max_rows")).dataset
     res = _run(d0, task, params)
-    return res.pool.select(range(len(d0), len(res.pool))), None, res.report
+    added = range(len(d0), len(res.pool))  # S = D0 then the kept pseudo samples (none: an empty selection)
+    return res.pool.select(added if len(added) else []), None, res.report
 
 
 def render_ibadr_md(report: Mapping[str, Any], title: str | None = None) -> str:

@@ -19,7 +19,7 @@ z*(l, x) is Eq. 1 over label *groups* (``label_groups``: FEVER's "refutes" + "no
 class, section 4.2; by default every label is its own group), p0 = 1/K. The families are pair
 unigrams (``unigram_pair_v1``: ``<w>@pair``), the lexical-overlap feature (by name: ``lex-overlap>0.8``
 for MNLI, ``lex-overlap<0.8`` for QQP, from whichever overlap extractor is named) and the
-hypothesis-only prediction (``hypo-only-pred=<label>``, hyponly.py).
+hypothesis-only prediction (``hypo-only-pred=<label>``, hypothesis_folds.py).
 
 **Batching without changing the result.** Algorithm 1 is sequential: whether the next row is perturbed,
 and how, depends on the counts after the previous operation. Here every perturbation is a pure
@@ -164,7 +164,7 @@ class PairFeaturizer:
             return out
         table = pa.table({"premise": pa.array(list(premises), pa.string()),
                           "hypothesis": pa.array(list(hypotheses), pa.string())})
-        from .hyponly import INPUT_EXTRACTORS
+        from .hypothesis_folds import INPUT_EXTRACTORS
 
         predict = HYPO_ONLY in self.families and hypo_pred is None
         extractors = ([PAIR_EXTRACTOR] if UNIGRAM in self.families else []) + \

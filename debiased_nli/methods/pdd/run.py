@@ -11,7 +11,7 @@ import numpy as np
 
 from ...bias.zstats import group_labels
 from ...data.loading import labels_of
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError
 from .algorithm import (
     CACHE_FILE,
@@ -25,7 +25,7 @@ from .algorithm import (
     default_overlap_extractor,
 )
 from .fill import prompt_words_for
-from .hyponly import HypothesisOnlyFolds
+from .hypothesis_folds import HypothesisOnlyFolds
 from .masking import FAMILIES, HYPO_ONLY, PAPER_RATIOS
 
 
@@ -59,14 +59,13 @@ def _summary(state: PDDState, families: Sequence[str], overlap_feature: str, K: 
     return out
 
 
-def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | None = None,
+def run_pdd(ds, task: TaskSpec, *, filler, teacher, config: PDDConfig | None = None,
             ratios: Mapping[str, float] | None = None, prompt_words: Mapping[str, str] | None = None,
             overlap_extractor: str | None = None, hypo_only_folds: int = 5, work_dir: "str | Path | None" = None,
             fingerprint: Mapping[str, Any] | None = None, progress: bool = True) -> PDDOutput:
     """PDD over ``ds`` (canonical rows with ``uid``). ``filler`` fills :class:`~.fill.FillRequest` s (a
     :class:`~.fill.MaskFiller` or a stand-in), ``teacher`` gives ``label_probs(premises, hypotheses)``.
     With ``work_dir`` the perturbations are checkpointed there and a rerun continues (see algorithm.py)."""
-    task = get_task(task)
     cfg = config or PDDConfig()
     _check_input(ds, cfg)
     t_start = time.perf_counter()
@@ -103,9 +102,12 @@ def run_pdd(ds, task: "str | TaskSpec", *, filler, teacher, config: PDDConfig | 
     seconds = time.perf_counter() - t_start
 
     after = {fam: state.family_z(fam, cfg.overlap_feature, K, p0) for fam in families}
-    report = _report(task, state, algo, records, params, before, after, order, fam_max, summary_before,
-                     _summary(state, families, cfg.overlap_feature, K, p0, cfg.tau), group_names, cfg, seconds,
-                     seconds_features, perturber, filler, teacher, hyponly, cache)
+    report = _report(task, _Walked(
+        state=state, algo=algo, records=records, params=params, before=before, after=after, order=order,
+        fam_max=fam_max, summary_before=summary_before,
+        summary_after=_summary(state, families, cfg.overlap_feature, K, p0, cfg.tau), group_names=group_names,
+        cfg=cfg, seconds=seconds, seconds_features=seconds_features, perturber=perturber, filler=filler,
+        teacher=teacher, hyponly=hyponly, cache=cache))
     if work_dir is not None:
         report["work_dir"] = str(Path(work_dir).resolve())
     return PDDOutput(state, algo.log, report, hypo_pred, hyponly)
@@ -193,16 +195,41 @@ def _describe(obj) -> Any:
     return d() if callable(d) else type(obj).__name__
 
 
-def _report(task, state, algo, records, params, before, after, order, fam_max, summary_before, summary_after,
-            group_names, cfg, seconds, seconds_features, perturber, filler, teacher, hyponly, cache) -> dict:
-    log = algo.log
-    n_out = sum(state.alive)
+@dataclasses.dataclass
+class _Walked:
+    """What one PDD walk leaves for its report: the state and the algorithm after it, the features' z before and
+    after, the order of the families, the timings and the pieces that did the work."""
+
+    state: Any
+    algo: Any
+    records: list
+    params: dict
+    before: dict
+    after: dict
+    order: list
+    fam_max: dict
+    summary_before: dict
+    summary_after: dict
+    group_names: Any
+    cfg: PDDConfig
+    seconds: float
+    seconds_features: float
+    perturber: Any
+    filler: Any
+    teacher: Any
+    hyponly: Any
+    cache: Any
+
+
+def _operations(w: _Walked) -> tuple[dict, dict]:
+    """The report's ``operations`` and ``candidates``: what was attempted, what succeeded and why not."""
+    log, algo = w.algo.log, w.algo
     keep = sum(1 for e in log if e["status"] == "ok" and e["case"] == "keep")
     lose = sum(1 for e in log if e["status"] == "ok" and e["case"] == "lose")
-    failed = [e for e in log if e["status"] != "ok"]
     reasons: dict[str, int] = {}
-    for e in failed:
-        reasons[e["reason"]] = reasons.get(e["reason"], 0) + 1
+    for e in log:
+        if e["status"] != "ok":
+            reasons[e["reason"]] = reasons.get(e["reason"], 0) + 1
     rejected: dict[str, int] = {}
     n_cands = 0
     for e in log:
@@ -213,53 +240,66 @@ def _report(task, state, algo, records, params, before, after, order, fam_max, s
     chosen_conf = [e["candidates"][e["chosen"]]["confidence"] for e in log if e["status"] == "ok"]
     agree = [e["candidates"][e["chosen"]].get("teacher_pred") == e["label"] for e in log
              if e["status"] == "ok" and "teacher_pred" in e["candidates"][e["chosen"]]]
+    n_ops = len(log)
+    operations = {"attempted": n_ops, "succeeded": keep + lose, "keep": keep, "lose": lose,
+                  "failed": sum(reasons.values()), "failures": dict(sorted(reasons.items())),
+                  "acceptance": round((keep + lose) / n_ops, 4) if n_ops else None,
+                  "computed": algo.computed, "from_checkpoint": w.cache.loaded, "discarded_ahead": algo.discarded,
+                  # prepared ahead (masking, fill, containment) and dropped without a teacher pass
+                  "prepared_never_scored": algo.never_scored}
+    candidates = {"total": n_cands, "rejected": dict(sorted(rejected.items())),
+                  "chosen_confidence_mean": round(float(np.mean(chosen_conf)), 4) if chosen_conf else None,
+                  "chosen_teacher_agrees": round(float(np.mean(agree)), 4) if agree else None}
+    return operations, candidates
+
+
+def _feature_rows(w: _Walked) -> list[dict]:
+    """Every feature above tau before or after the walk, with its z before and after."""
+    rows = []
+    for fam in w.order:
+        for x in sorted(set(w.before[fam]) | set(w.after[fam])):
+            zb = w.before[fam].get(x)
+            za = w.after[fam].get(x)
+            mb = float(np.max(np.abs(zb[1]))) if zb else 0.0
+            ma = float(np.max(np.abs(za[1]))) if za else 0.0
+            if mb > w.cfg.tau or ma > w.cfg.tau:
+                rows.append({"feature": x, "family": fam, "n_before": int(zb[0].sum()) if zb else 0,
+                             "max_abs_z_before": round(mb, 3), "z_before": np.round(zb[1], 3).tolist() if zb else None,
+                             "n_after": int(za[0].sum()) if za else 0, "max_abs_z_after": round(ma, 3),
+                             "z_after": np.round(za[1], 3).tolist() if za else None})
+    return rows
+
+
+def _report(task, w: _Walked) -> dict:
+    state, algo, group_names = w.state, w.algo, w.group_names
+    operations, candidates = _operations(w)
+    keep, lose = operations["keep"], operations["lose"]
     labels_in = np.bincount(np.asarray(state.label[:state.n_input]), minlength=task.num_labels)
     alive_labels = [l for l, a in zip(state.label, state.alive) if a]
     labels_out = np.bincount(np.asarray(alive_labels, dtype=np.int64), minlength=task.num_labels)
-    feature_rows = []
-    for fam in order:
-        for x in sorted(set(before[fam]) | set(after[fam])):
-            zb = before[fam].get(x)
-            za = after[fam].get(x)
-            mb = float(np.max(np.abs(zb[1]))) if zb else 0.0
-            ma = float(np.max(np.abs(za[1]))) if za else 0.0
-            if mb > cfg.tau or ma > cfg.tau:
-                feature_rows.append({"feature": x, "family": fam, "n_before": int(zb[0].sum()) if zb else 0,
-                                     "max_abs_z_before": round(mb, 3),
-                                     "z_before": np.round(zb[1], 3).tolist() if zb else None,
-                                     "n_after": int(za[0].sum()) if za else 0, "max_abs_z_after": round(ma, 3),
-                                     "z_after": np.round(za[1], 3).tolist() if za else None})
     statuses: dict[str, int] = {}
-    for r in records:
+    for r in w.records:
         statuses[r.status] = statuses.get(r.status, 0) + 1
-    n_ops = len(log)
     return {
-        "method": "pdd", "task": task.name, "params": params,
-        "models": {"filler": _describe(filler), "teacher": _describe(teacher),
-                   "hypothesis_only": hyponly.describe() if hyponly is not None else None},
+        "method": "pdd", "task": task.name, "params": w.params,
+        "models": {"filler": _describe(w.filler), "teacher": _describe(w.teacher),
+                   "hypothesis_only": w.hyponly.describe() if w.hyponly is not None else None},
         "label_groups": list(group_names), "p0": 1.0 / len(group_names),
-        "family_order": [{"family": f, "max_abs_z_before": round(fam_max[f], 3)} for f in order],
-        "rows": {"input": state.n_input, "output": n_out, "added": keep, "replaced": lose, "removed": lose,
+        "family_order": [{"family": f, "max_abs_z_before": round(w.fam_max[f], 3)} for f in w.order],
+        "rows": {"input": state.n_input, "output": sum(state.alive), "added": keep, "replaced": lose, "removed": lose,
                  "perturbed_rows_in_output": sum(1 for i in range(state.n_input, len(state)) if state.alive[i]),
                  "labels_input": dict(zip(task.labels, labels_in.tolist())),
                  "labels_output": dict(zip(task.labels, labels_out.tolist()))},
-        "operations": {"attempted": n_ops, "succeeded": keep + lose, "keep": keep, "lose": lose,
-                       "failed": len(failed), "failures": dict(sorted(reasons.items())),
-                       "acceptance": round((keep + lose) / n_ops, 4) if n_ops else None,
-                       "computed": algo.computed, "from_checkpoint": cache.loaded, "discarded_ahead": algo.discarded,
-                       # prepared ahead (masking, fill, containment) and dropped without a teacher pass
-                       "prepared_never_scored": algo.never_scored},
-        "candidates": {"total": n_cands, "rejected": dict(sorted(rejected.items())),
-                       "chosen_confidence_mean": round(float(np.mean(chosen_conf)), 4) if chosen_conf else None,
-                       "chosen_teacher_agrees": round(float(np.mean(agree)), 4) if agree else None},
-        "features": [r.to_dict() for r in records],
+        "operations": operations,
+        "candidates": candidates,
+        "features": [r.to_dict() for r in w.records],
         "feature_status": statuses,
-        "z": {"before": summary_before, "after": summary_after, "features": feature_rows},
-        "seconds": {"total": round(seconds, 2), "features": round(seconds_features, 2),
-                    **{k: round(v, 2) for k, v in perturber.seconds.items()}},
-        "scoring": {"texts_scored": perturber.scored, "duplicate_texts_scored_once": perturber.deduplicated,
-                    "engine": getattr(teacher, "engine", None), "fill_engine": getattr(filler, "engine", None),
-                    "dtype": getattr(teacher, "dtype", None), "fill_dtype": getattr(filler, "dtype", None)},
+        "z": {"before": w.summary_before, "after": w.summary_after, "features": _feature_rows(w)},
+        "seconds": {"total": round(w.seconds, 2), "features": round(w.seconds_features, 2),
+                    **{k: round(v, 2) for k, v in w.perturber.seconds.items()}},
+        "scoring": {"texts_scored": w.perturber.scored, "duplicate_texts_scored_once": w.perturber.deduplicated,
+                    "engine": getattr(w.teacher, "engine", None), "fill_engine": getattr(w.filler, "engine", None),
+                    "dtype": getattr(w.teacher, "dtype", None), "fill_dtype": getattr(w.filler, "dtype", None)},
         # perturbations computed by this invocation per second (those read from a checkpoint cost nothing)
-        "operations_per_second": round(algo.computed / seconds, 3) if seconds > 0 else None,
+        "operations_per_second": round(algo.computed / w.seconds, 3) if w.seconds > 0 else None,
     }

@@ -18,51 +18,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...bias.features import FEATURE_PREFIX, HYPO_ONLY_COLUMN, add_feature_columns
-from ...data.tasks import TaskSpec, get_task
-from ...utils.errors import ConfigError, did_you_mean
+from ...data.tasks import TaskSpec
+from ...utils.errors import ConfigError
 from .algorithm import HYPO_PREFIX, PDDConfig
+from .params import PARAMS
 
 REPLACED_REASON = "pdd: replaced"
 NEW_COLUMNS = ("source_uid", "teacher_confidence")
-STEP_DEFAULTS: dict[str, Any] = {
-    "mlm": "xlm-roberta-large",   # Guo et al. 2023, Table 10: "Pre-trained MLM XLM-large"; section 4.5
-    "filler": None,               # an already built filler (MaskFiller or a stand-in) instead of `mlm`
-    "teacher": None,              # folder/Hub id of an NLI classifier, or an object with label_probs()
-    "tau": 20.0,                  # Table 10: "Threshold τ 20"
-    "families": "auto",
-    "order": "z",                 # section 4.1: families "in descending order of z-value"; "given": as listed
-    "overlap_feature": "lex-overlap>0.8",
-    "overlap_extractor": None,
-    "label_groups": None,
-    "ratios": None,               # Table 10 by default: unigram 0.25, overlap 0.4, hypo_only 0.4
-    "prompt_words": None,         # section 3.3.2: entailment Yes, neutral Maybe, contradiction No
-    "candidates": 8,              # not in the paper ("we generate various candidates")
-    "max_passes": 20,
-    "max_sweeps": 1,
-    "batch_size": 32,
-    "mlm_batch_size": 32,
-    "mlm_max_length": 256,
-    "teacher_batch_size": 64,
-    "teacher_max_length": 128,
-    "engine": "auto",             # forward passes of teacher and fill: auto / packed / bucketed / padded (teacher.py)
-    "dtype": "float32",           # their arithmetic: float32 / bfloat16 (encoder.DTYPES; the project's option)
-    "hypo_only_folds": 5,
-    "seed": 0,
-    "work_dir": None,
-    "checkpoint_every": 256,
-    "examples": 20,
-    "progress": True,
-}
-
-
-def _params(params: Mapping[str, Any] | None) -> dict:
-    unknown = sorted(set(params or {}) - set(STEP_DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown PDD parameter(s) {unknown}.{did_you_mean(unknown[0], list(STEP_DEFAULTS))} "
-                          f"Known: {sorted(STEP_DEFAULTS)}")
-    return {**STEP_DEFAULTS, **(params or {})}
-
-
 def _fingerprint(ds) -> str:
     """A hash of the rows PDD reads (uid, premise, hypothesis, label), whatever other columns ``ds`` has, so the
     CLI and a recipe build over the same rows share a checkpoint (however Arrow holds them)."""
@@ -71,18 +33,14 @@ def _fingerprint(ds) -> str:
     return content_fingerprint(ds.select_columns(["uid", "premise", "hypothesis", "label"]))
 
 
-def pdd_step(ds, task, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
+def pdd_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx: Mapping[str, Any] | None = None):
     """The PDD recipe step (see the module docstring). ``ctx`` is given by a recipe build (PDD needs nothing
     from it: it declares no ``needs``); with it and no ``work_dir``, the run is checkpointed in the cache."""
     from .fill import MaskFiller
     from .run import run_pdd
     from .teacher import Teacher
 
-    task = get_task(task)
-    p = _params(params)
-    if p["teacher"] is None:
-        raise ConfigError("the pdd step needs `teacher`: an NLI classifier trained on the original data (the "
-                          "paper's is BERT-base), e.g. a folder written by `debiased-nli train`")
+    p = PARAMS.merge(params)
     teacher = Teacher(p["teacher"], task.labels, batch_size=p["teacher_batch_size"], max_length=p["teacher_max_length"],
                       engine=p["engine"], dtype=p["dtype"]) if isinstance(p["teacher"], str) else p["teacher"]
     filler = p["filler"] or MaskFiller.from_pretrained(p["mlm"], candidates=p["candidates"],
@@ -290,10 +248,6 @@ def write_pdd_outputs(kept, removed, report, log, out_dir, outputs=None) -> dict
 
 # ------------------------------------------------------------------------------------------------
 # report
-
-def _z(v) -> str:
-    return "" if v is None else f"{v:.1f}"
-
 
 def render_pdd_md(report: Mapping[str, Any], title: str | None = None) -> str:
     """The card section: settings, rows, operations, z before/after per feature, examples."""
