@@ -14,7 +14,7 @@ fall on every arm alike. ``loaded``: a second job (one thread multiplying float3
 machine during every arm. Per arm and condition: samples/s and generated tokens/s (new tokens up to and
 including the end marker, counted with the generator's tokenizer), the parse rate, label shares and
 hypothesis length with tests against the ``--reference`` arm (``benchmarks/engine_parity.py``'s: chi-square
-on the labels, KS on the lengths), peak resident memory (wait4), and the share of this CPU's roofline
+on the labels, KS on the lengths), peak resident memory (the child's VmHWM), and the share of this CPU's roofline
 measured in the same run (matrix-multiply FLOP/s in the arm's arithmetic, copy bandwidth): achieved FLOP/s is
 tokens/s x 2 x parameters (the weights' multiply-adds; attention adds little at these lengths).
 Writes benchmarks/results/engines/<name>.{json,md}.
@@ -65,6 +65,15 @@ def roofline(threads: int) -> dict:
             best = max(best, 4 * 2 * 2048**3 / (time.perf_counter() - t) / 1e9)
         out[f"matmul_{dt}_gflop_s"] = round(best, 1)
     return out
+
+
+def roofline_of(threads: int) -> dict:
+    """:func:`roofline` in a fresh process with ``threads`` threads (this process's thread settings are not
+    the arms')."""
+    code = f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.bench_engines import roofline; print(json.dumps(roofline({threads})))"
+    p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+                       capture_output=True, text=True, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def run_arm(args, arm: str, seed: int, out: Path, prompt_ids: list[int], eos: int, threads: int) -> dict:
@@ -166,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", action="append", default=[], help="ENGINE:DTYPE=PATH: a peer's converted model")
     ap.add_argument("--prepared", default="", help="how the peers' models were made (written to the report)")
     ap.add_argument("--name", default="speed")
+    ap.add_argument("--units", default=None, help="a folder for one result file per arm run: a rerun skips the runs "
+                    "already there (resume after an interruption)")
     args = ap.parse_args(argv)
     if args.loaded_threads is None:
         args.loaded_threads = max(1, args.threads - 1)
@@ -188,44 +199,62 @@ def main(argv=None) -> int:
     # once by parameters() and used once per token, as the head; the input lookup multiplies nothing)
     n_params = sum(p.numel() for p in model.parameters())
     del model
-    arms = args.arms.split(",")
-    ref = args.reference or arms[0]
-    roof = roofline(args.threads)
-    roof_loaded = roofline(args.loaded_threads) if "loaded" in args.conditions.split(",") else roof
+    runs_of = args.arms.split(",")  # as given (ARM@N); results are keyed by the arm without its @N
+    arms = [a.split("@")[0] for a in runs_of]
+    ref = (args.reference or arms[0]).split("@")[0]
+    roof = roofline_of(args.threads)
+    roof_loaded = roofline_of(args.loaded_threads) if "loaded" in args.conditions.split(",") else roof
     print(json.dumps({"roofline": roof, "params": n_params}), flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-engines-"))
     runs, rows = [], {}
     try:
         for cond in args.conditions.split(","):
-            cond_arms = arms if cond == "idle" or not args.loaded_arms else args.loaded_arms.split(",")
+            cond_arms = runs_of if cond == "idle" or not args.loaded_arms else args.loaded_arms.split(",")
             for r in range(args.rounds):
                 order = cond_arms[r % len(cond_arms):] + cond_arms[:r % len(cond_arms)]
                 for arm in order:
-                    out = work / f"{cond}-r{r}-{arm.replace(':', '_').replace('@', '_')}"
-                    load = (subprocess.Popen([sys.executable, "-c", LOAD], env={**os.environ, "OMP_NUM_THREADS": "1"})
-                            if cond == "loaded" else None)
-                    try:
-                        res = run_arm(args, arm, 100 + r, out, prompt_ids, tok.eos_token_id,
-                                      args.threads if cond == "idle" else args.loaded_threads)
-                    finally:
-                        if load:
-                            load.kill()
-                            load.wait()
-                    got = arm_rows(arm, out, tok, fmt, labels)
-                    res.update(condition=cond, round=r, samples=got["samples"], parsed=got["parsed"],
-                               tokens=got["tokens"], labels=dict(zip(labels, got["counts"])))
-                    acc = rows.setdefault((cond, arm), {"counts": np.zeros(len(labels), dtype=np.int64), "hyp": [],
-                                                        "prem": [], "samples": 0, "parsed": 0})
+                    name = f"{cond}-r{r}-{arm.replace(':', '_').replace('@', '_')}"
+                    unit = Path(args.units) / f"{name}.json" if args.units else None
+                    if unit and unit.exists():  # a unit of an earlier, interrupted run of this benchmark
+                        res, got = (lambda d: (d["run"], d["rows"]))(json.loads(unit.read_text()))
+                    else:
+                        out = work / name
+                        load = (subprocess.Popen([sys.executable, "-c", LOAD], env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                if cond == "loaded" else None)
+                        try:
+                            res = run_arm(args, arm, 100 + r, out, prompt_ids, tok.eos_token_id,
+                                          args.threads if cond == "idle" else args.loaded_threads)
+                        finally:
+                            if load:
+                                load.kill()
+                                load.wait()
+                        got = arm_rows(arm, out, tok, fmt, labels)
+                        res.update(arm=arm.split("@")[0], condition=cond, round=r, samples=got["samples"],
+                                   parsed=got["parsed"], tokens=got["tokens"], labels=dict(zip(labels, got["counts"])))
+                        shutil.rmtree(out, ignore_errors=True)
+                        if unit:
+                            unit.parent.mkdir(parents=True, exist_ok=True)
+                            unit.write_text(json.dumps({"run": res, "rows": got}))
+                    acc = rows.setdefault((cond, arm.split("@")[0]), {"counts": np.zeros(len(labels), dtype=np.int64), "hyp": [],
+                                                        "prem": [], "samples": 0, "parsed": 0, "no_lengths": 0})
                     acc["counts"] += got["counts"]
-                    acc["hyp"] += got["hyp"]
-                    acc["prem"] += got["prem"]
+                    if got.get("hyp") is None:  # a unit that kept its counts but not its lengths
+                        acc["no_lengths"] += got["samples"]
+                    else:
+                        acc["hyp"] += got["hyp"]
+                        acc["prem"] += got["prem"]
                     acc["samples"] += got["samples"]
                     acc["parsed"] += got["parsed"]
                     runs.append(res)
                     print(json.dumps(res), flush=True)
-                    shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    again = roofline_of(args.threads)
+    roof = {k: max(v, again[k]) for k, v in roof.items()}  # the best of the start's and the end's readings:
+    # another job running during one reading lowers it, nothing raises it
+    if "loaded" in args.conditions.split(","):
+        again = roofline_of(args.loaded_threads)
+        roof_loaded = {k: max(v, again[k]) for k, v in roof_loaded.items()}
     summary = {}
     # the output distribution: every arm's rows of both conditions against the reference arm's
     dist = {}
@@ -234,6 +263,7 @@ def main(argv=None) -> int:
                "_hyp": [x for k in rows if k[1] == arm for x in rows[k]["hyp"]],
                "_prem": [x for k in rows if k[1] == arm for x in rows[k]["prem"]],
                "samples": sum(rows[k]["samples"] for k in rows if k[1] == arm),
+               "samples_without_lengths": sum(rows[k]["no_lengths"] for k in rows if k[1] == arm),
                "parsed": sum(rows[k]["parsed"] for k in rows if k[1] == arm)}
         dist[arm] = acc
     tests = {arm: compare(dist[ref], dist[arm]) for arm in arms if arm != ref}
@@ -242,7 +272,7 @@ def main(argv=None) -> int:
         secs = sum(x["seconds"] for x in mine)
         n = sum(x["samples"] for x in mine)
         tps = sum(x["tokens"] for x in mine) / secs
-        dtype = arm.split("@")[0].split(":")[1]
+        dtype = arm.split(":")[1]
         rf = roof if cond == "idle" else roof_loaded  # (measured on an idle machine at the arm's thread count)
         peak = rf["matmul_bfloat16_gflop_s"] if dtype in ("bfloat16", "bf16") else rf["matmul_float32_gflop_s"]
         d = dist[arm]
@@ -293,8 +323,12 @@ def main(argv=None) -> int:
         md.append(f"| {s['condition']} | {s['arm']} | {s['samples_per_s']} | {s['tokens_per_s']} | {s['ratio_to_best_peer']} | "
                   f"{s['ratio_to_best_peer_same_output']} | {'yes' if s['same_output_as_reference'] else 'no'} | "
                   f"{s['per_round_samples_per_s']} | {s['cpu_seconds_per_sample']} | {s['matmul_roofline_share']} | {s['peak_rss_mb']:,} |")
+    missing = {a: d["samples_without_lengths"] for a, d in dist.items() if d["samples_without_lengths"]}
     md += ["", f"Output distribution (both conditions pooled) against `{ref}`: chi-square on the label counts, "
-           "Kolmogorov-Smirnov on hypothesis and premise word counts; verdict at alpha 0.01 per test.", "",
+           "Kolmogorov-Smirnov on hypothesis and premise word counts; verdict at alpha 0.01 per test."
+           + (" Lengths were not kept for " + ", ".join(f"{n:,} samples of {a}" for a, n in missing.items())
+              + " (runs from before the unit files; their speed and label counts come from the run's log): the length "
+              "tests and means use the others." if missing else ""), "",
            "| engine:dtype:batch | samples | parse rate | " + " | ".join(labels)
            + " | hyp. words | labels p | entailment - reference (95%) | hyp. length KS p | verdict |",
            "|---|---|---|" + "---|" * len(labels) + "---|---|---|---|---|"]

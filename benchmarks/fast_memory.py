@@ -1,4 +1,11 @@
-"""Where the fast engine's memory goes (issue 50: 7 GB peak at batch 256 in bfloat16, 2.7 GB in float32).
+"""Where the fast engine's memory goes (issue 50: it peaked at 7 GB at batch 256 in bfloat16, 2.7 GB in float32).
+
+Found with it: the peak was one prefill pass. The model returns the last position's logits only, so the output
+layer got ``hidden[:, -1:, :]``, a strided view, and PyTorch's CPU ``linear`` multiplies a strided 3-D input as
+a batched product against the 49,152 x 576 weight expanded to every row and copied (pytorch/pytorch#151934):
+5.6 GB of bfloat16 for a prefill of 100 rows, about 5 s. ``contiguous_head_input`` (``generation/sample.py``)
+gives the head a contiguous input: peak 7,034 -> 1,562 MB in bfloat16 (256 samples, batch 256, G*), float32
+2,636 MB (its keys and values: 256 slots x 30 layers). Run it again to check a PyTorch upgrade.
 
 Samples ``--samples`` rows from ``--generator`` in this process with ``generate_samples`` (engine fast) while
 a thread reads this process's resident memory every 20 ms, and prints it after loading, and its peak while
