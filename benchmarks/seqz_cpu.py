@@ -616,50 +616,14 @@ def _chdir(path: Path):   # contextlib.chdir needs Python >= 3.11
 # filter: confidence filter, acceptance curve, the tau used downstream, M on real dev rows
 
 def acceptance_curve(conf, taus=TAUS, labels=None, label_names=None) -> list[dict]:
-    """Rows M keeps at each tau (p_M(label) > tau, as the confidence filter keeps them) and their share; with
-    ``labels`` (one label id per row) also the rows kept per label (``kept_by_label``)."""
-    import numpy as np
-    conf = np.asarray(conf, dtype=np.float64)
-    n = len(conf)
-    out = [{"tau": t, "kept": int((conf > t).sum()), "rate": round(float((conf > t).mean()), 4) if n else None}
-           for t in taus]
-    if labels is not None:
-        labels = np.asarray(labels)
-        ids = sorted(set(labels.tolist()))
-        names = label_names or [str(i) for i in range(max(ids, default=-1) + 1)]
-        for c in out:
-            c["kept_by_label"] = {names[i]: int(((conf > c["tau"]) & (labels == i)).sum()) for i in ids}
-    return out
+    from debiased_nli.methods.confidence import acceptance_curve as curve
+    return curve(conf, taus, labels=labels, label_names=label_names)
 
 
 def choose_tau(curve: list[dict], paper: float = TAU_PAPER, min_kept: int = MIN_KEPT) -> tuple[float, str | None]:
-    """The paper's tau if it keeps >= min_kept rows with every label among them (>= min_kept / #labels each, when
-    the curve has per-label counts); else the largest tau of the curve that does (a documented deviation); else
-    the smallest tau of the curve (the most rows there are).
-
-    Why every label: z-filtering measures each feature's label distribution against the uniform one, so rows of
-    two labels only (M too unsure of the third to pass tau) cannot be z-filtered into a balanced config: on the
-    60k-sample CPU run, tau 0.95 kept 7,500 rows and no neutral one, and only 305 of them joined seq_z."""
-    def enough(c):
-        per = c.get("kept_by_label")
-        return c["kept"] >= min_kept and (not per or min(per.values()) >= min_kept / len(per))
-
-    at = {c["tau"]: c for c in curve}
-    if paper in at and enough(at[paper]):
-        return paper, None
-    p = at.get(paper, {"kept": 0})
-    why = (f"M keeps {p['kept']:,} rows at the paper's tau {paper}"
-           + (f" ({_cell(p['kept_by_label'])})" if p.get("kept_by_label") else ""))
-    rule = f">= {min_kept:,} rows" + (f" and >= {min_kept / len(p['kept_by_label']):,.0f} of every label"
-                                      if p.get("kept_by_label") else "")
-    ok = [t for t, c in at.items() if enough(c)]
-    if ok:
-        t = max(ok)
-        return t, (f"{why}; downstream uses tau {t}, the largest of {list(at)} keeping {rule} "
-                   f"({at[t]['kept']:,} rows" + (f", {_cell(at[t]['kept_by_label'])}" if at[t].get("kept_by_label")
-                                                  else "") + ")")
-    t = min(at)
-    return t, f"{why}; no tau of {list(at)} keeps {rule}: downstream uses the smallest, {t} ({at[t]['kept']:,} rows)"
+    """The library's tau_rule min_kept (debiased_nli.methods.confidence.choose_tau) at the paper's tau."""
+    from debiased_nli.methods.confidence import choose_tau as choose
+    return choose(curve, paper, min_kept)
 
 
 def scored_rows(confident: Path):
@@ -678,22 +642,13 @@ def scored_rows(confident: Path):
     return both
 
 
-def split_at_tau(scored, tau: float):
-    """(kept, rejected) at ``tau`` from already scored rows: what `confidence-filter --tau tau` writes."""
-    import numpy as np
-    conf = np.asarray(scored["confidence"], dtype=np.float64)
-    keep = conf > tau
-    kept = scored.select(np.nonzero(keep)[0])
-    reason = scored.add_column("rejected_by", [f"confidence<={tau}"] * len(scored))
-    return kept, reason.select(np.nonzero(~keep)[0])
-
-
 def write_tau_dir(L: Layout, tau: float, inputs: list[str]) -> Path:
     from debiased_nli.data.tasks import get_task
     from debiased_nli.methods.confidence import confidence_report
     out = L.confident_at(tau)
     if read_json(out / "driver_inputs.json") == inputs and (out / "kept.parquet").exists():
         return out
+    from debiased_nli.methods.confidence import split_at_tau
     kept, rej = split_at_tau(scored_rows(L.confident), tau)
     out.mkdir(parents=True, exist_ok=True)
     kept.to_parquet(str(out / "kept.parquet"))

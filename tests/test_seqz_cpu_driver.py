@@ -85,7 +85,7 @@ def test_a_tau_that_keeps_no_row_of_one_label_is_passed_over():
                         "kept_by_label": {"entailment": 1, "neutral": 0, "contradiction": 1}}
     assert curve[1]["kept_by_label"] == {"entailment": 2, "neutral": 3, "contradiction": 2}
     tau, note = sc.choose_tau(curve, min_kept=3)    # every label needs >= 1 row
-    assert tau == 0.9 and "'neutral': 0" in note and ">= 1 of every label" in note
+    assert tau == 0.9 and "neutral 0" in note and ">= 1 of every label" in note
     tau, note = sc.choose_tau(curve, min_kept=6)    # >= 2 of every label: only 0.8 and 0.5; the largest
     assert tau == 0.8 and "(7 rows" in note
     assert sc.choose_tau(curve, min_kept=2, paper=0.9) == (0.9, None)

@@ -24,6 +24,10 @@ different share at the same tau. It also writes calibration.json (T, NLL and exp
 before and after, the reliability tables) and reliability.png (the reliability diagram); each row then
 keeps M's own probability in `confidence_uncalibrated`. --probabilities adds M's probability of every
 label (`m_prob_<label>`), so another tau or temperature can be applied later without M.
+
+--tau-rule min_kept chooses tau from M's acceptance curve: --tau when it keeps at least --min-kept rows with
+every label among them (--min-kept / #labels each), else the largest of --taus that does, else the smallest
+(methods/confidence.py, choose_tau); confidence_report.json records the curve, the tau used and why.
 """
 
 
@@ -33,6 +37,12 @@ def register(sub) -> None:
     add_task_arguments(p)
     p.add_argument("--model", default="roberta-large", help="NLI classifier M: Hub id or folder")
     p.add_argument("--tau", type=number(float, low=0, high=1, high_open=True), default=0.95, help="keep rows with p_M(label) > tau")
+    p.add_argument("--tau-rule", choices=["fixed", "min_kept"], default="fixed",
+                   help="fixed: --tau as given; min_kept: --tau if it keeps --min-kept rows of every label, else the "
+                        "largest of --taus that does")
+    p.add_argument("--taus", type=number(float, low=0, high=1, high_open=True), nargs="+",
+                   default=[0.5, 0.7, 0.8, 0.9, 0.95, 0.99], help="the taus --tau-rule min_kept tries")
+    p.add_argument("--min-kept", type=POSITIVE_INT, default=5000, help="rows --tau-rule min_kept needs")
     p.add_argument("--batch-size", type=POSITIVE_INT, default=64)
     p.add_argument("--max-length", type=POSITIVE_INT, default=128)
     p.add_argument("--calibration-data", metavar="FILE",
@@ -96,7 +106,9 @@ def run(args) -> int:
                                                                "calibration": calibration,
                                                                "calibration_method": args.calibration_method,
                                                                "reuse_probabilities": args.reuse_probabilities,
-                                                               "probabilities": args.probabilities})
+                                                               "probabilities": args.probabilities,
+                                                               "tau_rule": args.tau_rule, "taus": args.taus,
+                                                               "min_kept": args.min_kept})
     if args.probabilities_from and not args.calibration_data:  # M was not run: its stored scores were
         from ...utils.provenance import file_sha256
         report["model"] = None

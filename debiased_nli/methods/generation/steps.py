@@ -122,26 +122,37 @@ def generate_step(ds, task, params: dict, *, show_values: bool = False):
 
 
 def confidence_filter_step(ds, task, params: dict):
-    """(kept, rejected, report) of the confidence filter. ``params["calibration"]`` (held-out real rows with
-    gold labels, a Dataset) fits M's temperature first and applies tau to the calibrated probabilities; the
-    report then holds the calibration (``report["calibration"]``: T, NLL and ECE before and after)."""
-    from ..confidence import calibrate, confidence_filter, confidence_report
+    """(kept, rejected, report) of the confidence filter (its parameters: :data:`..confidence.PARAMS`).
+    ``params["calibration"]`` (held-out real rows with gold labels, a Dataset) calibrates M first and applies tau
+    to the calibrated probabilities; the report then holds the calibration (``report["calibration"]``: the method,
+    NLL and ECE before and after). ``tau_rule: min_kept`` chooses tau from M's acceptance curve
+    (:func:`..confidence.choose_tau`); the report then has the curve (``acceptance_curve``), the tau tried first
+    (``tau_given``), the tau used (``tau``) and why (``tau_note``)."""
+    from ..confidence import (PARAMS, acceptance_curve, calibrate, check_taus, choose_tau, confidence_report,
+                              score_confidence, split_at_tau)
 
     task = get_task(task)
-    tau = _p(params, "tau", PAPER_DEFAULTS["tau"])  # Table 8: "data filtering threshold τ 0.95"
-    model = _p(params, "model", PAPER_DEFAULTS["confidence_model"])
-    batch_size, max_length = _p(params, "batch_size", 64), _p(params, "max_length", 128)
+    p = PARAMS.merge(params, "the confidence filter")
+    model, batch_size, max_length = p["model"], p["batch_size"], p["max_length"]
+    taus = check_taus(p["taus"]) if p["tau_rule"] == "min_kept" else None
     calibration = calibrator = None
-    if params.get("calibration") is not None:
-        model, calibrator, calibration = calibrate(params["calibration"], model, task,
-                                                   method=_p(params, "calibration_method", "auto"),
+    if p["calibration"] is not None:
+        model, calibrator, calibration = calibrate(p["calibration"], model, task, method=p["calibration_method"],
                                                    batch_size=batch_size, max_length=max_length,
-                                                   progress=_p(params, "progress", True))
-    kept, rejected = confidence_filter(ds, model, task, tau, batch_size=batch_size, max_length=max_length,
-                                       progress=_p(params, "progress", True), calibrator=calibrator,
-                                       probabilities=bool(params.get("probabilities")),
-                                       reuse_probabilities=bool(params.get("reuse_probabilities")))
-    report = confidence_report(kept, rejected, task, tau)
+                                                   progress=p["progress"])
+    scored = score_confidence(ds, model, task, batch_size=batch_size, max_length=max_length, progress=p["progress"],
+                              calibrator=calibrator, probabilities=p["probabilities"],
+                              reuse_probabilities=p["reuse_probabilities"])
+    tau, extra = p["tau"], {}
+    if taus is not None:
+        from ...data.loading import labels_of
+        curve = acceptance_curve(scored["confidence"], sorted(set(taus) | {tau}), labels=labels_of(scored),
+                                 label_names=list(task.labels))
+        tau, note = choose_tau(curve, p["tau"], p["min_kept"])
+        extra = {"tau_rule": "min_kept", "tau_given": p["tau"], "min_kept": p["min_kept"], "acceptance_curve": curve,
+                 "tau_note": note}
+    kept, rejected = split_at_tau(scored, tau)
+    report = {**confidence_report(kept, rejected, task, tau), **extra}
     if calibration is not None:
         report["calibration"] = calibration
     return kept, rejected, report
