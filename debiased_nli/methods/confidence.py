@@ -60,8 +60,8 @@ PARAMS = Params("confidence filter", [
           low=1, nullable=False, source="project's choice (the CPU Seq-Z run: >= 5,000 generated rows)"),
     Param("batch_size", "int", 64, "rows per forward pass of M", low=1, nullable=False),
     Param("max_length", "int", 128, "tokens of a pair M reads", low=1, nullable=False),
-    Param("calibration", "any", None, "held-out real rows with gold labels (a Dataset) to calibrate M on first",
-          cli=None),
+    Param("calibration", "any", None, "held-out real rows with gold labels (a Dataset, or a file of the task's "
+          "columns) to calibrate M on first", cli=None),
     Param("calibration_method", "str", "auto", "how M is calibrated", choices=("auto", *CALIBRATION_METHODS),
           nullable=False),
     Param("probabilities", "bool", False, "add M's probability of every label (m_prob_<label>) to the rows"),
@@ -241,3 +241,33 @@ def confidence_report(kept, rejected, task: TaskSpec, tau: float) -> dict:
     return {"tau": tau, "rows": n, "kept": len(kept), "rejected": len(rejected),
             "acceptance_rate": round(len(kept) / n, 4), "per_label": per_label,
             "confidence_quantiles": {q: round(float(np.quantile(conf, q)), 4) for q in (0.1, 0.25, 0.5, 0.75, 0.9)}}
+
+
+def join_probabilities(ds, path: str, task: TaskSpec, what: str = "--probabilities-from"):
+    """``ds`` with M's stored probabilities (``m_prob_<label>`` by ``uid`` from ``path``) in place of any it had; every
+    row must have its uid there (else one line naming the first that does not)."""
+    import pyarrow.parquet as pq
+
+    from ..utils.paths import check_input_file
+
+    check_input_file(path, what)
+    cols = ["uid", *(f"{PROB_PREFIX}{n}" for n in task.labels)]
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # not Parquet, damaged
+        raise ConfigError(f"{what} {path}: not a readable Parquet file ({type(err).__name__})") from None
+    missing = [c for c in cols if c not in table.column_names]
+    if missing:
+        raise ConfigError(f"{what} {path}: needs the columns {cols}; it lacks {missing}")
+    if "uid" not in ds.column_names:
+        raise ConfigError(f"{what} joins by uid: the rows have no uid column")
+    index = {u: i for i, u in enumerate(table.column("uid").to_pylist())}
+    where = np.empty(len(ds), dtype=np.int64)
+    for r, u in enumerate(ds["uid"]):
+        if u not in index:
+            raise ConfigError(f"row {r}: uid {u!r} has no stored probabilities in {path}")
+        where[r] = index[u]
+    out = ds.remove_columns([c for c in cols[1:] if c in ds.column_names])
+    for c in cols[1:]:
+        out = out.add_column(c, table.column(c).to_numpy()[where].astype(np.float64).tolist())
+    return out

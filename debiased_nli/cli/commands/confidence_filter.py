@@ -93,6 +93,7 @@ def run(args) -> int:
         ds = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
                        revision=args.revision, max_rows=args.max_rows).dataset
     if args.probabilities_from:
+        from ...methods.confidence import join_probabilities
         ds = join_probabilities(ds, args.probabilities_from, task)
         args.reuse_probabilities = True
     calibration = None
@@ -134,36 +135,3 @@ def run(args) -> int:
         print(f"calibration on {c['rows']:,} held-out rows ({c['selection']['rule']}): {how}, ECE {c['ece_before']:.4f} -> "
               f"{c['ece_after']:.4f}, NLL {c['nll_before']:.4f} -> {c['nll_after']:.4f}")
     return 0
-
-
-def join_probabilities(ds, path: str, task):
-    """``ds`` with M's stored probabilities (``m_prob_<label>`` by ``uid`` from ``path``) in place of any it had; every
-    row must have its uid there (else one line naming the first that does not)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from ...methods.confidence import PROB_PREFIX
-    from ...utils.errors import ConfigError
-    from ...utils.paths import check_input_file
-
-    check_input_file(path, "--probabilities-from")
-    cols = ["uid", *(f"{PROB_PREFIX}{n}" for n in task.labels)]
-    try:
-        table = pq.read_table(path)
-    except Exception as err:  # not Parquet, damaged
-        raise ConfigError(f"--probabilities-from {path}: not a readable Parquet file ({type(err).__name__})") from None
-    missing = [c for c in cols if c not in table.column_names]
-    if missing:
-        raise ConfigError(f"--probabilities-from {path}: needs the columns {cols}; it lacks {missing}")
-    if "uid" not in ds.column_names:
-        raise ConfigError("--probabilities-from joins by uid: the rows have no uid column")
-    index = {u: i for i, u in enumerate(table.column("uid").to_pylist())}
-    where = np.empty(len(ds), dtype=np.int64)
-    for r, u in enumerate(ds["uid"]):
-        if u not in index:
-            raise ConfigError(f"row {r}: uid {u!r} has no stored probabilities in {path}")
-        where[r] = index[u]
-    out = ds.remove_columns([c for c in cols[1:] if c in ds.column_names])
-    for c in cols[1:]:
-        out = out.add_column(c, table.column(c).to_numpy()[where].astype(np.float64).tolist())
-    return out
