@@ -5,7 +5,7 @@
 # AFLite and PDD profiles (snli) with tiny models built from a config (notes/tiny_profiles.py).
 # Writes <out-dir>/sha256.txt (every file, the manifest's wall-clock `seconds` fields zeroed first).
 set -euo pipefail
-CODE=$(cd "$1" && pwd); OUT=$2; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd); CODE=$(cd "$1" && pwd); OUT=$2; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 SHARED=/work/shared
 export PYTHONPATH=$CODE:$CODE/tests HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 export DEBIASED_NLI_CACHE=$OUT/cache
@@ -20,7 +20,7 @@ $CLI confidence-filter snli --data-files "train=$R/samples/shard-*.parquet" \
   --probabilities-from $R/m_scores_G.parquet --tau 0.9 --out "$OUT/rebuild_v1_kept" > "$OUT/kept.log" 2>&1
 $CLI build snli --data-files train=$SHARED/data/snli/train_sample.parquet \
   --new-rows "$OUT/rebuild_v1_kept/kept.parquet" --out "$OUT/seqz_rebuild" > "$OUT/seqz.log" 2>&1
-$PY "$(dirname "$0")/tiny_profiles.py" "$OUT/tiny" > "$OUT/tiny.log" 2>&1
+$PY "$HERE/tiny_profiles.py" "$OUT/tiny" > "$OUT/tiny.log" 2>&1
 $PY - "$OUT" <<'PY'
 import hashlib, json, re, sys
 from pathlib import Path
