@@ -16,7 +16,7 @@ root = Path(__file__).resolve().parents[1] if (Path(__file__).resolve().parents[
 task = get_task("snli")
 rows = datasets.load_dataset("parquet", data_files="/work/shared/data/snli/train_sample.parquet", split="train")
 rows = rows.shuffle(seed=0).select(range(60))
-models = out / "models"
+models = Path("/tmp/bi47b_tiny_models")  # one path for every run: the steps record their models by path
 models.mkdir(parents=True, exist_ok=True)
 rows.to_parquet(str(models / "snli.parquet"))
 tok = tiny_tokenizer([str(t) for c in ("premise", "hypothesis") for t in rows[c]])
