@@ -106,6 +106,18 @@ def test_the_seqz_recipe_runs_as_stages_resumes_and_says_where_it_stands(tiny, t
     other["new_rows"][0]["confidence"]["min_kept"] = 3
     states = {s.stage: s.state for s in Pipeline(other, run, data_files=[f"train={tiny['d0']}"]).status()}
     assert states["filter"] == "stale" and states["sample"] == "done" and states["build"] == "done"
+    # a sampling run made with other values is not continued as if it were this one's; more samples of it are
+    other = copy.deepcopy(rec)
+    other["new_rows"][0]["generate"]["top_p"] = 0.5
+    with pytest.raises(ConfigError, match="sample: .*samples was made with other parameters"):
+        Pipeline(other, run, data_files=[f"train={tiny['d0']}"], progress=False).run()
+    more = copy.deepcopy(rec)
+    more["new_rows"][0]["generate"]["num_samples"] = 16
+    states = {s.stage: s for s in Pipeline(more, run, data_files=[f"train={tiny['d0']}"], progress=False).run(
+        ["sample"])}
+    assert states["sample"].state == "done" and states["sample"].detail.startswith("4/4 shards")
+    assert not any(p.exists() for p in first)  # grown: shard i of 3 renamed to shard i of 4, the last one sampled
+    assert states["filter"].state == "stale"
 
 
 def test_the_run_folder_is_checked_before_any_work(tiny, tmp_path):

@@ -436,9 +436,24 @@ class Pipeline:
                 raise ConfigError(f"{stage} needs {n}, which is {st.state}"
                                   f"{' (' + st.detail + ')' if st.detail else ''}: run it first")
 
+    def _refuse_stale_product(self, stage: str, folder: Path) -> None:
+        """A model or sample folder made with other parameters or inputs is not continued as if it were this run's
+        (a trainer or the sampler would resume it, or count its shards as done): it must be moved away first. The
+        one change that continues: more samples of the same sampling run (generate --extend grows it)."""
+        st = self.state(stage)
+        if st.state == "stale" and stage == "sample" and st.record:
+            old, new = dict(st.record.get("params") or {}), dict(self.params(stage))
+            grown = int(new.pop("num_samples", 0) or 0) >= int(old.pop("num_samples", 0) or 0)
+            if grown and old == new and st.record.get("inputs") == _plain(self.inputs(stage)):
+                return
+        if st.state == "stale" and folder.exists():
+            raise ConfigError(f"{stage}: {folder} was made with other parameters or inputs ({st.detail.split(';')[0]}); "
+                              f"move it away (or use another --run) to redo it")
+
     def _run_train_g(self, units):
         from ..methods.generation.steps import train_generator_step
 
+        self._refuse_stale_product("train_g", self.path(G))
         _, _, report = train_generator_step(self.d0().dataset, self.task,
                                             {**self.spec["train"], "out": str(self.path(G)), "mode": "generator"},
                                             show_values=True)
@@ -449,6 +464,7 @@ class Pipeline:
         from ..methods.generation.steps import train_generator_step
 
         self._require("train_g_star", "train_g")
+        self._refuse_stale_product("train_g_star", self.path(G_STAR))
         base = self.spec.get("generator") or str(self.path(G))
         params = {"model": base, **self.params("train_g_star"), "out": str(self.path(G_STAR)), "mode": "debias"}
         _, _, report = train_generator_step(self.d0().dataset, self.task, params, show_values=True)
@@ -458,6 +474,7 @@ class Pipeline:
     def _run_train_m(self, units):
         from ..methods.generation.steps import train_m_step
 
+        self._refuse_stale_product("train_m", self.path(M))
         d0 = self.d0()
         _, _, report = train_m_step(d0.dataset, self.task, {**self.spec["train_m"], "out": str(self.path(M)),
                                                             "source": d0.source})
@@ -468,6 +485,7 @@ class Pipeline:
         from ..methods.generation.steps import generate_step
 
         gen = self.generator_name()
+        self._refuse_stale_product("sample", self.path(SAMPLES))
         self.path(SAMPLES).mkdir(parents=True, exist_ok=True)
         if self.samples_from:
             n = seed_shards(self.samples_from, self.path(SAMPLES), self.params("sample"))
