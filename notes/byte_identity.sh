@@ -21,33 +21,7 @@ $CLI confidence-filter snli --data-files "train=$R/samples/shard-*.parquet" \
 $CLI build snli --data-files train=$SHARED/data/snli/train_sample.parquet \
   --new-rows "$OUT/rebuild_v1_kept/kept.parquet" --out "$OUT/seqz_rebuild" > "$OUT/seqz.log" 2>&1
 $PY "$HERE/tiny_profiles.py" "$OUT/tiny" > "$OUT/tiny.log" 2>&1
-$PY - "$OUT" <<'PY'
-import hashlib, json, re, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-def scrub(obj):
-    if isinstance(obj, dict):
-        return {k: (0 if k in ("seconds", "wall_seconds", "elapsed_s", "created", "date") else scrub(v)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [scrub(v) for v in obj]
-    return obj
-lines = []
-for d in ("demo", "snli20k", "rebuild_v1_kept", "seqz_rebuild", "tiny"):
-    for p in sorted((out / d).rglob("*")):
-        if not p.is_file():
-            continue
-        b = p.read_bytes()
-        if p.suffix == ".json":
-            try:
-                b = json.dumps(scrub(json.loads(b)), sort_keys=True).encode()
-            except ValueError:
-                pass
-        elif p.name == "README.md":  # the card quotes the manifest's seconds
-            b = re.sub(rb"[0-9.]+ ?s\b|[0-9.,]+ per second", b"<s>", b)
-        lines.append(f"{hashlib.sha256(b).hexdigest()}  {p.relative_to(out)}")
-(out / "sha256.txt").write_text("\n".join(lines) + "\n")
-print(len(lines), "files")
-PY
+$PY "$HERE/hash_outputs.py" "$OUT"
 # the rebuilt seq_z's content fingerprint (COMMANDS.md: 3573b6dc0299cacc)
 $PY - "$OUT" <<'PY' | tee "$OUT/seq_z_fingerprint.txt"
 import sys, datasets
