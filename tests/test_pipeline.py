@@ -164,3 +164,29 @@ def test_the_cli_continues_a_run_started_elsewhere(tiny, tmp_path, capsys):
     states = {s["stage"]: s for s in json.loads(capsys.readouterr().out)}
     assert states["sample"]["state"] == "done" and states["sample"]["detail"].startswith("2/2 shards")
     assert states["audit"]["state"] == "done"  # the sampling finished within the session, so the run went on
+
+
+def test_the_gpu_profile_samples_from_g_star_with_m_calibrated_first(tiny, tmp_path):
+    """`--profile gpu`: G, then G* on Z(D0) / Z-(D0), M, samples of G*, M calibrated on held-out rows (a file)."""
+    rec = copy.deepcopy(load_recipe(ROOT / "builders" / "seqz.yaml", "gpu"))
+    step = rec["new_rows"][0]
+    step["train"].update(model=tiny["generator"], max_steps=1, batch_size=4, lr=1e-9)
+    step["debias"].update(max_steps=1, batch_size=4, lr=1e-9, z_batch_size=100, cpu=True, progress=False)
+    step["train"].update(cpu=True, progress=False)
+    step["train_m"].update(model=tiny["classifier"], epochs=1, batch_size=8, max_length=32, dev_files=None, cpu=True,
+                           progress=False)
+    step["generate"].update(num_samples=8, shard_size=4, batch_size=4, max_new_tokens=6, condition="premise+label",
+                            dtype=None, cpu=True, progress=False)
+    step["confidence"].update(calibration=tiny["d0"], tau=0.0, batch_size=16, progress=False)
+    rec["features"].update(folds=2)
+    rec["z_filter"].update(batch_size=16)
+    rec.pop("profile", None)
+    run = tmp_path / "run"
+    pipe = Pipeline(rec, run, data_files=[f"train={tiny['d0']}"], progress=False, echo=lambda line: None)
+    states = {s.stage: s for s in pipe.run(["train_g", "train_g_star", "train_m", "sample", "filter"])}
+    assert [s for s in STAGES[:5] if states[s].state != "done"] == []
+    assert json.loads((run / "samples" / "generate_config.json").read_text())["generator"] == "G_star"
+    assert json.loads((run / "G_star" / "train_report.json").read_text())["mode"] == "debias"
+    cal = json.loads((run / "confident" / "calibration.json").read_text())
+    assert cal["rows"] == ROWS and (run / "confident" / "kept.parquet").is_file()
+    assert states["build"].state == "pending"
