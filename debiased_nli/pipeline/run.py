@@ -13,7 +13,8 @@ are not used (a recipe is not trusted to say where files go). The layout:
                                   parameters, the fingerprints of its inputs and outputs, when it finished
 
 A stage is *done* when its record is there and its parameters and inputs are still the ones recorded; *stale*
-when they changed (a rerun redoes it); *partial* when some of its work is there (G's checkpoints, 44/182 shards);
+when they changed (a rerun redoes a filter, build or audit; a model or sample folder made with other values
+is refused, to be moved away, except more samples of the same run); *partial* when some of its work is there (G's checkpoints, 44/182 shards);
 *pending* otherwise; *skipped* when the recipe does not ask for it (no ``debias``: no G*) or gives its product (a
 trained ``generator``; M as ``confidence.model``).
 
@@ -105,7 +106,7 @@ class Pipeline:
     """The stages of one recipe profile's generator step in the run folder ``run``.
 
     ``recipe``: a recipe file or packaged recipe name (``snli``), or the recipe as a mapping; ``profile``: one of its
-    profiles (the one with the ``generator`` step, e.g. ``seqz-cpu``); ``data_files``: D0's files instead of the
+    profiles (``gpu`` of ``seqz``, ``paper`` of ``snli``); ``data_files``: D0's files instead of the
     recipe's source (as ``build --data-files``); ``samples_from``: a folder of finished shards of the same sampling
     run (e.g. committed ones), copied into RUN/samples where it lacks them; ``probabilities_from``: M's stored
     probabilities (uid, m_prob_<label>) for the filter, which then needs no M (as ``confidence-filter
@@ -128,7 +129,7 @@ class Pipeline:
         if len(steps) != 1:
             where = f"profile {profile!r}" if profile else "the recipe without a profile"
             raise ConfigError(f"{where} has {len(steps)} generator steps in `new_rows`: a pipeline runs exactly one "
-                              f"(e.g. `--profile paper` or `--profile seqz-cpu` of builders/snli.yaml)")
+                              f"(e.g. the recipe `seqz`, or `--profile paper` of `snli`)")
         from ..methods.generation.steps import expand_paths
 
         self.spec = expand_paths(copy.deepcopy(dict(steps[0])))

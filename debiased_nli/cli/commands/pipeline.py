@@ -7,7 +7,7 @@ import json
 from ._common import POSITIVE_INT
 
 DESCRIPTION = """\
-Run a recipe profile with a `generator` step (Wu et al. 2022: train G, fine-tune G*, sample, confidence-filter)
+Run a recipe (or its --profile) with a `generator` step (Wu et al. 2022: train G, fine-tune G*, sample, confidence-filter)
 as resumable stages in one run folder, then build the release from the kept rows and audit it:
 
   train_g       G on D0 (the step's `train`)              train_g_star  G* (`debias`; skipped without one)
@@ -18,23 +18,25 @@ as resumable stages in one run folder, then build the release from the kept rows
 Every output goes under --run (the `out` folders the recipe names are not used); each finished stage leaves
 RUN/stages/<stage>.json with the command that reruns it, its parameters and the sha256 of its inputs and
 outputs. `run` skips what is done and continues what is partial (G's and M's checkpoints, the missing sample
-shards); a stage whose parameters or inputs changed is stale and runs again. `status` says, per stage: done,
-stale, partial (e.g. 44/182 shards, with an ETA), pending or skipped.
+shards); a filter, build or audit whose parameters or inputs changed is stale and runs again, a model or sample
+folder made with other values is refused (move it away; more samples of the same run grow it). `status` says,
+per stage: done, stale, partial (e.g. 44/182 shards, with an ETA), pending or skipped. One process runs the
+stages (to share the sampling over GPUs: `cd RUN && accelerate launch -m debiased_nli.cli generate TASK --generator G
+--out samples ...` with the recipe's sampling values, then `run` again).
 
 examples:
-  debiased-nli pipeline run snli --profile seqz-cpu --data-files train=../shared/data/snli/train_sample.parquet \\
-      --run runs/seqz-cpu                       # the CPU Seq-Z pipeline, from G's training to the audits
-  debiased-nli pipeline status snli --profile seqz-cpu --data-files train=... --run runs/seqz-cpu
-  debiased-nli pipeline run snli --profile seqz-cpu --data-files train=... --run runs/seqz-cpu --units 4
+  debiased-nli pipeline run seqz --data-files train=../shared/data/snli/train_sample.parquet --run runs/seqz-cpu
+                                                # the CPU Seq-Z pipeline (builders/seqz.yaml), G's training to audits
+  debiased-nli pipeline status seqz --data-files train=../shared/data/snli/train_sample.parquet --run runs/seqz-cpu
+  debiased-nli pipeline run seqz --data-files train=... --run runs/seqz-cpu --units 4
                                                 # sample 4 more shards and stop
-  accelerate launch -m debiased_nli.cli pipeline run snli --profile paper --run runs/paper --stages sample
-                                                # the sampling shared over the GPUs
+  debiased-nli pipeline run seqz --profile gpu --data-files train=... --run runs/seqz-gpu   # the GPU kit's values
 """
 
 
 def _common(p) -> None:
     p.add_argument("recipe", help="a recipe YAML file, or the name of a packaged recipe (builders/<name>.yaml)")
-    p.add_argument("--profile", help="the recipe's profile with the generator step (e.g. seqz-cpu, paper)")
+    p.add_argument("--profile", help="the recipe's profile (e.g. `gpu` of seqz, `paper` of snli)")
     p.add_argument("--run", required=True, help="the run folder: every stage's output and done-record goes there")
     p.add_argument("--data-files", nargs="+", metavar="[SPLIT=]PATH", help="D0's files instead of the recipe's source")
     p.add_argument("--samples-from", metavar="DIR",
