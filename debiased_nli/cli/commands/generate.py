@@ -29,7 +29,7 @@ The default engine keeps --batch-size sequences in flight: a sample that reaches
 its slot for the next prompt at once, and each sample draws its tokens with its own random numbers
 (from --seed, its shard and its index), so the samples do not depend on the batch size or the number
 of processes. On a CPU, --dtype auto (bfloat16 where the CPU has AMX or AVX512-BF16) and a batch of a
-few hundred give the most samples per second (benchmarks/results/generate_cpu.md: --batch-size 256).
+few hundred give the most samples per second (measured: --batch-size 256; the Generator page of the docs).
 
 On GPUs: `accelerate launch -m debiased_nli.cli generate ...` (see `accelerate config`).
 On CPU with 2 processes: `torchrun --nproc_per_node 2 -m debiased_nli.cli generate ... --cpu`
