@@ -2,7 +2,7 @@
 
     python benchmarks/bench_pdd.py [--blocks 4] [--block-size 40] [--rounds 2] [--threads 2]
 
-The requests are those of the committed real run (benchmarks/pdd_run.py, tau' = 4.52 on the 20k SNLI
+The requests are those of the committed real run (benchmarks/pdd_run.py at commit aba3db6, tau' = 4.52 on the 20k SNLI
 sample): ``--blocks`` blocks of ``--block-size`` consecutive entries of its checkpoint
 (``<run>/work/perturbations.cache.jsonl``, in the order the run computed them), spread evenly over the
 file, whose source row is an input row (rows made by PDD itself are skipped: their text is not in the

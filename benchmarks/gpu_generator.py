@@ -494,15 +494,15 @@ def _library(name: str):
 def _tree_size() -> int:
     """What a call sends besides its carried folder: the working tree as it is if it is slim (``gpu_kit.py
     slim``), else the slim tree it will be (the calls are made from a slim tree; ``make`` says so)."""
-    from benchmarks.gpu_kit import SLIM_OUT, _tree_files
+    from benchmarks.gpu_kit import SLIM_OUT, tree_files
 
-    return sum(b for f, b in _tree_files().items() if not any(f.startswith(x) for x in SLIM_OUT))
+    return sum(b for f, b in tree_files().items() if not any(f.startswith(x) for x in SLIM_OUT))
 
 
 def _is_slim() -> bool:
-    from benchmarks.gpu_kit import SLIM_OUT, _tree_files
+    from benchmarks.gpu_kit import SLIM_OUT, tree_files
 
-    return not any(f.startswith(x) for f in _tree_files() for x in SLIM_OUT)
+    return not any(f.startswith(x) for f in tree_files() for x in SLIM_OUT)
 
 
 WHEELS_BUDGET = 4 * 2**20  # the wheels call 2 carries (2.3 MiB measured on 2026-11-28); make refuses more
@@ -538,7 +538,7 @@ def make(kit: Path = KIT, *, gguf: Path | None = None, train: Path | None = None
     _write_json(c2 / "lengths.json", lengths)
     got_wheels = []
     if wheels:
-        got_wheels = gpu_kit._download_wheels(c2 / "whl")
+        got_wheels = gpu_kit.download_wheels(c2 / "whl")
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
                         str(c2 / "whl"), "gguf==0.19.0"], check=True)  # transformers' GGUF reader needs it
         got_wheels.append("gguf==0.19.0")
@@ -831,8 +831,8 @@ class Chain:
         info = self.state["setup"]
         t = time.perf_counter()
         if (kit / "whl").is_dir() and not (self.node / "site" / ".done").exists():
-            from benchmarks.gpu_kit import _install_wheels
-            info["wheels"] = _install_wheels(kit, self.node / "site")
+            from benchmarks.gpu_kit import install_wheels
+            info["wheels"] = install_wheels(kit, self.node / "site")
             probe = subprocess.run([sys.executable, "-c", "import gguf"], env=self.env(), capture_output=True)
             if probe.returncode != 0:
                 g = sorted(str(p) for p in (kit / "whl").glob("gguf-*.whl"))

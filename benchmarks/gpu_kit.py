@@ -27,9 +27,10 @@ finished result files, the training records and the logs into ``OUT/efficacy_gpu
 so what finished comes back even when the machine's time runs out. A unit stopped half-way is simply
 run again by the next ``run`` (its result file is what counts).
 
-``python benchmarks/gpu_kit.py generator ...`` is ``benchmarks/gpu_generator.py ...``: the generator pipeline's
-kit (issue 31: the SmolLM2 GGUF shipped in two parts, G, M, sampling, confidence filter and throughput on one
-GPU, in a chain of calls; benchmarks/GPU_GENERATOR.md).
+The generator pipeline's kit (issue 31: the SmolLM2 GGUF shipped in two parts, G, M, sampling, confidence filter
+and throughput on one GPU, in a chain of calls; benchmarks/GPU_GENERATOR.md) is ``benchmarks/gpu_generator.py``,
+which builds on this module's tree, wheel and kit-folder helpers (the imports go one way: this module imports
+nothing of it).
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _tree_files() -> dict[str, int]:
+def tree_files() -> dict[str, int]:
     """What the device tool sends besides the kit (tracked and untracked-not-ignored files): path -> bytes."""
     out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          capture_output=True, check=True).stdout.split(b"\0")
@@ -76,7 +77,7 @@ def _tree_files() -> dict[str, int]:
 
 
 def _tree_size() -> int:
-    return sum(_tree_files().values())
+    return sum(tree_files().values())
 
 
 # What a device call never needs: the committed results (measurements, unit files, reports: 43 MiB of the
@@ -209,7 +210,7 @@ def _float16_model(src: Path, dst: Path) -> dict:
     return info
 
 
-def _download_wheels(dest: Path) -> list[str]:
+def download_wheels(dest: Path) -> list[str]:
     import importlib.metadata as md
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -294,7 +295,7 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
         _copy_release(Path(folder), kit / "release_dirs" / f"{k}-{Path(folder).name}", configs)
         dir_map[folder] = f"release_dirs/{k}-{Path(folder).name}"
     model = _float16_model(Path(plan.model), kit / "model")
-    wheels = _download_wheels(kit / "whl")
+    wheels = download_wheels(kit / "whl")
     info = {"plan": efficacy.show(plan_path), "git": git_hash(), "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "rows": [r["name"] for r in rows], "pending": pending, "model_path": plan.raw["model"], "model": model,
             "shared_files": sorted(str(f.relative_to(shared)) for f in files),
@@ -303,14 +304,14 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
             "wheels": wheels}
     (kit / "kit.json").write_text(json.dumps(info, indent=2))
     parts = {p.name: _size(p) for p in kit.iterdir()}
-    tree_files = _tree_files()
-    tree = sum(tree_files.values())
+    files_now = tree_files()
+    tree = sum(files_now.values())
     total = tree + sum(parts.values())
     info["bytes"] = {"working_tree": tree, **parts, "total": total}
     (kit / "kit.json").write_text(json.dumps(info, indent=2))
     log("sizes (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in info["bytes"].items()))
     if total > limit_mib * 2**20:
-        big = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in largest_folders(tree_files))
+        big = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in largest_folders(files_now))
         raise SystemExit(f"the kit and the working tree are {total / 2**20:.1f} MiB, over {limit_mib} MiB. The working "
                          f"tree's largest paths (MiB): {big}. Everything git tracks travels: `python benchmarks/gpu_kit.py "
                          f"slim --keep <the plan's results folder>` takes the other results out of the tree for the calls "
@@ -320,7 +321,7 @@ def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None
 
 # ------------------------------------------------------------------------------------------ run (there)
 
-def _install_wheels(kit: Path, site: Path) -> dict:
+def install_wheels(kit: Path, site: Path) -> dict:
     """pip-install the kit's wheels into ``site`` (no index, no deps); the older datasets where the
     image's pyarrow is older than 24."""
     import importlib.metadata as md
@@ -413,7 +414,7 @@ def run_there(kit: Path, plan_path: Path, workers: int, deadline: float, out: Pa
     logs = Path(os.environ.get("GPU_KIT_LOGS", "/tmp/gpu_kit_logs"))
     logs.mkdir(parents=True, exist_ok=True)
     site = Path(os.environ.get("GPU_KIT_SITE", "/tmp/site"))
-    env_info = _install_wheels(kit, site)
+    env_info = install_wheels(kit, site)
     info, plan = unpack(kit, plan_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
@@ -522,11 +523,8 @@ def collect(archive: Path, plan_path: Path, logs_to: Path | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["generator"]:  # the generator pipeline's kit (issue 31)
-        from benchmarks import gpu_generator
-        return gpu_generator.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["make", "run", "collect", "generator", "slim", "unslim"],
+    ap.add_argument("command", choices=["make", "run", "collect", "slim", "unslim"],
                     help="slim / unslim: take the committed results out of this worktree for device calls (git "
                          "sparse checkout: nothing is deleted, `git status` stays clean) and bring them back")
     ap.add_argument("archive", nargs="?", help="`collect`: the efficacy_gpu.tar.gz that `run` wrote")

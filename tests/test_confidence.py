@@ -105,3 +105,80 @@ def test_cli_writes_kept_rejected_and_report(rows, tmp_path):
     import datasets
     kept = datasets.Dataset.from_parquet(str(tmp_path / "out" / "kept.parquet"))
     assert rep["kept"] == len(kept) and rep["rows"] == 20 and "confidence" in kept.column_names
+
+
+# --- tau_rule min_kept: the tau chosen from M's acceptance curve (was benchmarks/seqz_cpu.py's choose_tau)
+
+def test_acceptance_curve_counts_rows_strictly_above_tau():
+    from debiased_nli.methods.confidence import acceptance_curve
+    curve = acceptance_curve([0.5, 0.7, 0.96, 0.99, 0.999], taus=(0.5, 0.95, 0.99))
+    assert curve == [{"tau": 0.5, "kept": 4, "rate": 0.8}, {"tau": 0.95, "kept": 3, "rate": 0.6},
+                     {"tau": 0.99, "kept": 1, "rate": 0.2}]
+
+
+def test_the_given_tau_unless_it_keeps_too_few_rows():
+    from debiased_nli.methods.confidence import DEFAULT_TAUS, choose_tau
+
+    def curve(kept):
+        return [{"tau": t, "kept": k, "rate": None} for t, k in zip(DEFAULT_TAUS, kept)]
+    assert choose_tau(curve([9000, 8000, 7000, 6000, 5000, 100])) == (0.95, None)
+    tau, note = choose_tau(curve([9000, 8000, 6000, 4000, 3000, 100]))
+    assert tau == 0.8 and "largest" in note and "3,000 rows at tau 0.95" in note
+    tau, note = choose_tau(curve([900, 800, 700, 600, 500, 100]))
+    assert tau == 0.5 and "no tau" in note
+    with pytest.raises(ConfigError, match="acceptance curve"):
+        choose_tau([])
+
+
+def test_a_tau_that_keeps_no_row_of_one_label_is_passed_over():
+    """The 60k CPU run: M is never 0.95-sure of a neutral sample (7,500 kept, none neutral)."""
+    from debiased_nli.methods.confidence import acceptance_curve, choose_tau
+    conf = [0.96, 0.96, 0.91, 0.93, 0.93, 0.81, 0.85, 0.6]
+    lab = [0, 2, 0, 1, 2, 1, 1, 1]
+    curve = acceptance_curve(conf, taus=(0.5, 0.8, 0.9, 0.95), labels=lab, label_names=NAMES)
+    assert curve[3] == {"tau": 0.95, "kept": 2, "rate": 0.25,
+                        "kept_by_label": {"entailment": 1, "neutral": 0, "contradiction": 1}}
+    assert curve[1]["kept_by_label"] == {"entailment": 2, "neutral": 3, "contradiction": 2}
+    tau, note = choose_tau(curve, min_kept=3)    # every label needs >= 1 row
+    assert tau == 0.9 and "neutral 0" in note and ">= 1 of every label" in note
+    tau, note = choose_tau(curve, min_kept=6)    # >= 2 of every label: only 0.8 and 0.5; the largest
+    assert tau == 0.8 and "(7 rows" in note
+    assert choose_tau(curve, tau=0.9, min_kept=2) == (0.9, None)
+
+
+def test_split_at_tau_is_the_filter_s_own_cut(rows, tmp_path):
+    """Scoring once and cutting at two taus gives what two filter runs give, reasons included."""
+    from debiased_nli.methods.confidence import score_confidence, split_at_tau
+    model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    scored = score_confidence(rows, model, "snli", progress=False)
+    conf = np.asarray(scored["confidence"])
+    for tau in (float(np.median(conf)), float(np.quantile(conf, 0.25))):
+        kept, rejected = split_at_tau(scored, tau)
+        k2, r2 = confidence_filter(rows, model, "snli", tau=tau, progress=False)
+        assert kept.to_dict() == k2.to_dict() and rejected.to_dict() == r2.to_dict()
+        assert set(rejected["rejected_by"]) == {f"confidence<={tau}"}
+        again = split_at_tau(rejected, 0.0)  # a rejected set cut again: its old reason is replaced
+        assert set(again[1]["rejected_by"]) <= {"confidence<=0.0"}
+    with pytest.raises(ConfigError, match="'confidence'"):
+        split_at_tau(rows, 0.5)
+
+
+def test_the_step_chooses_tau_by_the_min_kept_rule_and_says_why(rows, tmp_path):
+    from debiased_nli.methods.generation.steps import confidence_filter_step
+    model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    fixed = confidence_filter_step(rows, "snli", {"model": model, "tau": 0.95, "progress": False})
+    assert fixed[2]["tau"] == 0.95 and "acceptance_curve" not in fixed[2]
+    kept, rejected, report = confidence_filter_step(rows, "snli", {
+        "model": model, "tau": 0.99, "tau_rule": "min_kept", "taus": [0.0, 0.3], "min_kept": 3, "progress": False})
+    curve = {c["tau"]: c for c in report["acceptance_curve"]}
+    assert sorted(curve) == [0.0, 0.3, 0.99] and report["tau_given"] == 0.99
+    ok = [t for t, c in curve.items() if c["kept"] >= 3 and min(c["kept_by_label"].values()) >= 1]
+    assert report["tau"] == max(ok) and len(kept) == curve[report["tau"]]["kept"]
+    assert (report["tau_note"] is None) == (report["tau"] == 0.99)
+    assert len(kept) + len(rejected) == len(rows)
+    with pytest.raises(ConfigError, match="taus"):
+        confidence_filter_step(rows, "snli", {"model": model, "tau_rule": "min_kept", "taus": [1.5]})
+    with pytest.raises(ConfigError, match="tau_rule"):
+        confidence_filter_step(rows, "snli", {"model": model, "tau_rule": "largest"})
+    with pytest.raises(ConfigError, match="Did you mean .min_kept."):
+        confidence_filter_step(rows, "snli", {"model": model, "min_keep": 3})

@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "debiased_nli"
 # the stages in pipeline order: each may import only from itself and the ones before it
-STAGES = ("utils", "data", "models", "bias", "methods", "release", "evaluation", "api", "cli")
+STAGES = ("utils", "data", "models", "bias", "methods", "release", "evaluation", "api", "pipeline", "cli")
 
 
 def _module(path: Path) -> str:
@@ -147,6 +147,7 @@ TASK_EDGES = {
     "debiased_nli.api.classifiers": "the public API (train)",
     "debiased_nli.api.releases": "the public API (audit)",
     "debiased_nli.release.recipe": "a recipe names its task",
+    "debiased_nli.pipeline.run": "a recipe names its task (the pipeline of its generator step)",
     "debiased_nli.evaluation.compare.plan": "a comparison plan names its task",
     "debiased_nli.release.diff": "a release's manifest names its task",
     "debiased_nli.models.challenge": "a challenge set's spec names its task",

@@ -50,7 +50,7 @@ from .features import FeatureMatrix
 # sample differed between OpenBLAS's native kernels at 2 threads and its Haswell kernels at 1 thread
 # (out-of-fold accuracy 0.59645 and 0.5966; z_filtered 7,454 and 7,609 rows); this one gives 0.59685
 # everywhere. (scikit-learn's L-BFGS before that stopped at its iteration cap on large inputs:
-# benchmarks/results/build_scale_speedup.md.) Part of the cache key of the model's predictions.
+# the build-at-scale measurement of the documentation, Development page.) Part of the cache key of the model's predictions.
 LOGREG_SOLVER = {"solver": "newton-cg (debiased_nli.logreg, machine-independent)", "tol": 1e-10, "max_iter": 100,
                  "tie_margin": 1e-7}
 

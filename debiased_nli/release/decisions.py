@@ -5,8 +5,8 @@ Why. The z-path of a release (features, the TF-IDF hypothesis-only model, z-stat
 bit-identical whatever the CPU and thread count (:mod:`debiased_nli.bias.logreg`). The neural steps are
 not and cannot be: AFLite's fine-tuned encoder and linear models, PDD's masked LM and teacher, IBADR's
 generator and classifiers compute in float32 with kernels that differ between instruction sets and
-thread counts, so a score near a threshold lands on either side (measured:
-``benchmarks/results/neural_determinism.md``). Instead of hoping, the build records each decision.
+thread counts, so a score near a threshold lands on either side (measured on the 20k SNLI sample: the
+documentation's Data model page). Instead of hoping, the build records each decision.
 
 What a build writes for every filter config ``<c>`` (AFLite, PDD, IBADR, a plugin's):
 

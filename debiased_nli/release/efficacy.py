@@ -1,5 +1,4 @@
-"""A release card's link to its rows of an efficacy table (``debiased-nli compare report``, or
-``benchmarks/efficacy.py report``).
+"""A release card's link to its rows of an efficacy table (``debiased-nli compare report``).
 
 ``debiased-nli build ... --efficacy results/compare.json`` puts, for every config of the release that has a
 row in the table, the measured accuracies (mean ± std over seeds) and their difference from the table's
@@ -30,7 +29,7 @@ def load_table(path: "str | Path") -> dict:
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise ConfigError(f"efficacy table {p} does not exist; give the JSON that `debiased-nli compare report` "
-                          f"(or `python benchmarks/efficacy.py report`) writes")
+                          f"writes")
     table = read_json(p, "efficacy table")  # a regular UTF-8 file, JSON, not nested without end
     if not isinstance(table, dict):
         raise ConfigError(f"{p} is not an efficacy table (a JSON {type(table).__name__}: {excerpt(table, 60)}; "

@@ -310,7 +310,7 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
           timings: bool = False, replay: "str | Path | None" = None,
           quality: "Sequence[str] | None" = None) -> BuildResult:
     """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
-    (``benchmarks/efficacy.py report``); the card then shows the measured rows of this release's configs.
+    (``debiased-nli compare report``); the card then shows the measured rows of this release's configs.
     ``timings`` adds each stage's wall-clock ``seconds`` to the manifest's stages (then the release
     is no longer the same byte for byte from run to run). ``replay``: an earlier release folder whose
     recorded filter-step decisions are reused where the step, its parameters and its input rows are the same

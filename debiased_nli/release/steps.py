@@ -232,7 +232,9 @@ GENERATOR_PARAMS = Params("generator", [
     Param("debias", "mapping", None, "fine-tune G* on Z(D0) with unlikelihood on Z-(D0) (out, alpha, ...)"),
     Param("generate", "mapping", None, "sample: the parameters of `debiased-nli generate` (out, num_samples, ...)",
           required=True),
-    Param("confidence", "mapping", None, "confidence-filter the samples (model, tau, ...)"),
+    Param("train_m", "mapping", None, "train the confidence model M on D0 (out, model, dev_files, epochs, ...); "
+          "the filter then scores with it"),
+    Param("confidence", "mapping", None, "confidence-filter the samples (model, tau, tau_rule, ...)"),
     Param("data_files", "any", None, "D0's files (default: the recipe's data)"),
 ])
 """The generator step's parameters (the pipeline of Wu et al. 2022: each part's own values are checked by that

@@ -3,7 +3,7 @@
 ``bfloat16`` runs the matrix products and attention in bfloat16 under :func:`torch.autocast` (layer norms,
 softmax and the returned probabilities stay float32): on a CPU with AVX512-BF16 or AMX, or any recent GPU,
 about twice as fast. On a CPU without them (no ``avx512_bf16`` / ``amx_bf16`` flag) torch emulates
-bfloat16 and it is several times *slower* (``benchmarks/bench_dtype.py``); :func:`compute_context` warns.
+bfloat16 and it is several times *slower* (measured: the documentation's PDD page); :func:`compute_context` warns.
 It moves probabilities by ~1e-3 to 1e-2, so the argmax of a near-tied row can differ from float32's;
 whoever uses it records it (the PDD run's identity, an evaluation's config). The project's option: none
 of the papers says in which precision its models ran at inference.

@@ -34,8 +34,7 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (atomically)")
     p.add_argument("--efficacy", metavar="FILE",
                    help="an efficacy table, the JSON `debiased-nli compare report` writes (e.g. "
-                        "benchmarks/results/efficacy_headline.json: 5 seeds, seed-row t intervals; or the 3-seed "
-                        "efficacy.json): the card shows the measured accuracy of a model trained on each config that "
+                        "the project's headline table: 5 seeds, seed-row t intervals): the card shows the measured accuracy of a model trained on each config that "
                         "has a row in it, and its declared comparisons")
     p.add_argument("--replay", metavar="OLD_RELEASE",
                    help="an earlier release folder: reuse the decisions its filter steps recorded (AFLite, PDD, "

@@ -24,6 +24,10 @@ different share at the same tau. It also writes calibration.json (T, NLL and exp
 before and after, the reliability tables) and reliability.png (the reliability diagram); each row then
 keeps M's own probability in `confidence_uncalibrated`. --probabilities adds M's probability of every
 label (`m_prob_<label>`), so another tau or temperature can be applied later without M.
+
+--tau-rule min_kept chooses tau from M's acceptance curve: --tau when it keeps at least --min-kept rows with
+every label among them (--min-kept / #labels each), else the largest of --taus that does, else the smallest
+(methods/confidence.py, choose_tau); confidence_report.json records the curve, the tau used and why.
 """
 
 
@@ -33,6 +37,12 @@ def register(sub) -> None:
     add_task_arguments(p)
     p.add_argument("--model", default="roberta-large", help="NLI classifier M: Hub id or folder")
     p.add_argument("--tau", type=number(float, low=0, high=1, high_open=True), default=0.95, help="keep rows with p_M(label) > tau")
+    p.add_argument("--tau-rule", choices=["fixed", "min_kept"], default="fixed",
+                   help="fixed: --tau as given; min_kept: --tau if it keeps --min-kept rows of every label, else the "
+                        "largest of --taus that does")
+    p.add_argument("--taus", type=number(float, low=0, high=1, high_open=True), nargs="+",
+                   default=[0.5, 0.7, 0.8, 0.9, 0.95, 0.99], help="the taus --tau-rule min_kept tries")
+    p.add_argument("--min-kept", type=POSITIVE_INT, default=5000, help="rows --tau-rule min_kept needs")
     p.add_argument("--batch-size", type=POSITIVE_INT, default=64)
     p.add_argument("--max-length", type=POSITIVE_INT, default=128)
     p.add_argument("--calibration-data", metavar="FILE",
@@ -83,6 +93,7 @@ def run(args) -> int:
         ds = load_task(task, args.split, data_files=args.data_files, on_invalid=args.on_invalid,
                        revision=args.revision, max_rows=args.max_rows).dataset
     if args.probabilities_from:
+        from ...methods.confidence import join_probabilities
         ds = join_probabilities(ds, args.probabilities_from, task)
         args.reuse_probabilities = True
     calibration = None
@@ -96,7 +107,9 @@ def run(args) -> int:
                                                                "calibration": calibration,
                                                                "calibration_method": args.calibration_method,
                                                                "reuse_probabilities": args.reuse_probabilities,
-                                                               "probabilities": args.probabilities})
+                                                               "probabilities": args.probabilities,
+                                                               "tau_rule": args.tau_rule, "taus": args.taus,
+                                                               "min_kept": args.min_kept})
     if args.probabilities_from and not args.calibration_data:  # M was not run: its stored scores were
         from ...utils.provenance import file_sha256
         report["model"] = None
@@ -122,36 +135,3 @@ def run(args) -> int:
         print(f"calibration on {c['rows']:,} held-out rows ({c['selection']['rule']}): {how}, ECE {c['ece_before']:.4f} -> "
               f"{c['ece_after']:.4f}, NLL {c['nll_before']:.4f} -> {c['nll_after']:.4f}")
     return 0
-
-
-def join_probabilities(ds, path: str, task):
-    """``ds`` with M's stored probabilities (``m_prob_<label>`` by ``uid`` from ``path``) in place of any it had; every
-    row must have its uid there (else one line naming the first that does not)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from ...methods.confidence import PROB_PREFIX
-    from ...utils.errors import ConfigError
-    from ...utils.paths import check_input_file
-
-    check_input_file(path, "--probabilities-from")
-    cols = ["uid", *(f"{PROB_PREFIX}{n}" for n in task.labels)]
-    try:
-        table = pq.read_table(path)
-    except Exception as err:  # not Parquet, damaged
-        raise ConfigError(f"--probabilities-from {path}: not a readable Parquet file ({type(err).__name__})") from None
-    missing = [c for c in cols if c not in table.column_names]
-    if missing:
-        raise ConfigError(f"--probabilities-from {path}: needs the columns {cols}; it lacks {missing}")
-    if "uid" not in ds.column_names:
-        raise ConfigError("--probabilities-from joins by uid: the rows have no uid column")
-    index = {u: i for i, u in enumerate(table.column("uid").to_pylist())}
-    where = np.empty(len(ds), dtype=np.int64)
-    for r, u in enumerate(ds["uid"]):
-        if u not in index:
-            raise ConfigError(f"row {r}: uid {u!r} has no stored probabilities in {path}")
-        where[r] = index[u]
-    out = ds.remove_columns([c for c in cols[1:] if c in ds.column_names])
-    for c in cols[1:]:
-        out = out.add_column(c, table.column(c).to_numpy()[where].astype(np.float64).tolist())
-    return out

@@ -29,7 +29,7 @@ The default engine keeps --batch-size sequences in flight: a sample that reaches
 its slot for the next prompt at once, and each sample draws its tokens with its own random numbers
 (from --seed, its shard and its index), so the samples do not depend on the batch size or the number
 of processes. On a CPU, --dtype auto (bfloat16 where the CPU has AMX or AVX512-BF16) and a batch of a
-few hundred give the most samples per second (benchmarks/results/generate_cpu.md: --batch-size 256).
+few hundred give the most samples per second (measured: --batch-size 256; the Generator page of the docs).
 
 --engine ctranslate2 (the extra `pip install 'debiased-nli[ctranslate2]'`) samples with CTranslate2: the
 generator, its LoRA adapter merged, is converted once into a model folder cached under

@@ -14,7 +14,7 @@ an evaluation report (model-index) beside a release on the Hub.
     debiased-nli compare run plan.yaml --workers 2
     debiased-nli compare report plan.yaml [--push-to ORG/NAME]
 
-``benchmarks/efficacy.py`` (the project's efficacy table) is a thin plan over this package.
+The project's efficacy table (documentation page "Does it help?") is a plan run by this package.
 """
 from __future__ import annotations
 

@@ -665,7 +665,7 @@ def _rows_md(table: dict) -> list[str]:
 
 
 def _speed_md(sp: dict) -> list[str]:
-    L = [f"Evaluation speed (`python benchmarks/efficacy.py speed`: the same {sp['rows']:,} rows, "
+    L = [f"Evaluation speed (the efficacy plan's speed measurement: the same {sp['rows']:,} rows, "
          f"{next(iter(sp['rows_per_set'].values()))} per set, {sp['threads']} threads, one model"
          + (f" (`{sp['model']}`)" if sp.get("model") else "") + "; ratios, probability differences and "
          "argmax agreement against the first row, measured in the same run on the shared machine):", "",
@@ -680,7 +680,7 @@ def _speed_md(sp: dict) -> list[str]:
                f"(avx512_bf16 / amx_bf16): {'yes' if cpu['native_bfloat16'] else 'no'}." if cpu else
                "The CPU's flags were not recorded with this measurement.")
           + " bfloat16 autocast is faster only on CPUs with avx512_bf16 or amx_bf16; elsewhere torch emulates it "
-            "and it is several times slower (`benchmarks/bench_dtype.py`, `benchmarks/results/dtype_bench.md`).", ""]
+            "and it is several times slower (the project's dtype measurement, documentation page PDD).", ""]
     return L
 
 

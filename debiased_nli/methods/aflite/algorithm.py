@@ -42,7 +42,7 @@ Hessian at θ = 0 shared by all of them (:func:`shared_preconditioner`, E[x̃x̃
 the correlations between embedding dimensions: about 10 iterations instead of about 115 for
 scikit-learn's on the SNLI embeddings. This solver is hand-written because no library fits m
 logistic regressions on masked subsets of shared rows with a shared preconditioner; the measured
-reason is in benchmarks/results/aflite_bench.md (same tolerance, both converged). A slow reference
+reason is on the documentation's AFLite page (same tolerance, both converged). A slow reference
 (one partition at a time with scikit-learn) is kept in the tests, which check that the scores agree.
 
 Variants and choices (documented deviations from the paper's text):

@@ -5,6 +5,8 @@
   its folder is ``report["out"]``).
 * :func:`generate_step` samples ``num_samples`` rows from ``params["generator"]``; the unparseable
   samples are the dropped set.
+* :func:`train_m_step` fine-tunes the confidence model M on D0 (Sec. 2.2.2: "We train an NLI model M with the
+  original dataset D0") and returns the input unchanged (M's folder is ``report["out"]``).
 * :func:`confidence_filter_step` keeps the rows M is confident of (tau); the others are dropped.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from ...data.tasks import get_task
 from ...utils.outputs import print_values
+from ...utils.params import Param, Params
 from . import GENERATOR_TRAINING, PAPER_DEFAULTS, SAMPLING, resolve
 
 
@@ -115,36 +118,130 @@ def generate_step(ds, task, params: dict, *, show_values: bool = False):
         shard_size=v["shard_size"], seed=v["seed"], batch_size=v["batch_size"], top_p=v["top_p"],
         temperature=v["temperature"], max_new_tokens=v["max_new_tokens"], condition=condition,
         premises=premises, cpu=_p(params, "cpu", False), dtype=params.get("dtype"),
-        progress=_p(params, "progress", True), engine=_p(params, "engine", "fast"))
+        progress=_p(params, "progress", True), engine=_p(params, "engine", "fast"),
+        stop_after_shards=params.get("stop_after_shards"), extend=bool(params.get("extend")))
     rows = load_generated(params["out"])
     rejects = load_generated(params["out"], "rejects")
     return rows, rejects, report
 
 
-def confidence_filter_step(ds, task, params: dict):
-    """(kept, rejected, report) of the confidence filter. ``params["calibration"]`` (held-out real rows with
-    gold labels, a Dataset) fits M's temperature first and applies tau to the calibrated probabilities; the
-    report then holds the calibration (``report["calibration"]``: T, NLL and ECE before and after)."""
-    from ..confidence import calibrate, confidence_filter, confidence_report
+TRAIN_M_PARAMS = Params("train_m", [
+    Param("out", "str", None, "M's folder (checkpoints, the best model, debiased_nli_train.json)", required=True),
+    Param("model", "str", None, "the classifier to fine-tune: a Hub id or folder", required=True),
+    Param("dev_files", "str_list", None, "dev rows (the task's columns) on which the best epoch is chosen"),
+    Param("lr", "float", None, "learning rate (default: `debiased-nli train`'s)", low=0, low_open=True),
+    Param("batch_size", "int", None, "batch size (default: `debiased-nli train`'s)", low=1),
+    Param("max_length", "int", None, "tokens of a pair (default: `debiased-nli train`'s)", low=1),
+    Param("epochs", "float", None, "epochs (default: `debiased-nli train`'s)", low=0, low_open=True),
+    Param("seed", "seed", 42, "training seed (`debiased-nli train`'s default)"),
+    Param("cpu", "bool", False, "train on the CPU even when a GPU is visible"),
+    Param("threads", "int", None, "torch CPU threads", low=1),
+    Param("progress", "bool", True, "show progress bars"),
+    Param("source", "any", None, "where D0 came from (load_task's source), for M's card", cli=None),
+])
+"""M's training in a generator step (``train_m:``): the values of ``debiased-nli train`` that M needs. The paper
+gives none for M (Table 8 names the model only: "data filtering model Roberta-large")."""
+
+
+def train_m_step(ds, task, params: dict):
+    """Fine-tune M on ``ds`` (D0) into ``params["out"]``, as ``debiased-nli train TASK --data-files train=D0
+    validation=DEV`` does; a rerun resumes from M's last checkpoint. Returns (ds, None, M's training result)."""
+    from ...models.training import (check_train_folder, load_training_split, resolve_config, train_classifier,
+                                    training_source)
 
     task = get_task(task)
-    tau = _p(params, "tau", PAPER_DEFAULTS["tau"])  # Table 8: "data filtering threshold τ 0.95"
-    model = _p(params, "model", PAPER_DEFAULTS["confidence_model"])
-    batch_size, max_length = _p(params, "batch_size", 64), _p(params, "max_length", 128)
+    p = TRAIN_M_PARAMS.merge(params, "the train_m step")
+    check_train_folder(p["out"])
+    given = {"learning_rate": p["lr"], "batch_size": p["batch_size"], "max_length": p["max_length"],
+             "epochs": p["epochs"]}
+    cfg, sources = resolve_config(p["model"], str(p["out"]), given=given, seed=p["seed"],
+                                  use_cpu=True if p["cpu"] else None, num_threads=p["threads"],
+                                  progress=p["progress"])
+    dev = dev_src = None
+    if p["dev_files"]:
+        files = [p["dev_files"]] if isinstance(p["dev_files"], str) else list(p["dev_files"])
+        dev, dev_src = load_training_split(task, data_files={"validation": files}, split="validation",
+                                           with_source=True)
+    train_src = training_source(inputs=(p["source"] or {}).get("inputs") or ())
+    result = train_classifier(cfg, task, ds, dev, data={"train": train_src, **({"dev": dev_src} if dev_src else {})},
+                              sources=sources)
+    return ds, None, {**result.to_dict(), "out": str(p["out"])}
+
+
+def confidence_filter_step(ds, task, params: dict):
+    """(kept, rejected, report) of the confidence filter (its parameters: :data:`..confidence.PARAMS`).
+    ``params["calibration"]`` (held-out real rows with gold labels, a Dataset) calibrates M first and applies tau
+    to the calibrated probabilities; the report then holds the calibration (``report["calibration"]``: the method,
+    NLL and ECE before and after). ``tau_rule: min_kept`` chooses tau from M's acceptance curve
+    (:func:`..confidence.choose_tau`); the report then has the curve (``acceptance_curve``), the tau tried first
+    (``tau_given``), the tau used (``tau``) and why (``tau_note``)."""
+    from ..confidence import (PARAMS, acceptance_curve, calibrate, check_taus, choose_tau, confidence_report,
+                              score_confidence, split_at_tau)
+
+    task = get_task(task)
+    p = PARAMS.merge(params, "the confidence filter")
+    model, batch_size, max_length = p["model"], p["batch_size"], p["max_length"]
+    taus = check_taus(p["taus"]) if p["tau_rule"] == "min_kept" else None
     calibration = calibrator = None
-    if params.get("calibration") is not None:
-        model, calibrator, calibration = calibrate(params["calibration"], model, task,
-                                                   method=_p(params, "calibration_method", "auto"),
+    held_out = p["calibration"]
+    if isinstance(held_out, str):  # a recipe names a file of held-out real rows
+        from ...data.loading import load_task
+        held_out = load_task(task, "train", data_files={"train": [held_out]}).dataset
+    if held_out is not None:
+        model, calibrator, calibration = calibrate(held_out, model, task, method=p["calibration_method"],
                                                    batch_size=batch_size, max_length=max_length,
-                                                   progress=_p(params, "progress", True))
-    kept, rejected = confidence_filter(ds, model, task, tau, batch_size=batch_size, max_length=max_length,
-                                       progress=_p(params, "progress", True), calibrator=calibrator,
-                                       probabilities=bool(params.get("probabilities")),
-                                       reuse_probabilities=bool(params.get("reuse_probabilities")))
-    report = confidence_report(kept, rejected, task, tau)
+                                                   progress=p["progress"])
+    scored = score_confidence(ds, model, task, batch_size=batch_size, max_length=max_length, progress=p["progress"],
+                              calibrator=calibrator, probabilities=p["probabilities"],
+                              reuse_probabilities=p["reuse_probabilities"])
+    tau, extra = p["tau"], {}
+    if taus is not None:
+        from ...data.loading import labels_of
+        curve = acceptance_curve(scored["confidence"], sorted(set(taus) | {tau}), labels=labels_of(scored),
+                                 label_names=list(task.labels))
+        tau, note = choose_tau(curve, p["tau"], p["min_kept"])
+        extra = {"tau_rule": "min_kept", "tau_given": p["tau"], "min_kept": p["min_kept"], "acceptance_curve": curve,
+                 "tau_note": note}
+    kept, rejected = split_at_tau(scored, tau)
+    report = {**confidence_report(kept, rejected, task, tau), **extra}
     if calibration is not None:
         report["calibration"] = calibration
     return kept, rejected, report
+
+
+# the generator step's values that name a model or a file (a leading ~ is the user's home, as on a command line)
+PATH_KEYS = {"train": ("model",), "debias": ("model",), "train_m": ("model", "dev_files"),
+             "confidence": ("model", "calibration"), None: ("generator",)}
+
+
+def expand_paths(params: dict) -> dict:
+    """A copy of a generator step's values with ``~`` expanded in the values that name a model or a file."""
+    out = dict(params)
+    for part, keys in PATH_KEYS.items():
+        holder = out if part is None else out.get(part)
+        if not isinstance(holder, dict):
+            continue
+        holder = dict(holder)
+        for k in keys:
+            v = holder.get(k)
+            if isinstance(v, str) and v.startswith("~"):
+                holder[k] = os.path.expanduser(v)
+            elif isinstance(v, list):
+                holder[k] = [os.path.expanduser(x) if isinstance(x, str) and x.startswith("~") else x for x in v]
+        if part is None:
+            out = holder
+        else:
+            out[part] = holder
+    return out
+
+
+def debias_params(debias: dict, recipe: dict, seed: int) -> dict:
+    """G*'s training values: ``debias`` on top of the build's own Z(D0) settings (the recipe's seed, hypothesis-only
+    model and z-filter values), so that G* learns from the Z(D0) the release has."""
+    zc, fc = recipe.get("z_filter", {}), recipe.get("features", {})
+    same_z = {"z_seed": seed, "hypothesis_only": fc.get("hypothesis_only", "tfidf"), "folds": fc.get("folds", 5),
+              "top_k": zc.get("top_k", 20), "z_batch_size": zc.get("batch_size", 1000), "p0": zc.get("p0", "uniform")}
+    return {**same_z, **dict(debias)}
 
 
 def generator_source(task, params: dict, ctx: dict | None = None):
@@ -160,34 +257,35 @@ def generator_source(task, params: dict, ctx: dict | None = None):
 
     task = get_task(task)
     ctx = ctx if ctx is not None else {}
+    params = expand_paths(params)
     reports: dict[str, Any] = {}
     generator = params.get("generator")
-    d0 = None
+    d0 = d0_source = None
     # D0 is read for training G or G*, and for the premises a premise-conditioned sampler starts from
     needs_premises = "premise" in str((params.get("generate") or {}).get("condition") or "none")
-    if generator is None or params.get("debias") or needs_premises:
+    if generator is None or params.get("debias") or needs_premises or params.get("train_m"):
         data = (ctx.get("recipe") or {}).get("data", {})
-        d0 = load_task(task, data.get("split", "train"), data_files=params.get("data_files") or data.get("data_files"),
-                       on_invalid=data.get("on_invalid", "error"), max_rows=data.get("max_rows")).dataset
+        loaded = load_task(task, data.get("split", "train"),
+                           data_files=params.get("data_files") or data.get("data_files"),
+                           on_invalid=data.get("on_invalid", "error"), max_rows=data.get("max_rows"))
+        d0, d0_source = loaded.dataset, loaded.source
     if generator is None:
         train = dict(params["train"])
         _, _, reports["train"] = train_generator_step(d0, task, {**train, "mode": "generator"}, show_values=True)
         generator = train["out"]
     if params.get("debias"):
-        recipe = ctx.get("recipe") or {}
-        zc, fc = recipe.get("z_filter", {}), recipe.get("features", {})
-        # G* learns from the build's own Z(D0): the recipe's seed, hypothesis-only model and z-filter settings
-        same_z = {"z_seed": ctx.get("seed", 0), "hypothesis_only": fc.get("hypothesis_only", "tfidf"),
-                  "folds": fc.get("folds", 5), "top_k": zc.get("top_k", 20), "z_batch_size": zc.get("batch_size", 1000),
-                  "p0": zc.get("p0", "uniform")}
-        debias = {**same_z, **dict(params["debias"])}
+        debias = debias_params(params["debias"], ctx.get("recipe") or {}, ctx.get("seed", 0))
         _, _, reports["debias"] = train_generator_step(d0, task, {"model": generator, **debias, "mode": "debias"},
                                                        show_values=True)
         generator = debias["out"]
     rows, rejects, reports["generate"] = generate_step(d0, task, {**params["generate"], "generator": generator},
                                                        show_values=True)
     dropped = None
-    if params.get("confidence"):
-        rows, dropped, reports["confidence"] = confidence_filter_step(rows, task, dict(params["confidence"]))
+    confidence = dict(params.get("confidence") or {})
+    if params.get("train_m"):  # M trained on D0 here; the filter scores with it
+        _, _, reports["train_m"] = train_m_step(d0, task, {**params["train_m"], "source": d0_source})
+        confidence["model"] = params["train_m"]["out"]
+    if confidence:
+        rows, dropped, reports["confidence"] = confidence_filter_step(rows, task, confidence)
     keep = ["premise", "hypothesis", "label", "uid", "origin", "method"]
     return rows.select_columns(keep), dropped, reports

@@ -19,7 +19,7 @@ forward pass pads a batch to its longest sequence and computes every layer at ev
 The arithmetic is the model's own (its ``nn.Linear``, ``nn.LayerNorm``, activation and embedding
 modules, ``scaled_dot_product_attention`` with the model's scaling; the query, key and value weights
 stacked into one matrix product), so the outputs equal those of the padded forward pass up to float
-rounding in the last bits (a different summation order in the matrix products). tests/test_pdd_speed.py pins that on tiny models, and benchmarks/bench_pdd.py checks on
+rounding in the last bits (a different summation order in the matrix products). The project's tests pin that on tiny models, and its PDD measurement checks on
 the real data that every teacher choice and every fill candidate stays the same.
 
 :func:`supports` says whether a model can take this path (BERT-style encoders: absolute positions,
@@ -36,7 +36,7 @@ DEFAULT_MAX_TOKENS = 8192
 
 # The arithmetic of the teacher's and the fill's forward passes: float32 (the default) or bfloat16 under
 # torch.autocast (debiased_nli.utils.precision). bfloat16 can change a choice between near-tied candidates, or a
-# sampled fill (benchmarks/bench_pdd.py measures how often). The project's option: the paper does not say
+# sampled fill (the project's PDD measurement counts how often). The project's option: the paper does not say
 # in which precision its BERT-base teacher and XLM-R fill ran.
 from ...utils.precision import DTYPES, compute_context
 

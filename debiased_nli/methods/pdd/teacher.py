@@ -8,14 +8,13 @@ task's labels (e.g. a folder written by ``debiased-nli train``); there is no thr
 gives none): the candidate with the highest p_T(l | P', H') wins.
 
 Scoring the candidates is most of a PDD run's time on CPU, so it has three engines, all computing the
-same probabilities (up to float rounding in the last bits; tests/test_pdd_speed.py,
-benchmarks/bench_pdd.py):
+same probabilities (up to float rounding in the last bits; measured on the documentation's PDD page):
 
 - ``packed`` (BERT classifiers): each pair tokenised once, without padding; the encoder runs on the
   packed tokens and its last layer only at ``[CLS]`` (encoder.py).
 - ``bucketed`` (any classifier): the model's own forward pass on groups of pairs of exactly the same
   token length (no padding, no attention mask). The groups are small (a few pairs), so on CPU it was
-  no faster than ``padded`` in benchmarks/bench_pdd.py's setting; it is there for other models.
+  no faster than ``padded`` in the project's measurement (the PDD page); it is there for other models.
 - ``padded``: the straightforward one, batches of ``batch_size`` pairs sorted by character length and
   padded to their longest; the reference the others are tested against.
 

@@ -1,0 +1,192 @@
+"""``debiased-nli pipeline``: builders/seqz.yaml (the CPU Seq-Z pipeline) run as resumable stages with tiny models
+built from a config: each stage's done-record, the status (pending, partial with k/n shards, done, stale,
+skipped), a rerun that redoes nothing, a bounded sampling session continued, and nothing written outside the
+run folder."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from debiased_nli.pipeline import STAGES, Pipeline
+from debiased_nli.release.recipe import load_recipe
+from debiased_nli.utils.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = 36
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, shared_data):
+    """D0 (36 SNLI rows), a tiny GPT-2 that ends its texts early (G's base), a tiny BERT classifier (M's base)."""
+    import datasets
+
+    from pdd_helpers import tiny_classifier, tiny_tokenizer
+    from test_generation_sample import eos_generator
+
+    root = tmp_path_factory.mktemp("pipeline_models")
+    rows = datasets.load_dataset("parquet", data_files=str(shared_data / "snli/train_sample.parquet"), split="train")
+    rows = rows.shuffle(seed=0).select(range(ROWS))
+    rows.to_parquet(str(root / "d0.parquet"))
+    tok = tiny_tokenizer([str(t) for c in ("premise", "hypothesis") for t in rows[c]])
+    tiny_classifier(tok).save_pretrained(root / "classifier")
+    tok.save_pretrained(root / "classifier")
+    return {"d0": str(root / "d0.parquet"), "generator": eos_generator(root / "generator"),
+            "classifier": str(root / "classifier")}
+
+
+def tiny_recipe(tiny, elsewhere: Path) -> dict:
+    """builders/seqz.yaml with only the models, the sizes and the recipe's `out` folders (``elsewhere``) changed."""
+    rec = copy.deepcopy(load_recipe(ROOT / "builders" / "seqz.yaml"))
+    step = rec["new_rows"][0]
+    step["train"].update(model=tiny["generator"], out=str(elsewhere / "G"), max_steps=1, batch_size=4, lr=1e-9,
+                         mixed_precision=None)
+    step["train_m"].update(model=tiny["classifier"], out=str(elsewhere / "M"), epochs=1, batch_size=8, max_length=32,
+                           dev_files=None, progress=False)
+    # a random model cannot write a whole row: given the premise and the label, about half its samples parse
+    step["generate"].update(out=str(elsewhere / "samples"), num_samples=12, shard_size=4, batch_size=4,
+                            max_new_tokens=6, condition="premise+label", dtype=None, progress=False)
+    step["confidence"].update(taus=[0.0, 0.3], min_kept=2, batch_size=16, progress=False)
+    rec["features"].update(folds=2)
+    rec["z_filter"].update(batch_size=16)
+    rec.pop("profile", None)
+    return rec
+
+
+def test_the_seqz_recipe_runs_as_stages_resumes_and_says_where_it_stands(tiny, tmp_path):
+    elsewhere = tmp_path / "recipe_outs"
+    rec = tiny_recipe(tiny, elsewhere)
+    run = tmp_path / "run"
+    said: list[str] = []
+    pipe = Pipeline(rec, run, data_files=[f"train={tiny['d0']}"], progress=False, echo=said.append)
+    before = {s.stage: s.state for s in pipe.status()}
+    assert before == {"train_g": "pending", "train_g_star": "skipped", "train_m": "pending", "sample": "pending",
+                      "filter": "pending", "build": "pending", "audit": "pending"}
+
+    # a bounded session: G and M trained, one shard of three sampled, and the run stops there
+    states = {s.stage: s for s in pipe.run(units=1)}
+    assert states["train_g"].state == "done" and states["train_m"].state == "done"
+    assert states["sample"].state == "partial" and states["sample"].detail.startswith("1/3 shards")
+    assert states["filter"].state == "pending"
+    first = sorted((run / "samples").glob("shard-*.parquet"))
+    stamp = {p.name: p.stat().st_mtime_ns for p in first}
+
+    # the next run continues: the missing shards only, then every later stage
+    said.clear()
+    states = {s.stage: s for s in Pipeline(rec, run, data_files=[f"train={tiny['d0']}"], progress=False,
+                                           echo=said.append).run()}
+    assert [s for s in STAGES if states[s].state != "done"] == ["train_g_star"]
+    assert "train_g: done" in said[0] and {p.name: p.stat().st_mtime_ns for p in first} == stamp
+    assert len(list((run / "samples").glob("shard-*.parquet"))) == 3
+    cfg = json.loads((run / "samples" / "generate_config.json").read_text())
+    assert cfg["generator"] == "G"  # relative: the shards continue in another machine's run folder
+
+    # each stage's record: the command that reruns it, its parameters, its inputs' fingerprints
+    rec_filter = json.loads((run / "stages" / "filter.json").read_text())
+    assert rec_filter["command"].startswith("debiased-nli pipeline run <recipe> --data-files train=")
+    assert rec_filter["command"].endswith("--stages filter")
+    assert rec_filter["params"]["tau_rule"] == "min_kept" and set(rec_filter["inputs"]["samples"]) == \
+        {p.name for p in (run / "samples").glob("shard-*.parquet")}
+    report = json.loads((run / "confident" / "confidence_report.json").read_text())
+    assert report["tau"] in (0.0, 0.3) and {c["tau"] for c in report["acceptance_curve"]} == {0.0, 0.3, 0.95}
+    manifest = json.loads((run / "release" / "manifest.json").read_text())
+    assert report["kept"] > 0
+    configs = {p.name for p in (run / "release" / "data").iterdir()}
+    assert {"z_filtered", "z_aug", "par_z", "seq_z"} <= configs and manifest["label_distribution"]
+    assert (run / "audits" / "original" / "audit.json").is_file() and (run / "audits" / "z_filtered").is_dir()
+    assert not elsewhere.exists()  # the recipe's `out` folders are not written: everything is under the run folder
+
+    # a rerun redoes nothing; another tau makes the filter stale (and only it, until it runs again)
+    said.clear()
+    Pipeline(rec, run, data_files=[f"train={tiny['d0']}"], progress=False, echo=said.append).run()
+    assert all(line.split(": ")[1].startswith(("done", "skipped")) for line in said), said
+    other = copy.deepcopy(rec)
+    other["new_rows"][0]["confidence"]["min_kept"] = 3
+    states = {s.stage: s.state for s in Pipeline(other, run, data_files=[f"train={tiny['d0']}"]).status()}
+    assert states["filter"] == "stale" and states["sample"] == "done" and states["build"] == "done"
+    # a sampling run made with other values is not continued as if it were this one's; more samples of it are
+    other = copy.deepcopy(rec)
+    other["new_rows"][0]["generate"]["top_p"] = 0.5
+    with pytest.raises(ConfigError, match="sample: .*samples was made with other parameters"):
+        Pipeline(other, run, data_files=[f"train={tiny['d0']}"], progress=False).run()
+    more = copy.deepcopy(rec)
+    more["new_rows"][0]["generate"]["num_samples"] = 16
+    states = {s.stage: s for s in Pipeline(more, run, data_files=[f"train={tiny['d0']}"], progress=False).run(
+        ["sample"])}
+    assert states["sample"].state == "done" and states["sample"].detail.startswith("4/4 shards")
+    assert not any(p.exists() for p in first)  # grown: shard i of 3 renamed to shard i of 4, the last one sampled
+    assert states["filter"].state == "stale"
+
+
+def test_the_run_folder_is_checked_before_any_work(tiny, tmp_path):
+    rec = tiny_recipe(tiny, tmp_path / "outs")
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("not a run")
+    with pytest.raises(ConfigError, match="--run"):
+        Pipeline(rec, user, data_files=[f"train={tiny['d0']}"], progress=False).run(["filter"])
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+    with pytest.raises(ConfigError, match="unknown stage 'sampling'"):
+        Pipeline(rec, tmp_path / "r", data_files=[f"train={tiny['d0']}"]).run(["sampling"])
+    with pytest.raises(ConfigError, match="needs sample, which is pending"):
+        Pipeline(rec, tmp_path / "r", data_files=[f"train={tiny['d0']}"], progress=False).run(["filter"])
+    no_gen = copy.deepcopy(rec)
+    no_gen["new_rows"] = []
+    with pytest.raises(ConfigError, match="0 generator steps"):
+        Pipeline(no_gen, tmp_path / "r")
+    with pytest.raises(ConfigError, match="--samples-from .*no such"):
+        Pipeline(rec, tmp_path / "r", samples_from=tmp_path / "absent")
+
+
+def test_the_cli_continues_a_run_started_elsewhere(tiny, tmp_path, capsys):
+    """Finished shards of the same sampling run are copied in (--samples-from), the others sampled, and `status`
+    counts them."""
+    import yaml
+
+    from debiased_nli.cli import main
+
+    rec = tiny_recipe(tiny, tmp_path / "outs")
+    rec["new_rows"][0]["generate"]["num_samples"] = 8
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(rec))
+    d0 = f"train={tiny['d0']}"
+    run, other = tmp_path / "run", tmp_path / "other"
+    assert main(["-q", "pipeline", "run", str(path), "--data-files", d0, "--run", str(run), "--units", "1"]) == 0
+    capsys.readouterr()
+    assert main(["-q", "pipeline", "run", str(path), "--data-files", d0, "--run", str(other), "--samples-from",
+                 str(run / "samples"), "--units", "1"]) == 0
+    assert "1 finished shard(s) copied" in capsys.readouterr().out
+    first = "shard-00000-of-00002.parquet"
+    assert (other / "samples" / first).read_bytes() == (run / "samples" / first).read_bytes()
+    assert main(["pipeline", "status", str(path), "--data-files", d0, "--run", str(other), "--json"]) == 0
+    states = {s["stage"]: s for s in json.loads(capsys.readouterr().out)}
+    assert states["sample"]["state"] == "done" and states["sample"]["detail"].startswith("2/2 shards")
+    assert states["audit"]["state"] == "done"  # the sampling finished within the session, so the run went on
+
+
+def test_the_gpu_profile_samples_from_g_star_with_m_calibrated_first(tiny, tmp_path):
+    """`--profile gpu`: G, then G* on Z(D0) / Z-(D0), M, samples of G*, M calibrated on held-out rows (a file)."""
+    rec = copy.deepcopy(load_recipe(ROOT / "builders" / "seqz.yaml", "gpu"))
+    step = rec["new_rows"][0]
+    step["train"].update(model=tiny["generator"], max_steps=1, batch_size=4, lr=1e-9)
+    step["debias"].update(max_steps=1, batch_size=4, lr=1e-9, z_batch_size=100, cpu=True, progress=False)
+    step["train"].update(cpu=True, progress=False)
+    step["train_m"].update(model=tiny["classifier"], epochs=1, batch_size=8, max_length=32, dev_files=None, cpu=True,
+                           progress=False)
+    step["generate"].update(num_samples=8, shard_size=4, batch_size=4, max_new_tokens=6, condition="premise+label",
+                            dtype=None, cpu=True, progress=False)
+    step["confidence"].update(calibration=tiny["d0"], tau=0.0, batch_size=16, progress=False)
+    rec["features"].update(folds=2)
+    rec["z_filter"].update(batch_size=16)
+    rec.pop("profile", None)
+    run = tmp_path / "run"
+    pipe = Pipeline(rec, run, data_files=[f"train={tiny['d0']}"], progress=False, echo=lambda line: None)
+    states = {s.stage: s for s in pipe.run(["train_g", "train_g_star", "train_m", "sample", "filter"])}
+    assert [s for s in STAGES[:5] if states[s].state != "done"] == []
+    assert json.loads((run / "samples" / "generate_config.json").read_text())["generator"] == "G_star"
+    assert json.loads((run / "G_star" / "train_report.json").read_text())["mode"] == "debias"
+    cal = json.loads((run / "confident" / "calibration.json").read_text())
+    assert cal["rows"] == ROWS and (run / "confident" / "kept.parquet").is_file()
+    assert states["build"].state == "pending"
