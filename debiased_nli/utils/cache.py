@@ -29,6 +29,7 @@ OWN_ENTRIES = (
     ("hypothesis-only", "hypo-only-*.npz"),
     ("embeddings", "embeddings/emb-*.npy"),
     ("warm-up encoders", "embeddings/warmup-*"),
+    ("ctranslate2 generators", "ctranslate2/ct2-*"),  # generate --engine ctranslate2's converted models
 )
 MAX_ENV, DEFAULT_MAX_MB = "DEBIASED_NLI_CACHE_MAX_MB", 10240
 log = logging.getLogger(__name__)

@@ -31,6 +31,15 @@ its slot for the next prompt at once, and each sample draws its tokens with its 
 of processes. On a CPU, --dtype auto (bfloat16 where the CPU has AMX or AVX512-BF16) and a batch of a
 few hundred give the most samples per second (measured: --batch-size 256; the Generator page of the docs).
 
+--engine ctranslate2 (the extra `pip install 'debiased-nli[ctranslate2]'`) samples with CTranslate2: the
+generator, its LoRA adapter merged, is converted once into a model folder cached under
+$DEBIASED_NLI_CACHE/ctranslate2/ (keyed by a hash of the generator's and its base model's files), and
+sampled in float32 by default (--dtype: its compute type; int8 is faster but moves the label shares:
+on G*, +7.5 points of entailment). Its samples depend on
+--batch-size (like --engine generate's); shards, resume, rejects and the run's config work as for the
+other engines, and the config records the engine and compute type. The speed and output-distribution
+comparison of the engines: benchmarks/results/engines/.
+
 On GPUs: `accelerate launch -m debiased_nli.cli generate ...` (see `accelerate config`).
 On CPU with 2 processes: `torchrun --nproc_per_node 2 -m debiased_nli.cli generate ... --cpu`
 (`accelerate launch --cpu --num_processes 2` starts only one process).
@@ -57,14 +66,18 @@ def register(sub) -> None:
     p.add_argument("--condition", choices=["none", "premise", "premise+label"], default="none",
                    help="none: sample whole rows (the paper); premise(+label): prompt with premises from --premises-from")
     p.add_argument("--premises-from", nargs="+", metavar="PATH", help="files with a premise column (for --condition)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="default: the checkpoint's; auto: bfloat16 where the CPU (AMX, AVX512-BF16) or GPU computes "
-                        "it natively, else the checkpoint's")
-    p.add_argument("--engine", choices=["fast", "generate"], default="fast",
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16", "int8", "int8_float32",
+                                       "int8_float16", "int8_bfloat16"],
+                   help="engines fast and generate: default the checkpoint's; auto: bfloat16 where the CPU (AMX, "
+                        "AVX512-BF16) or GPU computes it natively, else the checkpoint's. Engine ctranslate2: its "
+                        "compute type, default (and auto) float32 on a CPU, float16 on a GPU (int8 is faster but shifts the "
+                        "label shares: benchmarks/results/engines/)")
+    p.add_argument("--engine", choices=["fast", "generate", "ctranslate2"], default="fast",
                    help="fast (default): every slot of the batch refilled as soon as its sample ends, each sample "
                         "drawn with its own random numbers (the same samples at any batch size or process count); "
                         "generate: transformers' model.generate on fixed batches of prompts (other samples than fast's "
-                        "for the same seed)")
+                        "for the same seed); ctranslate2: CTranslate2 (optional extra) on the generator converted and "
+                        "cached, float32 by default")
     p.add_argument("--extend", action="store_true",
                    help="grow the run in --out (same parameters, fewer samples) to --num-samples: its shards are kept "
                         "and only the new ones sampled, giving the shards a fresh run of --num-samples gives (both "

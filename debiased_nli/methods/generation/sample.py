@@ -25,6 +25,10 @@ generator was trained on, Table 7's "max sequence length 128", is never cut and 
   depend on the batch size, the other samples or their order.
 * ``generate``: ``model.generate(do_sample=True)`` on consecutive, left-padded batches, torch's
   generator seeded with ``seed_i`` once per shard (every sequence runs until the whole batch ends).
+* ``ctranslate2`` (:mod:`.ct2`, the optional extra ``[ctranslate2]``): the generator, its LoRA adapter
+  merged, converted once into a cached CTranslate2 model and sampled by CTranslate2 in float32 (``--dtype``:
+  its compute type; int8 shifts the label shares), each shard with a fresh generator seeded with ``seed_i``;
+  like ``generate``, a sample depends on the batch it ran in.
 
 For one seed the two give different samples, and cannot give the same: ``generate`` draws each step's
 tokens with ``torch.multinomial`` over the whole batch from one shared generator, so a sample's tokens
@@ -68,7 +72,7 @@ CONFIG_FILE = "generate_config.json"
 REPORT_FILE = "generate_report.json"
 PROVENANCE = ("generator", "checkpoint", "shard", "seed", "sample_index")
 REJECT_COLUMNS = ("sample_index", "shard", "seed", "text", "reason")
-ENGINES = ("fast", "generate")
+ENGINES = ("fast", "generate", "ctranslate2")
 DTYPES = (None, "auto", "float32", "bfloat16", "float16")
 
 
@@ -204,7 +208,11 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     task = get_task(task)
     _check_request(num_samples, condition, premises, prompts, parse, top_p, temperature, engine, dtype)
     state = PartialState(cpu=cpu)
-    dtype = sampling_dtype(dtype, state.device)
+    if engine == "ctranslate2":
+        from .ct2 import compute_type_for
+        dtype = compute_type_for(dtype, state.device.type)  # the CTranslate2 compute type (float32 by default)
+    else:
+        dtype = sampling_dtype(dtype, state.device)
     n_shards = num_shards or max(state.num_processes, -(-num_samples // shard_size))
     sizes = shard_sizes(num_samples, n_shards)
     starts = np.concatenate([[0], np.cumsum(sizes)])
@@ -222,8 +230,13 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     mine = [i for i in range(n_shards) if i % state.num_processes == state.process_index]
     todo = [i for i in mine if not (out / shard_name(i, n_shards)).exists()
             and not (old_n and i < old_n and (out / shard_name(i, old_n)).exists())]
-    model = tok = fmt = None
-    if todo:  # the generator is loaded and checked before anything is written
+    model = tok = fmt = ct2_dir = None
+    if todo and engine == "ctranslate2":  # the tokenizer and config only; the converted model is cached
+        from .ct2 import converted_model
+        model, tok = _config_and_tokenizer(generator)
+        ct2_dir = converted_model(generator, dtype)
+        fmt = SequenceFormat.for_tokenizer(tok, task.labels)
+    elif todo:  # the generator is loaded and checked before anything is written
         model, tok = _load_for_sampling(generator, dtype, state.device)
         fmt = SequenceFormat.for_tokenizer(tok, task.labels)
         if engine == "fast" and (why := fast_engine_unsupported(model)):
@@ -253,10 +266,19 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
         bar.update(n)
         bar.set_postfix(samples_per_s=f"{made / (time.perf_counter() - t0):.2f}", refresh=False)
 
-    sample = _fast_shards if engine == "fast" else _plain_shards
-    results = sample(model, tok, shards, lambda idx: prompts_for(fmt, idx, condition, premises, order),
-                     batch_size=batch_size, top_p=top_p, temperature=temperature, max_new_tokens=max_new_tokens,
-                     tick=tick)
+    prompts_of = lambda idx: prompts_for(fmt, idx, condition, premises, order)  # noqa: E731
+    if engine == "ctranslate2":
+        import torch
+
+        from .ct2 import ct2_shards
+        results = ct2_shards(ct2_dir, tok, shards, prompts_of, batch_size=batch_size, top_p=top_p,
+                             temperature=temperature, max_new_tokens=max_new_tokens, tick=tick, compute_type=dtype,
+                             device_type=state.device.type, device_index=state.device.index or 0,
+                             threads=torch.get_num_threads())
+    else:
+        sample = _fast_shards if engine == "fast" else _plain_shards
+        results = sample(model, tok, shards, prompts_of, batch_size=batch_size, top_p=top_p,
+                         temperature=temperature, max_new_tokens=max_new_tokens, tick=tick)
     for i, s, samples in results:
         _write_shard(out, task, i, n_shards, s, samples, parse or fmt.parse, name, checkpoint)
         done_now += 1
@@ -270,10 +292,41 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     if state.is_main_process:
         report["this_run"] = {"processes": state.num_processes, "samples": made, "seconds": round(seconds, 2),
                               "samples_per_s_rank0": round(made / seconds, 3) if made else None,
-                              "engine": engine, "dtype": str(model.dtype).replace("torch.", "") if model else None}
+                              "engine": engine, "dtype": _dtype_name(engine, dtype, model)}
+        if engine == "ctranslate2":
+            import ctranslate2
+            report["this_run"]["ctranslate2"] = {"version": ctranslate2.__version__, "compute_type": dtype,
+                                                 "model": str(ct2_dir) if ct2_dir else None}
         (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
     state.wait_for_everyone()
     return report
+
+
+def _dtype_name(engine: str, dtype: str | None, model) -> str | None:
+    """What the samples were computed in: the CTranslate2 compute type, or the torch model's dtype."""
+    if engine == "ctranslate2":
+        return dtype
+    return str(model.dtype).replace("torch.", "") if model is not None else None
+
+
+def _config_and_tokenizer(generator: str):
+    """(an object with the generator's ``config``, its tokenizer), without loading weights: what the
+    ctranslate2 engine needs besides the converted model (the context length check and the format)."""
+    import types
+
+    from transformers import AutoConfig
+
+    from .models import _has_tokenizer, is_adapter_folder, load_tokenizer
+    base = generator
+    if os.path.isdir(generator) and is_adapter_folder(generator):
+        base = json.loads((Path(generator) / "adapter_config.json").read_text())["base_model_name_or_path"]
+    try:
+        config = AutoConfig.from_pretrained(base)
+        tok = load_tokenizer(generator if _has_tokenizer(generator) else base)
+    except Exception as err:
+        from ...data.loading import root_cause
+        raise ConfigError(f"--generator {generator}: cannot load it ({root_cause(err)})") from err
+    return types.SimpleNamespace(config=config), tok
 
 
 def _check_request(num_samples, condition, premises, prompts, parse, top_p, temperature, engine, dtype) -> None:
@@ -288,8 +341,13 @@ def _check_request(num_samples, condition, premises, prompts, parse, top_p, temp
         raise ConfigError(f"top_p must be in (0, 1] and temperature > 0; got top_p={top_p}, temperature={temperature}")
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, not {engine!r}")
-    if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {DTYPES}, not {dtype!r}")
+    if engine == "ctranslate2":
+        from .ct2 import COMPUTE_TYPES
+        if dtype not in (None, "auto", *COMPUTE_TYPES):
+            raise ConfigError(f"engine ctranslate2: dtype must be auto or a compute type of {COMPUTE_TYPES}, not {dtype!r}")
+    elif dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {DTYPES}, not {dtype!r}"
+                          + (" (int8 types are for --engine ctranslate2)" if str(dtype).startswith("int8") else ""))
 
 
 GROWABLE = ("num_samples", "num_shards")  # what --extend may change; "extended_from" records the earlier sizes
@@ -415,8 +473,29 @@ def _load_for_sampling(generator: str, dtype: str | None, device):
     if hasattr(model, "merge_and_unload"):  # a LoRA adapter: merged weights sample the same, faster
         model = model.merge_and_unload()
     model.to(device).eval()
+    contiguous_head_input(model)
     tok.padding_side = "left"
     return model, tok
+
+
+def _contiguous(module, args):
+    return (args[0].contiguous(),) + tuple(args[1:])
+
+
+def contiguous_head_input(model) -> None:
+    """Make the output layer's input contiguous before it is multiplied.
+
+    Sampling asks the model for the last position's logits only (``logits_to_keep=1``), so the head gets
+    ``hidden[:, -1:, :]``, a strided view whenever a pass runs more than one position (every prefill).
+    PyTorch's CPU ``linear`` turns a 3-D strided input into a ``bmm`` against the weight expanded to the
+    batch and copied (pytorch/pytorch#151934): for SmolLM2's 49,152 x 576 head and a prefill of 100 rows
+    that is a 5.6 GB bfloat16 copy and about 5 s per pass (float32: 8x slower than contiguous, no copy).
+    This was the fast engine's 7 GB peak at batch 256 (issue 50; ``benchmarks/fast_memory.py``). A copy of
+    the rows' last hidden states (rows x hidden) costs nothing next to it."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and not getattr(head, "_dnli_contiguous", False):
+        head.register_forward_pre_hook(_contiguous)
+        head._dnli_contiguous = True
 
 
 def _write_shard(out: Path, task: TaskSpec, i: int, n_shards: int, s: int, samples, parse, name: str,

@@ -406,6 +406,7 @@ def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out
 
     history: list[dict] = []
     steps_run, tokens = 0, 0
+    logged_at, logged_tokens = time.perf_counter(), 0  # the window since the last log: its seconds and tokens
     running: list[float] = []
     epoch, done = divmod(step, steps_per_epoch)
     skip = done * grad_accum
@@ -434,9 +435,11 @@ def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(running):.3f}")
             if step % log_every == 0 or step == total:
+                now = time.perf_counter()
                 history.append({"step": step, "loss": float(f"{np.mean(running):.6g}"),
-                                **{k: float(f"{v:.6g}") for k, v in parts.items()}, "lr": sched.get_last_lr()[0]})
-                running = []
+                                **{k: float(f"{v:.6g}") for k, v in parts.items()}, "lr": sched.get_last_lr()[0],
+                                "seconds": round(now - logged_at, 3), "tokens": tokens - logged_tokens})
+                running, logged_at, logged_tokens = [], now, tokens
             if checkpoint_every and step % checkpoint_every == 0 and step < total:
                 save_checkpoint(accelerator, out, step, keep_checkpoints)
             if stop_after is not None and steps_run >= stop_after:
