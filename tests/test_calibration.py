@@ -104,6 +104,53 @@ def test_the_cli_calibrates_m_on_held_out_rows_and_applies_tau_to_calibrated_pro
     assert (kept["confidence"] > 0.5).all() and (rej["confidence"] <= 0.5).all()
 
 
+def test_a_calibrated_filter_is_rebuilt_without_m_from_stored_probabilities_and_its_calibrator(tmp_path):
+    """--calibrator (an earlier run's calibration.json) with --probabilities-from: the same kept and rejected rows as
+    the run that fitted the calibration, with no M (a model path that does not exist) and no held-out rows."""
+    from test_confidence import make_model
+
+    model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
+    dev = pq.read_table(SHARED / "data" / "snli" / "dev.parquet").slice(0, 80)
+    pq.write_table(dev, tmp_path / "heldout.parquet")
+    gen = pq.read_table(SHARED / "data" / "snli" / "train_sample.parquet").slice(0, 50)
+    gen = gen.append_column("uid", [[f"generator:test:{i:04d}" for i in range(50)]])  # generated rows carry a uid
+    pq.write_table(gen, tmp_path / "gen.parquet")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    cli = [sys.executable, "-m", "debiased_nli.cli", "confidence-filter", "snli", "--data-files",
+           str(tmp_path / "gen.parquet"), "--tau", "0.4", "--quiet"]
+    first = tmp_path / "first"
+    r = subprocess.run([*cli, "--model", model, "--calibration-data", str(tmp_path / "heldout.parquet"),
+                        "--calibration-method", "isotonic", "--probabilities", "--out", str(first)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kept = pq.read_table(first / "kept.parquet")
+    import pyarrow as pa
+    probs = pa.concat_tables([kept, pq.read_table(first / "rejected.parquet").drop(["rejected_by"])]).select(
+        ["uid", "m_prob_entailment", "m_prob_neutral", "m_prob_contradiction"])
+    pq.write_table(probs, tmp_path / "m_scores.parquet")
+    again = tmp_path / "again"
+    r = subprocess.run([*cli, "--model", str(tmp_path / "no-such-model"), "--probabilities-from",
+                        str(tmp_path / "m_scores.parquet"), "--calibrator", str(first / "calibration.json"),
+                        "--out", str(again)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name in ("kept.parquet", "rejected.parquet"):
+        a, b = pq.read_table(first / name).to_pandas(), pq.read_table(again / name).to_pandas()
+        assert a["uid"].tolist() == b["uid"].tolist()
+        assert np.allclose(a["confidence"].to_numpy(), b["confidence"].to_numpy(), atol=1e-6)
+    rep = json.loads((again / "confidence_report.json").read_text())
+    assert rep["model"] is None and rep["calibration"]["from"]["file"] == "calibration.json"
+    assert rep["calibration"]["calibrator"]["method"] == "isotonic"
+    # both at once is refused before any work, and a file that is not a calibration is refused with its name
+    r = subprocess.run([*cli, "--model", model, "--calibration-data", str(tmp_path / "heldout.parquet"),
+                        "--calibrator", str(first / "calibration.json"), "--out", str(tmp_path / "both")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "give one of them" in r.stderr and not (tmp_path / "both").exists()
+    r = subprocess.run([*cli, "--probabilities-from", str(tmp_path / "m_scores.parquet"), "--calibrator",
+                        str(first / "confidence_report.json"), "--out", str(tmp_path / "foreign")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "confidence_report.json: not the calibration.json" in r.stderr
+
+
 def miscalibrated_at_the_top(n=6000, seed=1):
     """A 3-label model over-confident in the middle of its range and under-confident at the top (rows it gives
     0.9-0.95 are right 99% of the time): what one temperature cannot fix and a monotone map can."""

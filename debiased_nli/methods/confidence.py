@@ -25,6 +25,7 @@ samples, tau 0.95 kept 7,500 rows and no neutral one, and only 305 of them joine
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,8 @@ PARAMS = Params("confidence filter", [
           "columns) to calibrate M on first", cli=None),
     Param("calibration_method", "str", "auto", "how M is calibrated", choices=("auto", *CALIBRATION_METHODS),
           nullable=False),
+    Param("calibrator", "any", None, "a calibration.json of an earlier run (its fitted `calibrator`): applied as "
+          "fitted there, without M and without held-out rows (a rebuild from M's stored probabilities)", cli=None),
     Param("probabilities", "bool", False, "add M's probability of every label (m_prob_<label>) to the rows"),
     Param("reuse_probabilities", "bool", False, "threshold rows that carry m_prob_<label> on those, without M"),
     Param("progress", "bool", True, "show progress bars"),
@@ -225,6 +228,26 @@ def calibrate(held_out, model: "str | Any", task: "str | TaskSpec", *, method: s
     labels = labels_of(held_out)
     calibrator, selection = choose_calibrator(probs, labels, method)
     return clf, calibrator, calibration_report(probs, labels, calibrator, label_names=task.labels, selection=selection)
+
+
+def load_calibrator(path) -> "tuple[Calibrator, dict]":
+    """The fitted :class:`Calibrator` of an earlier run's ``calibration.json`` (``calibrator``: its method, T or
+    isotonic knots) and that file's report with its name and sha256 added, so that the rebuild's report says which
+    calibration it applied. An unreadable or foreign file is refused with its name."""
+    import json
+
+    from ..utils.paths import check_input_file
+    from ..utils.provenance import file_sha256
+
+    check_input_file(str(path), "calibrator")
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+        calibrator = Calibrator.from_dict(report["calibrator"])
+        calibrator.apply(np.full((1, len(calibrator.knots or [0, 0, 0])), 1.0 / len(calibrator.knots or [0, 0, 0])))
+    except (ValueError, KeyError, TypeError, IndexError, ConfigError) as err:
+        raise ConfigError(f"calibrator {path}: not the calibration.json of a confidence-filter run "
+                          f"({type(err).__name__}: {err})") from None
+    return calibrator, {**report, "from": {"file": Path(path).name, "sha256": file_sha256(str(path))}}
 
 
 def confidence_report(kept, rejected, task: TaskSpec, tau: float) -> dict:

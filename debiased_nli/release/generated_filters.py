@@ -147,10 +147,13 @@ def fluency_filter(dg, d0, params: Mapping[str, Any], seed: int, progress: bool)
     rng = np.random.default_rng(seed)
     n_ref = min(int(params["reference_rows"]), len(d0))
     ref_rows = d0.select(np.sort(rng.choice(len(d0), size=n_ref, replace=False)))
+    import os
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(params["lm"])
-    lm = AutoModelForCausalLM.from_pretrained(params["lm"])
+    name = os.path.expanduser(params["lm"])  # a leading ~ is the user's home, as in the recipe's other model paths
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    lm = AutoModelForCausalLM.from_pretrained(name)
     kw = dict(tokenizer=tokenizer, batch_size=int(params["batch_size"]), max_length=int(params["max_length"]),
               progress=progress)
     real = fluency_scores(pair_texts(ref_rows), lm, **kw)

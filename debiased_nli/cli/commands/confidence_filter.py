@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ._common import POSITIVE_INT, add_task_arguments, command_outputs, number, task_from_args
+from ...utils.errors import ConfigError
 from ...utils.paths import check_model_reference
 
 DESCRIPTION = """\
@@ -24,6 +25,8 @@ different share at the same tau. It also writes calibration.json (T, NLL and exp
 before and after, the reliability tables) and reliability.png (the reliability diagram); each row then
 keeps M's own probability in `confidence_uncalibrated`. --probabilities adds M's probability of every
 label (`m_prob_<label>`), so another tau or temperature can be applied later without M.
+--calibrator FILE applies the calibration of an earlier run (its calibration.json) as fitted there: with
+--probabilities-from, a calibrated filter is rebuilt without M and without the held-out rows.
 
 --tau-rule min_kept chooses tau from M's acceptance curve: --tau when it keeps at least --min-kept rows with
 every label among them (--min-kept / #labels each), else the largest of --taus that does, else the smallest
@@ -50,6 +53,9 @@ def register(sub) -> None:
     p.add_argument("--calibration-method", choices=["auto", "temperature", "isotonic"], default="auto",
                    help="temperature scaling, per-label isotonic regression, or auto: the lower cross-fitted NLL on the "
                         "calibration rows")
+    p.add_argument("--calibrator", metavar="FILE",
+                   help="calibration.json of an earlier run: apply its fitted calibration (instead of "
+                        "--calibration-data); with --probabilities-from, M is not needed")
     p.add_argument("--reuse-probabilities", action="store_true",
                    help="rows that carry every m_prob_<label> (an earlier --probabilities run's output) are thresholded on "
                         "those, without running M over them (M still scores --calibration-data)")
@@ -70,6 +76,9 @@ def run(args) -> int:
     from ...methods.generation.steps import confidence_filter_step
 
     task = task_from_args(args)
+    if args.calibrator and args.calibration_data:
+        raise ConfigError("--calibrator applies an earlier run's calibration and --calibration-data fits a new one: "
+                          "give one of them")
     if not (args.probabilities_from and not args.calibration_data):  # else M is never loaded
         check_model_reference(args.model, "--model")
     outputs = command_outputs(args.out, "confidence-filter", ("kept.parquet", "rejected.parquet",
@@ -106,6 +115,7 @@ def run(args) -> int:
                                                                "max_length": args.max_length,
                                                                "calibration": calibration,
                                                                "calibration_method": args.calibration_method,
+                                                               "calibrator": args.calibrator,
                                                                "reuse_probabilities": args.reuse_probabilities,
                                                                "probabilities": args.probabilities,
                                                                "tau_rule": args.tau_rule, "taus": args.taus,
@@ -117,7 +127,7 @@ def run(args) -> int:
                                         "sha256": file_sha256(args.probabilities_from)}
     else:
         report["model"] = args.model
-    if "calibration" in report:
+    if "calibration" in report and args.calibration_data:
         report["calibration"]["data"] = args.calibration_data
     with outputs:
         out = outputs.paths[0].parent

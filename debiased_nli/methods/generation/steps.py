@@ -176,7 +176,7 @@ def confidence_filter_step(ds, task, params: dict):
     (:func:`..confidence.choose_tau`); the report then has the curve (``acceptance_curve``), the tau tried first
     (``tau_given``), the tau used (``tau``) and why (``tau_note``)."""
     from ..confidence import (PARAMS, acceptance_curve, calibrate, check_taus, choose_tau, confidence_report,
-                              score_confidence, split_at_tau)
+                              load_calibrator, score_confidence, split_at_tau)
 
     task = get_task(task)
     p = PARAMS.merge(params, "the confidence filter")
@@ -187,7 +187,13 @@ def confidence_filter_step(ds, task, params: dict):
     if isinstance(held_out, str):  # a recipe names a file of held-out real rows
         from ...data.loading import load_task
         held_out = load_task(task, "train", data_files={"train": [held_out]}).dataset
-    if held_out is not None:
+    if held_out is not None and p["calibrator"] is not None:
+        from ...utils.errors import ConfigError
+        raise ConfigError("the confidence filter takes held-out rows to calibrate M on (calibration) or an earlier "
+                          "run's fitted calibrator (calibrator), not both")
+    if p["calibrator"] is not None:
+        calibrator, calibration = load_calibrator(p["calibrator"])
+    elif held_out is not None:
         model, calibrator, calibration = calibrate(held_out, model, task, method=p["calibration_method"],
                                                    batch_size=batch_size, max_length=max_length,
                                                    progress=p["progress"])
@@ -211,7 +217,7 @@ def confidence_filter_step(ds, task, params: dict):
 
 # the generator step's values that name a model or a file (a leading ~ is the user's home, as on a command line)
 PATH_KEYS = {"train": ("model",), "debias": ("model",), "train_m": ("model", "dev_files"),
-             "confidence": ("model", "calibration"), None: ("generator",)}
+             "confidence": ("model", "calibration", "calibrator"), None: ("generator",)}
 
 
 def expand_paths(params: dict) -> dict:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Seq-Z v2 rebuilt from committed files, without M and without the held-out rows (issue 45 item 7):
+# G*'s 182 sample shards (../samples_gstar), M's stored probabilities of every sample (m_scores_Gstar.parquet) and M's
+# calibrator fitted on SNLI dev (calibration.json; COMMANDS.md says how both were made). A few minutes on 2 CPU cores.
+#   bash benchmarks/results/seqz_cpu/v2/rebuild.sh [WORK_DIR] [RELEASES_DIR]   (defaults /work/runs/seqz-v2, /work/releases)
+# The kept rows' sha256 must equal kept.sha256 (else the script stops); the releases' manifests then name the
+# content fingerprints that the efficacy units of benchmarks/efficacy_seqz_v2.yaml record.
+set -euo pipefail
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
+V2=benchmarks/results/seqz_cpu/v2
+SHARED=${DEBIASED_NLI_SHARED:-../shared}
+WORK=${1:-/work/runs/seqz-v2}
+RELEASES=${2:-/work/releases}
+mkdir -p "$WORK" "$RELEASES"
+if [ ! -f "$WORK/confident/kept.parquet" ]; then
+  debiased-nli confidence-filter snli --data-files "train=benchmarks/results/seqz_cpu/samples_gstar/shard-*.parquet" \
+    --probabilities-from $V2/m_scores_Gstar.parquet --calibrator $V2/calibration.json \
+    --tau 0.95 --tau-rule min_kept --out "$WORK/confident" --quiet > "$WORK/confident.log"
+fi
+(cd "$WORK/confident" && sha256sum kept.parquet) | diff - $V2/kept.sha256 \
+  || { echo "the kept rows differ from the committed v2's (kept.sha256)" >&2; exit 1; }
+for name in seqz-v2:recipe.yaml seqz-v2-filtered:recipe_filtered.yaml; do
+  out=$RELEASES/${name%%:*}
+  [ -f "$out/manifest.json" ] || debiased-nli build $V2/${name#*:} --data-files train=$SHARED/data/snli/train_sample.parquet \
+    --new-rows "$WORK/confident/kept.parquet" --out "$out" --quiet
+done
+python - "$RELEASES" <<'PY'
+import json, sys
+for name in ("seqz-v2", "seqz-v2-filtered"):
+    m = json.load(open(f"{sys.argv[1]}/{name}/manifest.json"))
+    print(name, {c: v.get("rows") for c, v in (m.get("configs") or {}).items()})
+PY
