@@ -51,9 +51,9 @@ def real_embeddings(encoder: str, path: str | None = None):
         data = np.load(path)
         return data["X"], data["y"].astype(np.int64)
     from debiased_nli.data.loading import load_task
-    from debiased_nli.methods.embeddings import compute_embeddings, warm_up_encoder
+    from debiased_nli.methods.embeddings import WarmUpParams, compute_embeddings, warm_up_encoder
     ds = load_task("snli", data_files=str(SHARED / "data/snli/train_sample.parquet")).dataset
-    wu = warm_up_encoder(ds, encoder, num_labels=3, **REAL_RUN)
+    wu = warm_up_encoder(ds, encoder, num_labels=3, params=WarmUpParams(**REAL_RUN))
     rest = ds.select(wu.rest(len(ds)))
     emb = compute_embeddings(rest, wu.model_dir, max_length=REAL_RUN["max_length"], pooling="cls")
     return emb, np.asarray(rest["label"], dtype=np.int64)
@@ -82,10 +82,10 @@ def _child(unit, args, queue):
     base = _peak_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     if unit == "ours":
-        from debiased_nli.methods.aflite.ensemble import fit_linear_ensemble
+        from debiased_nli.methods.aflite.ensemble import LinearSolver, fit_linear_ensemble
         from debiased_nli.methods.aflite.algorithm import heldout_correct
-        fit = fit_linear_ensemble(X, Y, train, 3, tol=args["tol"], max_iter=args["max_iter"], device=args["device"],
-                                  progress=True)
+        fit = fit_linear_ensemble(X, Y, train, 3, LinearSolver(tol=args["tol"], max_iter=args["max_iter"]),
+                                  device=args["device"], progress=True)
         fit_s, fit_c = time.perf_counter() - t0, time.process_time() - c0
         n_held, n_corr = heldout_correct(Y, fit.logits, train)
         np.save(work / "ours_theta.npy", fit.theta.cpu().numpy())

@@ -56,15 +56,16 @@ def run_one(arm: str, args) -> dict:
     torch.manual_seed(0)
     from debiased_nli.data.tasks import get_task
     from debiased_nli.methods.generation.models import LoraOptions, load_generator
-    from debiased_nli.methods.generation.train import batch_loss, collate, encode_dataset, train_generator
+    from debiased_nli.methods.generation.train import (GeneratorTraining, batch_loss, collate, encode_dataset,
+                                                       train_generator)
     task = get_task("snli")
     ds = _rows(args.rows, args.steps * args.batch_size)
     if arm == "project":
         with tempfile.TemporaryDirectory() as tmp:
-            rep = train_generator(ds, task, args.model, tmp, mode="generator", lora=LoraOptions(),
-                                  max_steps=args.steps, batch_size=args.batch_size, max_length=args.max_length,
-                                  mixed_precision="bf16", cpu=True, progress=False, log_every=1,
-                                  checkpoint_every=10**9)
+            opts = GeneratorTraining(mode="generator", lora=LoraOptions(), max_steps=args.steps,
+                                     batch_size=args.batch_size, max_length=args.max_length, mixed_precision="bf16",
+                                     log_every=1, checkpoint_every=10**9)
+            rep = train_generator(ds, task, args.model, tmp, opts, cpu=True, progress=False)
         hist = rep["history"]
         return {"arm": arm, "history": hist, "report_tokens_per_s": rep["tokens_per_s"],
                 "seconds": rep["seconds"], "tokens": rep["tokens_this_run"]}

@@ -183,9 +183,11 @@ def replay_walk(meta: dict, cache: list[dict], fallback) -> dict:
     original = run_mod.Perturber
     run_mod.Perturber = Replay
     try:
-        out = run_mod.run_pdd(ds, get_task("snli"), filler=None, teacher=None, config=cfg, ratios=params["ratios"],
-                              prompt_words=params["prompt_words"], overlap_extractor=params["overlap_extractor"],
-                              hypo_only_folds=params["hypo_only_folds"], progress=False)
+        out = run_mod.run_pdd(ds, get_task("snli"), filler=None, teacher=None, config=cfg, progress=False,
+                              perturbation=run_mod.Perturbation(
+                                  ratios=params["ratios"], prompt_words=params["prompt_words"],
+                                  overlap_extractor=params["overlap_extractor"],
+                                  hypo_only_folds=params["hypo_only_folds"]))
     finally:
         run_mod.Perturber = original
     seconds = time.perf_counter() - t0

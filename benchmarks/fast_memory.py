@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
+    from debiased_nli.data.tasks import get_task
     from debiased_nli.methods.generation import sample as S
     torch.set_num_threads(args.threads)
     trace, stop = [], threading.Event()
@@ -67,8 +68,8 @@ def main(argv=None) -> int:
     th = threading.Thread(target=watch, daemon=True)
     th.start()
     with tempfile.TemporaryDirectory() as tmp:
-        S.generate_samples(args.generator, tmp, "snli", args.samples, batch_size=args.batch, dtype=args.dtype,
-                           cpu=True, progress=False)
+        S.generate_samples(args.generator, tmp, get_task("snli"), args.samples,
+                           S.SamplingOptions(batch_size=args.batch, dtype=args.dtype), cpu=True, progress=False)
     stop.set()
     th.join()
     after = [m for t, m in trace if t >= loaded["t"]]

@@ -1505,7 +1505,8 @@ def race(generator: Path, out: Path, configs: list[str], *, max_new_tokens: int,
     comes first (CUDA context, kernels), untimed."""
     import torch
 
-    from debiased_nli.methods.generation.sample import generate_samples, load_generated
+    from debiased_nli.data.tasks import get_task
+    from debiased_nli.methods.generation.sample import SamplingOptions, generate_samples, load_generated
 
     cuda = torch.cuda.is_available() and not cpu
     dtype = "bfloat16" if cuda else None
@@ -1513,9 +1514,9 @@ def race(generator: Path, out: Path, configs: list[str], *, max_new_tokens: int,
     t0 = time.monotonic()
     warm = work / "warm-up"
     shutil.rmtree(warm, ignore_errors=True)
-    generate_samples(str(generator), str(warm), "snli", 64 if cuda else 4, shard_size=64 if cuda else 4, seed=1,
-                     batch_size=64 if cuda else 4, max_new_tokens=max_new_tokens, cpu=not cuda, dtype=dtype,
-                     progress=False)
+    generate_samples(str(generator), str(warm), get_task("snli"), 64 if cuda else 4,
+                     SamplingOptions(shard_size=64 if cuda else 4, seed=1, batch_size=64 if cuda else 4,
+                                     max_new_tokens=max_new_tokens, dtype=dtype), cpu=not cuda, progress=False)
     rows = []
     for cfg in configs:
         engine, batch = cfg.split(":")
@@ -1526,8 +1527,9 @@ def race(generator: Path, out: Path, configs: list[str], *, max_new_tokens: int,
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         try:
-            rep = generate_samples(str(generator), str(d), "snli", n, shard_size=n, seed=0, batch_size=batch,
-                                   max_new_tokens=max_new_tokens, cpu=not cuda, dtype=dtype, progress=False, engine=engine)
+            rep = generate_samples(str(generator), str(d), get_task("snli"), n,
+                                   SamplingOptions(shard_size=n, seed=0, batch_size=batch, max_new_tokens=max_new_tokens,
+                                                   dtype=dtype, engine=engine), cpu=not cuda, progress=False)
         except Exception as err:  # one engine's failure is a result too
             rows.append({"engine": engine, "batch": batch, "error": f"{type(err).__name__}: {err}"[:400]})
             log(f"race: {cfg}: {rows[-1]['error']}")

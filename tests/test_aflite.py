@@ -1,4 +1,6 @@
 """AFLite (Le Bras et al. 2020, Algorithm 1): predictability scores from ensembles of linear models."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -6,7 +8,8 @@ import torch
 from debiased_nli.data.tasks import get_task
 from debiased_nli.methods.aflite.algorithm import AFLiteParams, aflite, predictability_scores, random_partitions, standardize
 from debiased_nli.methods.aflite.step import aflite_filter, aflite_step
-from debiased_nli.methods.aflite.ensemble import fit_linear_ensemble, predict_ensemble, shared_preconditioner
+from debiased_nli.methods.aflite.ensemble import (LinearSolver, fit_linear_ensemble, predict_ensemble,
+                                                  shared_preconditioner)
 from debiased_nli.data.loading import new_rows
 from debiased_nli.utils.errors import ConfigError, InvalidInputError
 from test_embeddings import tiny_encoder  # noqa: F401  (the tiny BERT model folder fixture)
@@ -53,7 +56,7 @@ def _reference_scores(X, y, train, C=1.0):
     correct_skl = np.zeros(n)
     held = np.zeros(n)
     for i in range(m):
-        fit = fit_linear_ensemble(X, y, train[i:i + 1], K, C=C, dtype=torch.float64, tol=1e-7, max_iter=1000)
+        fit = fit_linear_ensemble(X, y, train[i:i + 1], K, LinearSolver(C=C, tol=1e-7, max_iter=1000), dtype=torch.float64)
         assert fit.converged.all()
         pred_torch = predict_ensemble(X, fit.theta)[0]
         lr = LogisticRegression(C=C, tol=1e-10, max_iter=10_000).fit(X[train[i]], y[train[i]])
@@ -71,8 +74,7 @@ def test_scores_equal_a_slow_one_partition_at_a_time_reference():
     X = rng.normal(size=(n, d))
     y = (X @ rng.normal(size=(d, K)) + rng.gumbel(size=(n, K))).argmax(1)
     train = random_partitions(n, 12, 50, np.random.default_rng(7))
-    sr = predictability_scores(X, y, K, m=12, train_size=50, rng=np.random.default_rng(0), train_mask=train,
-                               dtype=torch.float64, tol=1e-7, max_iter=1000)
+    sr = predictability_scores(X, y, K, train, LinearSolver(tol=1e-7, max_iter=1000), dtype=torch.float64)
     ref_torch, ref_skl = _reference_scores(X, y, train)
     np.testing.assert_array_equal(sr.scores, ref_torch)
     np.testing.assert_array_equal(sr.scores, ref_skl)
@@ -86,7 +88,7 @@ def test_batched_weights_match_scikit_learn_logistic_regression():
     X = rng.normal(size=(200, 6))
     y = (X @ rng.normal(size=(6, K)) + rng.gumbel(size=(200, K))).argmax(1)
     train = random_partitions(200, 4, 120, rng)
-    fit = fit_linear_ensemble(X, y, train, K, C=0.5, dtype=torch.float64, tol=1e-7, max_iter=1000)
+    fit = fit_linear_ensemble(X, y, train, K, LinearSolver(C=0.5, tol=1e-7, max_iter=1000), dtype=torch.float64)
     assert fit.converged.all() and (fit.grad_max <= 1e-7).all()
     for i in range(4):
         lr = LogisticRegression(C=0.5, tol=1e-10, max_iter=10_000).fit(X[train[i]], y[train[i]])
@@ -119,7 +121,7 @@ def test_float32_fits_reach_scikit_learns_solution_at_its_tolerance():
     X = standardize((rng.normal(size=(n, d)) @ rng.normal(size=(d, d))).astype(np.float32))
     y = (X @ rng.normal(scale=0.2, size=(d, K)) + rng.gumbel(size=(n, K))).argmax(1)
     train = random_partitions(len(y), 3, 600, np.random.default_rng(0))
-    fit = fit_linear_ensemble(X, y, train, K, tol=1e-4)
+    fit = fit_linear_ensemble(X, y, train, K, LinearSolver(tol=1e-4))
     assert fit.converged.all() and fit.n_iter.max() < 60
     X64 = X.astype(np.float64)
     for i in range(3):
@@ -146,10 +148,11 @@ def test_a_classifier_fit_does_not_depend_on_the_others_trained_with_it():
     X = rng.normal(size=(n, d))
     y = (X @ rng.normal(size=(d, K)) + rng.gumbel(size=(n, K))).argmax(1)
     train = random_partitions(n, m, 70, np.random.default_rng(2))
-    together = fit_linear_ensemble(X, y, train, K, dtype=torch.float64, tol=1e-7, max_iter=1000)
+    solver = LinearSolver(tol=1e-7, max_iter=1000)
+    together = fit_linear_ensemble(X, y, train, K, solver, dtype=torch.float64)
     assert together.converged.all()
     for i in (0, 3, 6):
-        alone = fit_linear_ensemble(X, y, train[i:i + 1], K, dtype=torch.float64, tol=1e-7, max_iter=1000)
+        alone = fit_linear_ensemble(X, y, train[i:i + 1], K, solver, dtype=torch.float64)
         np.testing.assert_allclose(together.theta[i].numpy(), alone.theta[0].numpy(), atol=1e-9)
         assert together.n_iter[i] == alone.n_iter[0]
 
@@ -171,9 +174,9 @@ def test_the_shared_preconditioner_is_the_inverse_hessian_at_zero_and_cuts_itera
     g -= g.mean(1, keepdims=True)                      # a softmax gradient: zero sum over the classes
     np.testing.assert_allclose(H @ (P @ g).reshape(-1), g.reshape(-1), atol=1e-6)
     train = random_partitions(n, 4, 300, np.random.default_rng(0))
-    pre = fit_linear_ensemble(X, y, train, K, C=1 / (lam * 300), dtype=torch.float64, tol=1e-8, max_iter=2000)
-    plain = fit_linear_ensemble(X, y, train, K, C=1 / (lam * 300), dtype=torch.float64, tol=1e-8, max_iter=2000,
-                                precondition=False)
+    solver = LinearSolver(C=1 / (lam * 300), tol=1e-8, max_iter=2000)
+    pre = fit_linear_ensemble(X, y, train, K, solver, dtype=torch.float64)
+    plain = fit_linear_ensemble(X, y, train, K, dataclasses.replace(solver, precondition=False), dtype=torch.float64)
     assert pre.converged.all() and plain.converged.all()
     np.testing.assert_allclose(pre.theta.numpy() - pre.theta.numpy().mean(2, keepdims=True),
                                plain.theta.numpy() - plain.theta.numpy().mean(2, keepdims=True), atol=1e-5)
@@ -191,7 +194,7 @@ def test_partitions_of_unequal_size_match_their_own_fits():
     train = np.zeros((3, n), bool)
     for i, t in enumerate((40, 90, 61)):
         train[i, rng.choice(n, t, replace=False)] = True
-    fit = fit_linear_ensemble(X, y, train, K, C=2.0, dtype=torch.float64, tol=1e-7, max_iter=1000)
+    fit = fit_linear_ensemble(X, y, train, K, LinearSolver(C=2.0, tol=1e-7, max_iter=1000), dtype=torch.float64)
     assert fit.converged.all()
     for i in range(3):
         lr = LogisticRegression(C=2.0, tol=1e-10, max_iter=10_000).fit(X[train[i]], y[train[i]])

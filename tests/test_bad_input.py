@@ -1232,18 +1232,20 @@ def test_train_refuses_to_resume_another_runs_checkpoint(tiny_models, world, cap
 
 def test_a_failed_generate_does_not_poison_its_folder(world):
     from debiased_nli.utils.errors import ConfigError
-    from debiased_nli.methods.generation.sample import CONFIG_FILE, generate_samples
+    from debiased_nli.data.tasks import get_task
+    from debiased_nli.methods.generation.sample import CONFIG_FILE, SamplingOptions, generate_samples
 
     w = world
     broken = w.model_folder("broken", config='{"model_type": "gpt2"}')  # no weights, no tokenizer
     with pytest.raises(ConfigError, match="cannot load it"):
-        generate_samples(str(broken), str(w.path("gen")), "snli", 4, cpu=True, progress=False)
+        generate_samples(str(broken), str(w.path("gen")), get_task("snli"), 4, cpu=True, progress=False)
     assert not w.path("gen").exists()  # the generator is loaded before anything is written
     # a config left by an older version's failed run (no shard beside it) does not block a new run
     w.write(f"gen/{CONFIG_FILE}", json.dumps({"generator": "old"}))
     other = w.model_folder("other", config='{"model_type": "gpt2"}')
     with pytest.raises(ConfigError, match="cannot load it"):
-        generate_samples(str(other), str(w.path("gen")), "snli", 8, seed=3, cpu=True, progress=False)
+        generate_samples(str(other), str(w.path("gen")), get_task("snli"), 8, SamplingOptions(seed=3), cpu=True,
+                         progress=False)
     assert json.loads((w.path("gen") / CONFIG_FILE).read_text()) == {"generator": "old"}  # untouched
 
 

@@ -230,13 +230,14 @@ def test_the_generator_card_says_what_the_adapter_is(tmp_path):
 
     from debiased_nli.methods.generation.models import LoraOptions, render_generator_card
     from debiased_nli.data.tasks import get_task
-    from debiased_nli.methods.generation.train import train_generator
+    from debiased_nli.methods.generation.train import GeneratorTraining, train_generator
     from test_generation_train import rows
 
     base = _tiny_llama(tmp_path)
     out = tmp_path / "adapter"
-    train_generator(rows(8), "snli", base, str(out), lora=LoraOptions(r=4, alpha=8, dropout=0.0), max_steps=1,
-                    batch_size=4, cpu=True, progress=False, lam=0.5)
+    train_generator(rows(8), get_task("snli"), base, str(out),
+                    GeneratorTraining(lora=LoraOptions(r=4, alpha=8, dropout=0.0), max_steps=1, batch_size=4, lam=0.5),
+                    cpu=True, progress=False)
     text = (out / "README.md").read_text()
     meta = yaml.safe_load(text.split("---\n")[1])
     assert "More Information Needed" not in text and str(tmp_path) not in text

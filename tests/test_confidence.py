@@ -166,9 +166,9 @@ def test_split_at_tau_is_the_filter_s_own_cut(rows, tmp_path):
 def test_the_step_chooses_tau_by_the_min_kept_rule_and_says_why(rows, tmp_path):
     from debiased_nli.methods.generation.steps import confidence_filter_step
     model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
-    fixed = confidence_filter_step(rows, "snli", {"model": model, "tau": 0.95, "progress": False})
+    fixed = confidence_filter_step(rows, get_task("snli"), {"model": model, "tau": 0.95, "progress": False})
     assert fixed[2]["tau"] == 0.95 and "acceptance_curve" not in fixed[2]
-    kept, rejected, report = confidence_filter_step(rows, "snli", {
+    kept, rejected, report = confidence_filter_step(rows, get_task("snli"), {
         "model": model, "tau": 0.99, "tau_rule": "min_kept", "taus": [0.0, 0.3], "min_kept": 3, "progress": False})
     curve = {c["tau"]: c for c in report["acceptance_curve"]}
     assert sorted(curve) == [0.0, 0.3, 0.99] and report["tau_given"] == 0.99
@@ -177,8 +177,8 @@ def test_the_step_chooses_tau_by_the_min_kept_rule_and_says_why(rows, tmp_path):
     assert (report["tau_note"] is None) == (report["tau"] == 0.99)
     assert len(kept) + len(rejected) == len(rows)
     with pytest.raises(ConfigError, match="taus"):
-        confidence_filter_step(rows, "snli", {"model": model, "tau_rule": "min_kept", "taus": [1.5]})
+        confidence_filter_step(rows, get_task("snli"), {"model": model, "tau_rule": "min_kept", "taus": [1.5]})
     with pytest.raises(ConfigError, match="tau_rule"):
-        confidence_filter_step(rows, "snli", {"model": model, "tau_rule": "largest"})
+        confidence_filter_step(rows, get_task("snli"), {"model": model, "tau_rule": "largest"})
     with pytest.raises(ConfigError, match="Did you mean .min_kept."):
-        confidence_filter_step(rows, "snli", {"model": model, "min_keep": 3})
+        confidence_filter_step(rows, get_task("snli"), {"model": model, "min_keep": 3})

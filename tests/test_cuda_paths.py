@@ -45,10 +45,11 @@ def test_the_fast_engine_on_cuda_draws_each_token_at_its_uniform_in_bfloat16(lla
 
 @pytest.mark.parametrize("engine", ["fast", "generate"])
 def test_generate_samples_on_cuda_in_bfloat16(llama, tmp_path, engine):
-    from debiased_nli.methods.generation.sample import generate_samples
+    from debiased_nli.data.tasks import get_task
+    from debiased_nli.methods.generation.sample import SamplingOptions, generate_samples
 
-    rep = generate_samples(llama, str(tmp_path / engine), "snli", 64, shard_size=32, seed=0, batch_size=16,
-                           max_new_tokens=24, dtype="bfloat16", progress=False, engine=engine)
+    opts = SamplingOptions(shard_size=32, seed=0, batch_size=16, max_new_tokens=24, dtype="bfloat16", engine=engine)
+    rep = generate_samples(llama, str(tmp_path / engine), get_task("snli"), 64, opts, progress=False)
     assert rep["samples"] == 64 and rep["complete_shards"] == 2
     assert rep["this_run"]["engine"] == engine and rep["this_run"]["dtype"] == "bfloat16"
 
@@ -58,22 +59,23 @@ def test_train_generator_in_bf16_on_cuda_learns_and_resumes(tmp_path):
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
     from debiased_nli.methods.generation.models import load_generator
-    from debiased_nli.methods.generation.train import train_generator
-    from test_generation_sample import MODELS
+    from debiased_nli.methods.generation.train import GeneratorTraining, train_generator
+    from test_generation_sample import MODELS, SNLI
 
     tok = AutoTokenizer.from_pretrained(str(MODELS / "gpt2-tokenizer"))
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=128, vocab_size=len(tok), resid_pdrop=0.0,
                                embd_pdrop=0.0, attn_pdrop=0.0)).save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
-    kw = dict(max_steps=6, batch_size=4, lr=1e-2, checkpoint_every=2, seed=0, mixed_precision="bf16", log_every=1,
-              progress=False)
-    full = train_generator(rows(), "snli", str(tmp_path / "base"), str(tmp_path / "a"), **kw)
+    opts = GeneratorTraining(max_steps=6, batch_size=4, lr=1e-2, checkpoint_every=2, seed=0, mixed_precision="bf16",
+                             log_every=1)
+    full = train_generator(rows(), SNLI, str(tmp_path / "base"), str(tmp_path / "a"), opts, progress=False)
     assert full["mixed_precision"] == "bf16"
     losses = [h["loss"] for h in full["history"]]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-    assert train_generator(rows(), "snli", str(tmp_path / "base"), str(tmp_path / "b"), stop_after=3, **kw) == {"stopped_at": 3}
-    resumed = train_generator(rows(), "snli", str(tmp_path / "base"), str(tmp_path / "b"), **kw)
+    assert train_generator(rows(), SNLI, str(tmp_path / "base"), str(tmp_path / "b"), opts, progress=False,
+                           stop_after=3) == {"stopped_at": 3}
+    resumed = train_generator(rows(), SNLI, str(tmp_path / "base"), str(tmp_path / "b"), opts, progress=False)
     assert resumed["resumed_from"] == "step-2"
     wa, wb = load_generator(str(tmp_path / "a"))[0].state_dict(), load_generator(str(tmp_path / "b"))[0].state_dict()
     for k in wa:

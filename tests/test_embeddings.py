@@ -246,13 +246,14 @@ def test_an_unreadable_embedding_cache_entry_is_recomputed(tiny_encoder, tmp_pat
     np.testing.assert_allclose(resumed, full, atol=1e-5)
     assert any("00001.npy" in r.getMessage() for r in caplog.records)
     # the warm-up encoder's record
-    wu = E.warm_up_encoder(_rows(n=30), tiny_encoder, num_labels=3, share=0.3, epochs=1.0, batch_size=8, lr=1e-3,
-                           cache_dir=tmp_path / "w", progress=False)
+    warm = E.WarmUpParams(share=0.3, epochs=1.0, batch_size=8, lr=1e-3)
+    wu = E.warm_up_encoder(_rows(n=30), tiny_encoder, num_labels=3, params=warm, cache_dir=tmp_path / "w",
+                           progress=False)
     spoil(Path(wu.model_dir) / "warmup.json")
     caplog.clear()
     with caplog.at_level("WARNING"):
-        again = E.warm_up_encoder(_rows(n=30), tiny_encoder, num_labels=3, share=0.3, epochs=1.0, batch_size=8,
-                                  lr=1e-3, cache_dir=tmp_path / "w", progress=False)
+        again = E.warm_up_encoder(_rows(n=30), tiny_encoder, num_labels=3, params=warm, cache_dir=tmp_path / "w",
+                                  progress=False)
     assert again.model_dir == wu.model_dir and again.train_loss == pytest.approx(wu.train_loss)
     assert any("warmup" in r.getMessage() and "recomput" in r.getMessage() for r in caplog.records)
     assert not [p for p in (tmp_path / "w").iterdir() if ".tmp" in p.name]

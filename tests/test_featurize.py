@@ -144,7 +144,7 @@ def test_the_generator_debias_step_learns_from_the_builds_z_d0(tmp_path, shared_
     z0 = datasets.load_dataset(str(tmp_path / "rel"), "z_filtered", split="train")
     seen = {}
 
-    def fake_train(ds, task, model, out, **kw):  # the G* training set is what this test looks at
+    def fake_train(ds, task, model, out, training, **kw):  # the G* training set is what this test looks at
         seen["train"] = ds
         return {"rows": len(ds)}
 
@@ -154,7 +154,7 @@ def test_the_generator_debias_step_learns_from_the_builds_z_d0(tmp_path, shared_
     monkeypatch.setattr(steps, "generate_step", lambda ds, task, params, **kw: (ds.select(range(0)), None, {}))
     recipe = load_recipe(ROOT / "builders/snli.yaml")
     recipe["data"].update(data_files=files, max_rows=2000)
-    steps.generator_source("snli", {"generator": "G", "debias": {"out": str(tmp_path / "gstar")},
+    steps.generator_source(get_task("snli"), {"generator": "G", "debias": {"out": str(tmp_path / "gstar")},
                                     "generate": {"out": str(tmp_path / "s")}}, {"recipe": recipe, "seed": 42})
     g = seen["train"]
     kept = g.filter(lambda r: r == 0, input_columns="in_rejected")

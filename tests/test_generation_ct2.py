@@ -3,6 +3,7 @@ as for the other engines, and CTranslate2 samples the model's own distribution (
 the same parse rate and lengths as the fast engine, on a tiny LLaMA built from a config."""
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +13,12 @@ import torch
 
 pytest.importorskip("ctranslate2")
 
-from test_generation_sample import PREMISES, llama_generator  # noqa: E402
+from test_generation_sample import PREMISES, llama_generator, sample  # noqa: E402
 
-from debiased_nli.methods.generation.sample import generate_samples, load_generated  # noqa: E402
+from debiased_nli.methods.generation.sample import SamplingOptions, load_generated  # noqa: E402
 from debiased_nli.utils.errors import ConfigError  # noqa: E402
 
-KW = dict(num_shards=3, batch_size=4, max_new_tokens=8, seed=7, condition="premise+label", premises=PREMISES,
-          cpu=True, progress=False, engine="ctranslate2", dtype="float32")
+OPTS = SamplingOptions(num_shards=3, batch_size=4, max_new_tokens=8, seed=7, engine="ctranslate2", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def _entries(cache: Path) -> list[Path]:
 
 def test_ctranslate2_runs_like_the_other_engines_shards_rejects_config_resume_and_a_cached_model(peaked, tmp_path):
     cache = Path(os.environ["DEBIASED_NLI_CACHE"])
-    rep = generate_samples(peaked, str(tmp_path / "full"), "snli", 13, **KW)
+    rep = sample(peaked, tmp_path / "full", 13, OPTS)
     rows, rej = load_generated(str(tmp_path / "full")), load_generated(str(tmp_path / "full"), "rejects")
     assert rep["samples"] == 13 == len(rows) + len(rej)
     assert sorted(list(rows["sample_index"]) + list(rej["sample_index"])) == list(range(13))
@@ -49,9 +49,9 @@ def test_ctranslate2_runs_like_the_other_engines_shards_rejects_config_resume_an
     # a killed run (one shard done) resumes to the same shards as the uninterrupted run: shard i's samples
     # depend on its seed and prompts only
     part = tmp_path / "part"
-    assert generate_samples(peaked, str(part), "snli", 13, stop_after_shards=1, **KW) == {"stopped_after_shards": 1}
+    assert sample(peaked, part, 13, OPTS, stop_after_shards=1) == {"stopped_after_shards": 1}
     assert len(list(part.glob("shard-*"))) == 1
-    generate_samples(peaked, str(part), "snli", 13, **KW)
+    sample(peaked, part, 13, OPTS)
     for kind in ("shard", "rejects"):
         for i in range(3):
             name = f"{kind}-{i:05d}-of-00003.parquet"
@@ -60,13 +60,13 @@ def test_ctranslate2_runs_like_the_other_engines_shards_rejects_config_resume_an
 
     # another compute type is another run: refused in the same folder, and it gets its own cached model
     with pytest.raises(ConfigError, match="dtype"):
-        generate_samples(peaked, str(tmp_path / "full"), "snli", 13, **{**KW, "dtype": "int8"})
-    rep8 = generate_samples(peaked, str(tmp_path / "int8"), "snli", 13, **{**KW, "dtype": "int8"})
+        sample(peaked, tmp_path / "full", 13, replace(OPTS, dtype="int8"))
+    rep8 = sample(peaked, tmp_path / "int8", 13, replace(OPTS, dtype="int8"))
     assert rep8["this_run"]["dtype"] == "int8" and len(_entries(cache)) == 2
     with pytest.raises(ConfigError, match="compute type"):
-        generate_samples(peaked, str(tmp_path / "bad"), "snli", 13, **{**KW, "dtype": "int4"})
+        sample(peaked, tmp_path / "bad", 13, replace(OPTS, dtype="int4"))
     with pytest.raises(ConfigError, match="ctranslate2"):
-        generate_samples(peaked, str(tmp_path / "bad"), "snli", 13, **{**KW, "engine": "fast", "dtype": "int8"})
+        sample(peaked, tmp_path / "bad", 13, replace(OPTS, engine="fast", dtype="int8"))
 
 
 def test_a_changed_generator_gets_a_new_converted_model(peaked, tmp_path):
@@ -90,6 +90,7 @@ def test_ctranslate2_draws_from_the_models_distribution_not_greedily(peaked, top
     from debiased_nli.methods.generation.ct2 import converted_model, ct2_shards
     from debiased_nli.methods.generation.format import SequenceFormat
     from debiased_nli.methods.generation.models import load_generator
+    from debiased_nli.methods.generation.sample import SamplingOptions
     model, tok = load_generator(peaked)
     model.eval()
     prompt = SequenceFormat.for_tokenizer(tok, ["entailment", "neutral", "contradiction"]).prompt(PREMISES[0], "neutral")
@@ -101,9 +102,9 @@ def test_ctranslate2_draws_from_the_models_distribution_not_greedily(peaked, top
         scores = TopPLogitsWarper(top_p)(None, scores)
     p = torch.softmax(scores[0].double(), -1).numpy()
     n = 3000
+    opts = SamplingOptions(batch_size=500, top_p=top_p, temperature=temperature, max_new_tokens=1)
     [(_, _, samples)] = list(ct2_shards(converted_model(peaked, "float32"), tok, [(0, 11, range(n))],
-                                        lambda idx: [prompt] * len(idx), batch_size=500, top_p=top_p,
-                                        temperature=temperature, max_new_tokens=1, tick=lambda k: None,
+                                        lambda idx: [prompt] * len(idx), opts, tick=lambda k: None,
                                         compute_type="float32"))
     # a sample is one token, known by its text: tokens of the same text (partial UTF-8 bytes decode to the
     # same replacement character) form one category, whose probability is theirs together
@@ -135,10 +136,10 @@ def test_ctranslate2_and_the_fast_engine_give_the_same_parse_rate_and_lengths(pe
     from debiased_nli.methods.generation.models import load_tokenizer
     tok = load_tokenizer(peaked)
     n, max_new = 600, 6
-    kw = {**KW, "num_shards": 2, "batch_size": 64, "max_new_tokens": max_new}
+    opts = replace(OPTS, num_shards=2, batch_size=64, max_new_tokens=max_new)
     out = {}
     for engine in ("fast", "ctranslate2"):
-        rep = generate_samples(peaked, str(tmp_path / engine), "snli", n, **{**kw, "engine": engine})
+        rep = sample(peaked, tmp_path / engine, n, replace(opts, engine=engine))
         rows, rej = load_generated(str(tmp_path / engine)), load_generated(str(tmp_path / engine), "rejects")
         lengths = [len(tok(h, add_special_tokens=False)["input_ids"]) for h in rows["hypothesis"]]
         out[engine] = (rep["parsed"], rep["samples"] - rep["parsed"], lengths, rej)

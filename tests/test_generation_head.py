@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from test_generation_sample import PREMISES, llama_generator
+from test_generation_sample import PREMISES, llama_generator, sample
 
 from debiased_nli.methods.generation import sample as S
 
@@ -30,10 +30,9 @@ def test_the_head_sees_contiguous_inputs_in_every_pass(llama):
 
 @pytest.mark.parametrize("engine", ["fast", "generate"])
 def test_the_fix_changes_no_sample(llama, tmp_path, monkeypatch, engine):
-    kw = dict(num_shards=2, batch_size=4, max_new_tokens=8, seed=3, condition="premise+label", premises=PREMISES,
-              cpu=True, progress=False, engine=engine)
-    S.generate_samples(llama, str(tmp_path / "fixed"), "snli", 10, **kw)
+    opts = S.SamplingOptions(num_shards=2, batch_size=4, max_new_tokens=8, seed=3, engine=engine)
+    sample(llama, tmp_path / "fixed", 10, opts)
     monkeypatch.setattr(S, "contiguous_head_input", lambda model: None)
-    S.generate_samples(llama, str(tmp_path / "plain"), "snli", 10, **kw)
+    sample(llama, tmp_path / "plain", 10, opts)
     for name in sorted(p.name for p in (tmp_path / "fixed").glob("*.parquet")):
         assert pq.read_table(tmp_path / "fixed" / name).to_pylist() == pq.read_table(tmp_path / "plain" / name).to_pylist()

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -11,7 +12,9 @@ import pytest
 import torch
 
 from debiased_nli.utils.errors import ConfigError
-from debiased_nli.methods.generation.sample import generate_samples, load_generated, shard_sizes, shard_seed
+from debiased_nli.data.tasks import get_task
+from debiased_nli.methods.generation.sample import (Prompting, SamplingOptions, generate_samples, load_generated,
+                                                    shard_sizes, shard_seed)
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,8 +56,14 @@ def generator(tmp_path_factory):
     return eos_generator(tmp_path_factory.mktemp("gen"))
 
 
-KW = dict(num_shards=4, batch_size=3, max_new_tokens=8, seed=7, top_p=1.0, condition="premise+label",
-          premises=PREMISES, cpu=True, progress=False)
+SNLI = get_task("snli")
+OPTS = SamplingOptions(num_shards=4, batch_size=3, max_new_tokens=8, seed=7, top_p=1.0)
+PROMPTS = Prompting("premise+label", premises=PREMISES)
+
+
+def sample(generator, out, n: int, opts: SamplingOptions = OPTS, **run):
+    """``generate_samples`` from PREMISES with a label each, on the CPU, without progress bars."""
+    return generate_samples(generator, str(out), SNLI, n, opts, PROMPTS, **{"cpu": True, "progress": False, **run})
 
 
 def table(folder, name):
@@ -68,7 +77,7 @@ def test_shards_split_the_samples_and_have_their_own_seeds():
 
 
 def test_every_sample_is_a_parsed_canonical_row_or_a_reject_with_its_reason(generator, tmp_path):
-    rep = generate_samples(generator, str(tmp_path / "g"), "snli", 13, **KW)
+    rep = sample(generator, tmp_path / "g", 13)
     rows, rej = load_generated(str(tmp_path / "g")), load_generated(str(tmp_path / "g"), "rejects")
     assert rep["samples"] == 13 == len(rows) + len(rej) and rep["parsed"] == len(rows)
     assert len(rows) > 0 and len(rej) > 0
@@ -87,36 +96,36 @@ def test_every_sample_is_a_parsed_canonical_row_or_a_reject_with_its_reason(gene
 
 def test_an_interrupted_run_resumes_to_the_same_result(generator, tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
-    generate_samples(generator, str(full), "snli", 13, **KW)
-    assert generate_samples(generator, str(cut), "snli", 13, stop_after_shards=1, **KW) == {"stopped_after_shards": 1}
+    sample(generator, full, 13)
+    assert sample(generator, cut, 13, stop_after_shards=1) == {"stopped_after_shards": 1}
     assert sorted(p.name for p in cut.glob("shard-*")) == ["shard-00000-of-00004.parquet"]
     (cut / ".shard-00001-of-00004.parquet.tmp").write_bytes(b"half a shard, killed mid-write")
-    generate_samples(generator, str(cut), "snli", 13, **KW)
+    sample(generator, cut, 13)
     names = sorted(p.name for p in full.glob("*-of-*.parquet"))
     assert names == sorted(p.name for p in cut.glob("*-of-*.parquet")) and len(names) == 8
     for name in names:
         assert table(full, name) == table(cut, name)
     # a complete run is not redone
     before = (cut / names[0]).stat().st_mtime_ns
-    generate_samples(generator, str(cut), "snli", 13, **KW)
+    sample(generator, cut, 13)
     assert (cut / names[0]).stat().st_mtime_ns == before
 
 
 def test_rerun_with_other_parameters_into_the_same_folder_is_refused(generator, tmp_path):
-    generate_samples(generator, str(tmp_path / "g"), "snli", 4, **{**KW, "num_shards": 1})
+    sample(generator, tmp_path / "g", 4, replace(OPTS, num_shards=1))
     with pytest.raises(ConfigError, match="another run"):
-        generate_samples(generator, str(tmp_path / "g"), "snli", 4, **{**KW, "num_shards": 1, "seed": 8})
+        sample(generator, tmp_path / "g", 4, replace(OPTS, num_shards=1, seed=8))
 
 
 def test_extend_grows_a_run_into_the_run_a_fresh_command_makes(generator, tmp_path):
-    kw = {**KW, "num_shards": None, "shard_size": 3}
+    opts = replace(OPTS, num_shards=None, shard_size=3)
     grown, fresh = tmp_path / "grown", tmp_path / "fresh"
-    generate_samples(generator, str(grown), "snli", 6, **kw)                # 2 shards of 3
-    generate_samples(generator, str(fresh), "snli", 12, **kw)               # 4 shards of 3, from scratch
+    sample(generator, grown, 6, opts)                # 2 shards of 3
+    sample(generator, fresh, 12, opts)               # 4 shards of 3, from scratch
     with pytest.raises(ConfigError, match="--extend grows that run"):
-        generate_samples(generator, str(grown), "snli", 12, **kw)
+        sample(generator, grown, 12, opts)
     before = (grown / "shard-00000-of-00002.parquet").read_bytes()
-    rep = generate_samples(generator, str(grown), "snli", 12, extend=True, **kw)
+    rep = sample(generator, grown, 12, opts, extend=True)
     names = sorted(p.name for p in fresh.glob("*-of-*.parquet"))
     assert names == sorted(p.name for p in grown.glob("*-of-*.parquet")) and len(names) == 8
     for name in names:
@@ -126,20 +135,20 @@ def test_extend_grows_a_run_into_the_run_a_fresh_command_makes(generator, tmp_pa
     assert cfg["num_samples"] == 12 and cfg["extended_from"] == [{"num_samples": 6, "num_shards": 2}]
     assert rep["samples"] == 12 and rep["config"]["extended_from"] == cfg["extended_from"]
     # the same command again, with or without --extend, resumes (nothing to do) rather than refusing
-    generate_samples(generator, str(grown), "snli", 12, extend=True, **kw)
-    generate_samples(generator, str(grown), "snli", 12, **kw)
+    sample(generator, grown, 12, opts, extend=True)
+    sample(generator, grown, 12, opts)
     assert json.loads((grown / "generate_config.json").read_text()) == cfg
 
 
 def test_extend_refuses_what_would_not_be_the_fresh_run(generator, tmp_path):
-    kw = {**KW, "num_shards": None, "shard_size": 3}
-    generate_samples(generator, str(tmp_path / "g"), "snli", 7, **kw)       # shards of 3, 2 and 2 samples
+    opts = replace(OPTS, num_shards=None, shard_size=3)
+    sample(generator, tmp_path / "g", 7, opts)       # shards of 3, 2 and 2 samples
     with pytest.raises(ConfigError, match="not the first shards of 12 samples"):
-        generate_samples(generator, str(tmp_path / "g"), "snli", 12, extend=True, **kw)
+        sample(generator, tmp_path / "g", 12, opts, extend=True)
     with pytest.raises(ConfigError, match="only --num-samples may change"):
-        generate_samples(generator, str(tmp_path / "g"), "snli", 12, extend=True, **{**kw, "seed": 8})
+        sample(generator, tmp_path / "g", 12, replace(opts, seed=8), extend=True)
     with pytest.raises(ConfigError, match="does not grow it"):
-        generate_samples(generator, str(tmp_path / "g"), "snli", 5, extend=True, **kw)
+        sample(generator, tmp_path / "g", 5, opts, extend=True)
     assert sorted(p.name for p in (tmp_path / "g").glob("shard-*")) == [f"shard-0000{i}-of-00003.parquet"
                                                                         for i in range(3)]
 
@@ -153,7 +162,7 @@ def test_two_processes_write_disjoint_shards_whose_union_is_the_one_process_run(
     prem.write_text("".join(json.dumps({"premise": p}) + "\n" for p in PREMISES))
     args += ["--premises-from", str(prem)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    generate_samples(generator, str(one), "snli", 13, **KW)  # the 1-process run, in this process
+    sample(generator, one, 13)  # the 1-process run, in this process
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
                           "-m", "debiased_nli.cli", *args, "--out", str(two)], env=env, cwd=ROOT,
                          capture_output=True, text=True)
@@ -251,7 +260,7 @@ def test_the_fast_engine_draws_every_token_from_the_models_distribution_at_the_s
     assert len(set(lengths)) > 2  # samples of several lengths: slots were refilled at different steps
 
 
-KW_FAST = {**KW, "num_shards": 3}
+OPTS_FAST = replace(OPTS, num_shards=3)
 
 
 @pytest.mark.parametrize("which", ["gpt2", "llama"])
@@ -267,28 +276,28 @@ def test_the_fast_engine_is_deterministic_and_its_samples_do_not_depend_on_the_b
     generator = generator if which == "gpt2" else llama_generator(tmp_path / "peaked-llama", logit_scale=30.0)
     runs = {}
     for name, batch in (("b1", 1), ("b3", 3), ("b3_again", 3), ("b8", 8)):
-        generate_samples(generator, str(tmp_path / name), "snli", 13, **{**KW_FAST, "batch_size": batch})
+        sample(generator, tmp_path / name, 13, replace(OPTS_FAST, batch_size=batch))
         runs[name] = {n: table(tmp_path / name, n) for n in ("shard-00000-of-00003.parquet",
                                                               "rejects-00000-of-00003.parquet",
                                                               "shard-00002-of-00003.parquet")}
     assert runs["b1"] == runs["b3"] == runs["b3_again"] == runs["b8"]
-    generate_samples(generator, str(tmp_path / "seed8"), "snli", 13, **{**KW_FAST, "seed": 8})
+    sample(generator, tmp_path / "seed8", 13, replace(OPTS_FAST, seed=8))
     assert table(tmp_path / "seed8", "shard-00000-of-00003.parquet") != runs["b3"]["shard-00000-of-00003.parquet"]
 
 
 def test_the_generate_engine_still_samples_and_resumes_a_run_from_before_the_engines(generator, tmp_path):
     out = tmp_path / "g"
-    rep = generate_samples(generator, str(out), "snli", 13, engine="generate", **KW)
+    rep = sample(generator, out, 13, replace(OPTS, engine="generate"))
     assert rep["samples"] == 13 and rep["parsed"] > 0 and rep["this_run"]["engine"] == "generate"
     # a folder written before engines were recorded: its shards are model.generate's
     cfg = json.loads((out / "generate_config.json").read_text())
     del cfg["engine"], cfg["dtype"]
     (out / "generate_config.json").write_text(json.dumps(cfg))
     (out / "shard-00003-of-00004.parquet").unlink()
-    generate_samples(generator, str(out), "snli", 13, engine="generate", **KW)  # resumes
+    sample(generator, out, 13, replace(OPTS, engine="generate"))  # resumes
     assert (out / "shard-00003-of-00004.parquet").exists()
     with pytest.raises(ConfigError, match="engine"):
-        generate_samples(generator, str(out), "snli", 13, **KW)
+        sample(generator, out, 13)
 
 
 def test_the_fast_engine_gives_way_to_generate_for_what_only_generate_applies(generator, tmp_path):

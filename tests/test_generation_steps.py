@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from debiased_nli.data.loading import load_task
+from debiased_nli.data.tasks import get_task
 from debiased_nli.methods.generation import PAPER_DEFAULTS
 from debiased_nli.methods.generation.steps import confidence_filter_step, generate_step, train_generator_step
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
+DEMO = get_task("demo")
 
 
 def test_paper_defaults():
@@ -38,7 +40,7 @@ def tiny(tmp_path_factory):
 
 def test_debias_step_z_filters_the_input_and_trains_g_star(tiny, tmp_path):
     ds = load_task("demo", max_rows=600).dataset
-    out, dropped, rep = train_generator_step(ds, "demo", {"model": str(tiny / "lm"), "out": str(tmp_path / "gstar"),
+    out, dropped, rep = train_generator_step(ds, DEMO, {"model": str(tiny / "lm"), "out": str(tmp_path / "gstar"),
                                                          "mode": "debias", "max_steps": 2, "batch_size": 4,
                                                          "cpu": True, "z_batch_size": 100})
     assert out is ds and dropped is None
@@ -49,12 +51,12 @@ def test_debias_step_z_filters_the_input_and_trains_g_star(tiny, tmp_path):
 
 def test_generate_and_confidence_steps_account_for_every_row(tiny, tmp_path):
     ds = load_task("demo", max_rows=20).dataset
-    rows, rejects, rep = generate_step(ds, "demo", {"generator": str(tiny / "lm"), "out": str(tmp_path / "g"),
+    rows, rejects, rep = generate_step(ds, DEMO, {"generator": str(tiny / "lm"), "out": str(tmp_path / "g"),
                                                     "num_samples": 6, "num_shards": 2, "batch_size": 3,
                                                     "max_new_tokens": 6, "condition": "premise", "cpu": True,
                                                     "progress": False})
     assert len(rows) + len(rejects) == 6 == rep["samples"]
-    kept, rejected, crep = confidence_filter_step(ds, "demo", {"model": str(tiny / "clf"), "tau": 0.34,
+    kept, rejected, crep = confidence_filter_step(ds, DEMO, {"model": str(tiny / "clf"), "tau": 0.34,
                                                                "progress": False})
     assert len(kept) + len(rejected) == 20 == crep["rows"]
 
@@ -87,7 +89,7 @@ def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path, capsys
     from test_generation_sample import eos_generator
     lm = eos_generator(tmp_path / "eos_lm")  # samples that parse about half of the time
     ctx = {"recipe": {"data": {"split": "train", "data_files": None, "max_rows": 40}}}
-    rows, dropped, reports = generator_source("demo", {
+    rows, dropped, reports = generator_source(DEMO, {
         "train": {"model": lm, "out": str(tmp_path / "G"), "max_steps": 1, "batch_size": 4, "cpu": True, "lr": 1e-9},
         "generate": {"out": str(tmp_path / "samples"), "num_samples": 8, "num_shards": 1, "batch_size": 4,
                      "max_new_tokens": 6, "condition": "premise+label", "cpu": True, "progress": False},

@@ -10,10 +10,12 @@ import torch
 from debiased_nli.data.loading import new_rows
 from debiased_nli.data.tasks import get_task
 from debiased_nli.methods.generation.models import LoraOptions, load_generator, merge_adapter
-from debiased_nli.methods.generation.train import (REJECTED_COLUMN, debias_training_set, encode_dataset,
-                                                   epoch_order, perturbed_labels, train_generator)
+from debiased_nli.methods.generation.train import (REJECTED_COLUMN, GeneratorTraining, debias_training_set,
+                                                   encode_dataset, epoch_order, perturbed_labels, train_generator)
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
+SNLI = get_task("snli")
+QUIET = dict(cpu=True, progress=False)  # how every training here runs
 
 
 def rows(n=16):
@@ -78,8 +80,8 @@ def weights(folder):
 
 
 def test_training_lowers_the_loss_and_a_killed_run_resumes_to_the_same_weights(tiny_gpt2, tmp_path):
-    kw = dict(max_steps=6, batch_size=4, lr=1e-2, checkpoint_every=2, seed=0, cpu=True, log_every=1, progress=False)
-    full = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "a"), **kw)
+    opts = GeneratorTraining(max_steps=6, batch_size=4, lr=1e-2, checkpoint_every=2, seed=0, log_every=1)
+    full = train_generator(rows(), SNLI, tiny_gpt2, str(tmp_path / "a"), opts, **QUIET)
     assert full["history"][-1]["loss"] < full["history"][0]["loss"]
     # 6 steps of 4 rows of 16: each row's sequence and its perturbed-label copy, no padding counted
     from debiased_nli.methods.generation.models import load_tokenizer
@@ -90,9 +92,9 @@ def test_training_lowers_the_loss_and_a_killed_run_resumes_to_the_same_weights(t
     assert full["tokens_per_s"] > 0
     assert full["history"][0]["label_consistency"] > 0
     # "kill" after 3 steps: the last checkpoint is step 2; the rerun resumes there
-    assert train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), stop_after=3, **kw) == {"stopped_at": 3}
+    assert train_generator(rows(), SNLI, tiny_gpt2, str(tmp_path / "b"), opts, stop_after=3, **QUIET) == {"stopped_at": 3}
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["step-2"]
-    resumed = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), **kw)
+    resumed = train_generator(rows(), SNLI, tiny_gpt2, str(tmp_path / "b"), opts, **QUIET)
     assert resumed["resumed_from"] == "step-2" and resumed["steps_this_run"] == 4
     wa, wb = weights(str(tmp_path / "a")), weights(str(tmp_path / "b"))
     assert wa.keys() == wb.keys()
@@ -129,12 +131,12 @@ def test_grouped_epoch_order_is_a_permutation_of_length_homogeneous_batches():
 
 
 def test_grouped_training_resumes_to_the_same_weights(tiny_gpt2, tmp_path):
-    kw = dict(max_steps=5, batch_size=3, lr=1e-2, checkpoint_every=2, seed=0, cpu=True, log_every=1, progress=False,
-              group_by_length=True)
-    full = train_generator(rows(24), "snli", tiny_gpt2, str(tmp_path / "a"), **kw)
+    opts = GeneratorTraining(max_steps=5, batch_size=3, lr=1e-2, checkpoint_every=2, seed=0, log_every=1,
+                             group_by_length=True)
+    full = train_generator(rows(24), SNLI, tiny_gpt2, str(tmp_path / "a"), opts, **QUIET)
     assert full["group_by_length"] is True
-    assert train_generator(rows(24), "snli", tiny_gpt2, str(tmp_path / "b"), stop_after=3, **kw) == {"stopped_at": 3}
-    train_generator(rows(24), "snli", tiny_gpt2, str(tmp_path / "b"), **kw)
+    assert train_generator(rows(24), SNLI, tiny_gpt2, str(tmp_path / "b"), opts, stop_after=3, **QUIET) == {"stopped_at": 3}
+    train_generator(rows(24), SNLI, tiny_gpt2, str(tmp_path / "b"), opts, **QUIET)
     wa, wb = weights(str(tmp_path / "a")), weights(str(tmp_path / "b"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
@@ -142,8 +144,8 @@ def test_grouped_training_resumes_to_the_same_weights(tiny_gpt2, tmp_path):
 
 def test_llama_lora_adapter_is_saved_and_merges_to_the_same_model(tiny_llama, tmp_path):
     out = tmp_path / "lora"
-    rep = train_generator(rows(8), "snli", tiny_llama, str(out), lora=LoraOptions(r=4, alpha=8, dropout=0.0),
-                          max_steps=2, batch_size=4, lr=1e-2, cpu=True, progress=False, merge=True)
+    opts = GeneratorTraining(lora=LoraOptions(r=4, alpha=8, dropout=0.0), max_steps=2, batch_size=4, lr=1e-2)
+    rep = train_generator(rows(8), SNLI, tiny_llama, str(out), opts, merge=True, **QUIET)
     assert rep["parameters"]["trainable"] < rep["parameters"]["total"]
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
     adapted, tok = load_generator(str(out))
@@ -157,10 +159,10 @@ def test_llama_lora_adapter_is_saved_and_merges_to_the_same_model(tiny_llama, tm
     again = merge_adapter(str(out), str(tmp_path / "merged2"))
     assert (Path(again) / "config.json").exists()
     # sampling from the adapter folder (merged on load) gives the samples of the merged model
-    from debiased_nli.methods.generation.sample import generate_samples, load_generated
-    kw = dict(num_shards=1, batch_size=2, max_new_tokens=5, seed=3, cpu=True, progress=False)
-    generate_samples(str(out), str(tmp_path / "s1"), "snli", 2, **kw)
-    generate_samples(rep["merged"], str(tmp_path / "s2"), "snli", 2, **kw)
+    from debiased_nli.methods.generation.sample import SamplingOptions, generate_samples, load_generated
+    sampling = SamplingOptions(num_shards=1, batch_size=2, max_new_tokens=5, seed=3)
+    generate_samples(str(out), str(tmp_path / "s1"), SNLI, 2, sampling, **QUIET)
+    generate_samples(rep["merged"], str(tmp_path / "s2"), SNLI, 2, sampling, **QUIET)
     for kind in ("shard", "rejects"):
         a, b = load_generated(str(tmp_path / "s1"), kind), load_generated(str(tmp_path / "s2"), kind)
         assert a.remove_columns(["generator", "checkpoint", "method", "uid"] if kind == "shard" else []).to_list() == \
@@ -181,8 +183,9 @@ def test_debias_fine_tune_applies_unlikelihood_to_the_rejected_rows(tiny_gpt2, t
                                   feature=datasets.Sequence(datasets.Value("string")))
     train = debias_training_set(kept, rejected)
     assert train[REJECTED_COLUMN] == [0] * 8 + [1] * 4
-    rep = train_generator(train, "snli", tiny_gpt2, str(tmp_path / "gstar"), mode="debias", max_steps=3,
-                          batch_size=12, lr=1e-2, cpu=True, progress=False, log_every=1, alpha=1.0)
+    rep = train_generator(train, SNLI, tiny_gpt2, str(tmp_path / "gstar"),
+                          GeneratorTraining(mode="debias", max_steps=3, batch_size=12, lr=1e-2, log_every=1, alpha=1.0),
+                          **QUIET)
     assert rep["mode"] == "debias" and all(h["unlikelihood"] > 0 for h in rep["history"])
     with pytest.raises(Exception, match="rejected_by"):
         debias_training_set(kept, rows(2))
@@ -196,8 +199,9 @@ def test_g_star_continues_a_lora_g_from_the_command_line(tiny_llama, tmp_path, s
     import sys
 
     g = tmp_path / "G"
-    train_generator(rows(8), "snli", tiny_llama, str(g), lora=LoraOptions(r=4, alpha=8, dropout=0.0), max_steps=1,
-                    batch_size=4, lr=1e-2, cpu=True, progress=False)
+    train_generator(rows(8), SNLI, tiny_llama, str(g),
+                    GeneratorTraining(lora=LoraOptions(r=4, alpha=8, dropout=0.0), max_steps=1, batch_size=4, lr=1e-2),
+                    **QUIET)
     out = tmp_path / "Gstar"
     r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "train-generator", "snli", "--data-files",
                         str(shared_data / "snli" / "train_sample.parquet"), "--max-rows", "40", "--model", str(g),
@@ -237,16 +241,16 @@ def test_two_process_ddp_training_on_cpu(tiny_gpt2, tmp_path):
 def test_gradient_accumulation_resumes_to_the_same_weights_and_saves_accelerate_state(tiny_gpt2, tmp_path):
     # 16 rows, micro-batch 3, 2 micro-batches per step: 6 micro-batches an epoch, 3 steps an epoch;
     # 7 steps cross two epoch ends. Kill after 4 steps (checkpoint at step 3, mid-way through the run).
-    kw = dict(max_steps=7, batch_size=3, grad_accum=2, lr=1e-2, eps=1e-6, checkpoint_every=3, seed=1, cpu=True,
-              log_every=1, progress=False, scheduler="linear", warmup_steps=2)
-    full = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "a"), **kw)
+    opts = GeneratorTraining(max_steps=7, batch_size=3, grad_accum=2, lr=1e-2, eps=1e-6, checkpoint_every=3, seed=1,
+                             log_every=1, scheduler="linear", warmup_steps=2)
+    full = train_generator(rows(), SNLI, tiny_gpt2, str(tmp_path / "a"), opts, **QUIET)
     assert full["steps"] == 7 and full["grad_accum"] == 2 and full["scheduler"] == "linear"
-    assert train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), stop_after=4, **kw) == {"stopped_at": 4}
+    assert train_generator(rows(), SNLI, tiny_gpt2, str(tmp_path / "b"), opts, stop_after=4, **QUIET) == {"stopped_at": 4}
     cp = tmp_path / "b" / "checkpoints" / "step-3"
     assert {"trainable.pt", "optimizer.bin", "scheduler.bin", "random_states_0.pkl", "state.json"} <= \
         {p.name for p in cp.iterdir()}
     assert not (cp / "model.safetensors").exists()  # only the trainable weights, through the hook
-    resumed = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "b"), **kw)
+    resumed = train_generator(rows(), SNLI, tiny_gpt2, str(tmp_path / "b"), opts, **QUIET)
     assert resumed["resumed_from"] == "step-3" and resumed["steps_this_run"] == 4
     # the learning rate continues the schedule where it stopped
     assert [h["lr"] for h in resumed["history"]] == [h["lr"] for h in full["history"]][3:]
@@ -257,8 +261,8 @@ def test_gradient_accumulation_resumes_to_the_same_weights_and_saves_accelerate_
 
 def test_an_epoch_of_accumulated_micro_batches_is_ceil_of_half_the_batches(tiny_gpt2, tmp_path):
     # 16 rows in micro-batches of 3: 6 micro-batches; 4 per step: one full window and a short last one
-    rep = train_generator(rows(), "snli", tiny_gpt2, str(tmp_path / "e"), epochs=2, batch_size=3, grad_accum=4,
-                          lr=1e-3, cpu=True, progress=False, log_every=1)
+    rep = train_generator(rows(), SNLI, tiny_gpt2, str(tmp_path / "e"),
+                          GeneratorTraining(epochs=2, batch_size=3, grad_accum=4, lr=1e-3, log_every=1), **QUIET)
     assert rep["steps"] == 4 and [h["step"] for h in rep["history"]] == [1, 2, 3, 4]
 
 
@@ -269,29 +273,27 @@ def test_mixed_precision_is_left_to_accelerate_unless_given(tiny_gpt2, tmp_path,
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
-        rep = train_generator(rows(4), "snli", tiny_gpt2, str(tmp_path / "env"), max_steps=1, batch_size=4,
-                              cpu=True, progress=False)
+        rep = train_generator(rows(4), SNLI, tiny_gpt2, str(tmp_path / "env"),
+                              GeneratorTraining(max_steps=1, batch_size=4), **QUIET)
         assert rep["mixed_precision"] == "bf16"
         AcceleratorState._reset_state(reset_partial_state=True)
-        rep = train_generator(rows(4), "snli", tiny_gpt2, str(tmp_path / "flag"), max_steps=1, batch_size=4,
-                              cpu=True, progress=False, mixed_precision="no")
+        rep = train_generator(rows(4), SNLI, tiny_gpt2, str(tmp_path / "flag"),
+                              GeneratorTraining(max_steps=1, batch_size=4, mixed_precision="no"), **QUIET)
         assert rep["mixed_precision"] == "no"  # the flag overrides it
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def test_the_defaults_are_table_7_of_the_paper():
-    import inspect
-
     from debiased_nli.methods.generation import GENERATOR_TRAINING
-    sig = inspect.signature(train_generator).parameters
+    defaults = GeneratorTraining()
     table7 = {"lr": 1e-5, "batch_size": 24, "epochs": 5, "eps": 1e-6, "betas": (0.9, 0.999),
               "scheduler": "constant", "max_length": 128, "lam": 0.5, "alpha": 1.0}
     for name, value in table7.items():
-        assert sig[name].default == value, name
+        assert getattr(defaults, name) == value, name
         assert GENERATOR_TRAINING[name][0] == value and "Table 7" in GENERATOR_TRAINING[name][1]
     with pytest.raises(Exception, match="constant schedule has no warm-up"):
-        train_generator(rows(4), "snli", "unused", "unused", warmup_steps=10)
+        train_generator(rows(4), SNLI, "unused", "unused", GeneratorTraining(warmup_steps=10))
 
 
 def test_a_checkpoint_never_replaces_a_folder_it_did_not_write(tmp_path):

@@ -37,7 +37,7 @@ def world(tmp_path_factory):
     from transformers import (BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast, GPT2Config,
                               GPT2LMHeadModel, PreTrainedTokenizerFast)
 
-    from debiased_nli.methods.generation.train import train_generator
+    from debiased_nli.methods.generation.train import GeneratorTraining, train_generator
 
     root = tmp_path_factory.mktemp("ibadr_world")
     rows = pool_rows()
@@ -61,8 +61,9 @@ def world(tmp_path_factory):
     # a generator that already writes the format: 15 epochs of the conditional objective on D0
     d0 = load_task("snli", data_files=str(root / "d0.parquet")).dataset
     warm = d0.add_column("control_bias", [f"b{i % 5 + 1}" for i in range(len(d0))])
-    train_generator(warm, "snli", str(g0), str(root / "g"), mode="conditional", epochs=15, batch_size=8, lr=2e-2,
-                    cpu=True, checkpoint_every=0, progress=False)
+    train_generator(warm, get_task("snli"), str(g0), str(root / "g"),
+                    GeneratorTraining(mode="conditional", epochs=15, batch_size=8, lr=2e-2, checkpoint_every=0),
+                    cpu=True, progress=False)
 
     words = sorted({w for r in rows for t in (r["premise"], r["hypothesis"]) for w in t.lower().replace(".", " .").split()})
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

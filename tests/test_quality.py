@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from debiased_nli.data.loading import load_task, new_rows
+from debiased_nli.data.tasks import get_task
 from debiased_nli.methods import quality as Q
 from debiased_nli.utils.errors import ConfigError
 
@@ -96,16 +97,16 @@ def test_the_ensemble_and_train_on_generated_on_a_tiny_encoder(d0, tmp_path, sha
                         max_rows=40).dataset
     enc = make_tiny_bert(tmp_path / "enc", list(d0["premise"]) + list(d0["hypothesis"]) + list(rows["premise"])
                          + list(rows["hypothesis"]) + list(heldout["premise"]) + list(heldout["hypothesis"]))
-    ag = Q.cross_fitted_agreement(rows, d0, "snli", str(enc), str(tmp_path / "ens"), k=2, epochs=1, progress=False)
+    snli, fit = get_task("snli"), Q.Classifiers(str(enc), epochs=1)
+    ag = Q.cross_fitted_agreement(rows, d0, snli, fit, str(tmp_path / "ens"), k=2, progress=False)
     assert ag["rows"] == 30 and 0 <= ag["agreement"] <= 1 and 0 <= ag["d0_agreement_cross_fitted"] <= 1
     assert len(ag["ensemble_label"]) == 30
     (folder,) = (tmp_path / "ens").iterdir()  # named after what the ensemble depends on, D0's rows among them
     assert folder.name.endswith(Q.rows_fingerprint(d0)) and sorted(p.name for p in folder.iterdir()) == ["fold-0", "fold-1"]
-    tg = Q.train_on_generated(rows, d0, heldout, "snli", str(enc), str(tmp_path / "tog"), n=30, seeds=(0,), epochs=1,
-                              progress=False)
+    tg = Q.train_on_generated(rows, d0, heldout, snli, fit, str(tmp_path / "tog"), n=30, seeds=(0,), progress=False)
     assert tg["n"] == 30 and tg["ratio"] == pytest.approx(tg["generated_accuracy"] / tg["real_accuracy"], rel=1e-5)
     with pytest.raises(ConfigError, match="between 1"):
-        Q.train_on_generated(rows, d0, heldout, "snli", str(enc), str(tmp_path / "x"), n=31)
+        Q.train_on_generated(rows, d0, heldout, snli, fit, str(tmp_path / "x"), n=31)
 
 
 def test_the_quality_command_writes_its_report_and_refuses_a_users_folder(d0, tmp_path):

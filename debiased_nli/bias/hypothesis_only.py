@@ -319,7 +319,7 @@ def _train_and_predict(params: Mapping[str, Any], task, train_hyps: Sequence[str
     clf = load_classifier(str(model_dir))
     probs = predict_probabilities(clf, [""] * len(predict_hyps), list(predict_hyps), labels=task.labels,
                                   batch_size=int(params["eval_batch_size"]), max_length=int(params["max_length"]),
-                                  desc="hypothesis-only (predict)", progress=progress)
+                                  progress=progress and "hypothesis-only (predict)")
     return probs.astype(np.float64)
 
 
@@ -405,8 +405,8 @@ def transformer_predictions(model: str, hypotheses: Sequence[str], labels: np.nd
 
     clf = load_classifier(model, device)
     probs = predict_probabilities(clf, None, hypotheses, batch_size=batch_size, max_length=max_length,
-                                  order=range(len(hypotheses)), labels=label_names, desc="hypothesis-only (model)",
-                                  progress=progress)
+                                  order=range(len(hypotheses)), labels=label_names,
+                                  progress=progress and "hypothesis-only (model)")
     pred = probs.argmax(axis=1)
     labels = np.asarray(labels)
     return HypothesisOnlyResult(pred, probs, float((pred == labels).mean()) if len(labels) else 0.0,

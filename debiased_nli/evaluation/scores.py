@@ -265,8 +265,9 @@ def _set_probabilities(model: _LazyClassifier, set_name: str, ds, cfg: EvalConfi
         t0, c0 = time.perf_counter(), time.process_time()
         probs = predict_probabilities(clf, prem[start:stop], hyp[start:stop], batch_size=cfg.batch_size,
                                       max_length=cfg.max_length, max_tokens=cfg.max_tokens,
-                                      desc=f"{Path(model.path).name} / {set_name}" + (f" [{k}]" if chunk_rows else ""),
-                                      progress=cfg.progress, dtype=cfg.dtype)
+                                      progress=cfg.progress and (f"{Path(model.path).name} / {set_name}"
+                                                                 + (f" [{k}]" if chunk_rows else "")),
+                                      dtype=cfg.dtype)
         took, took_cpu, commit = time.perf_counter() - t0, time.process_time() - c0, str(git_hash())
         if f is not None:
             tmp = f.with_name(f".{f.name}.tmp.npz")

@@ -112,8 +112,8 @@ def score_confidence(ds, model: "str | Any", task: "str | TaskSpec", *, batch_si
     else:
         clf = load_classifier(model, device, tokenizer=tokenizer)
         raw = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
-                                    order=range(len(ds)), labels=task.labels, desc="confidence filter",
-                                    progress=progress)
+                                    order=range(len(ds)), labels=task.labels,
+                                    progress=progress and "confidence filter")
     probs = raw if calibrator is None else calibrator.apply(raw)
     labels = labels_of(ds)
     rows = np.arange(len(labels))
@@ -224,7 +224,7 @@ def calibrate(held_out, model: "str | Any", task: "str | TaskSpec", *, method: s
     clf = load_classifier(model, device, tokenizer=tokenizer)
     probs = predict_probabilities(clf, held_out["premise"], held_out["hypothesis"], batch_size=batch_size,
                                   max_length=max_length, order=range(len(held_out)), labels=task.labels,
-                                  desc="calibration rows", progress=progress)
+                                  progress=progress and "calibration rows")
     labels = labels_of(held_out)
     calibrator, selection = choose_calibrator(probs, labels, method)
     return clf, calibrator, calibration_report(probs, labels, calibrator, label_names=task.labels, selection=selection)

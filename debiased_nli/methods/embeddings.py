@@ -133,13 +133,11 @@ def _check_rows(ds) -> None:
 
 
 def encode_pairs(premises: Sequence[str], hypotheses: Sequence[str], tokenizer, encoder, *, batch_size: int = 64,
-                 max_length: int = 128, pooling: str = "cls", device=None, progress: bool = True,
-                 desc: str = "embeddings", bar=None) -> np.ndarray:
+                 max_length: int = 128, pooling: str = "cls", device=None, bar=None) -> np.ndarray:
     """Encode (premise, hypothesis) pairs; returns float32 [n, hidden]. Rows are batched by length
     (sorted, then put back in input order) so little time goes into padding. ``bar``: an open tqdm
-    bar to advance instead of a new one."""
+    bar to advance as rows are encoded (None: no progress shown)."""
     import torch
-    from tqdm.auto import tqdm
 
     if pooling not in POOLINGS:
         raise ConfigError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
@@ -152,8 +150,6 @@ def encode_pairs(premises: Sequence[str], hypotheses: Sequence[str], tokenizer, 
     out = np.zeros((n, hidden), dtype=np.float32)
     # the character length is a good enough proxy of the token length for bucketing
     order = np.argsort([len(p) + len(h) for p, h in zip(premises, hypotheses)], kind="stable")
-    own = bar is None
-    bar = tqdm(total=n, desc=desc, unit="row", disable=not progress) if own else bar
     with torch.inference_mode():
         for start in range(0, n, batch_size):
             idx = order[start:start + batch_size]
@@ -166,9 +162,8 @@ def encode_pairs(premises: Sequence[str], hypotheses: Sequence[str], tokenizer, 
             else:
                 pooled = h[:, 0]
             out[idx] = pooled.float().cpu().numpy()
-            bar.update(len(idx))
-    if own:
-        bar.close()
+            if bar is not None:
+                bar.update(len(idx))
     return out
 
 
@@ -253,40 +248,65 @@ def warm_up_indices(n_rows: int, share: float, seed: int = 0) -> np.ndarray:
     return np.sort(rng.choice(n_rows, size=size, replace=False))
 
 
-def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share: float = DEFAULT_WARMUP_SHARE,
-                    seed: int = 0, epochs: float = PAPER_WARMUP["epochs"], lr: float = PAPER_WARMUP["lr"],
-                    eps: float = PAPER_WARMUP["eps"], batch_size: int = PAPER_WARMUP["batch_size"],
-                    max_length: int = 128, cache_dir: "str | Path | None" = None, progress: bool = True,
+@dataclasses.dataclass(frozen=True)
+class WarmUpParams:
+    """The warm-up fine-tuning: the share of the rows it takes (drawn with ``seed``), epochs, Adam's lr and ε,
+    batch size and tokens per pair. Defaults: Appendix A.4 of the paper (:data:`PAPER_WARMUP`) and the project's
+    share (:data:`DEFAULT_WARMUP_SHARE`)."""
+
+    share: float = DEFAULT_WARMUP_SHARE
+    seed: int = 0
+    epochs: float = PAPER_WARMUP["epochs"]
+    lr: float = PAPER_WARMUP["lr"]
+    eps: float = PAPER_WARMUP["eps"]
+    batch_size: int = PAPER_WARMUP["batch_size"]
+    max_length: int = 128
+
+    def normalised(self) -> "WarmUpParams":
+        """Checked, with normalised types: a YAML ``1`` and a command-line ``1.0`` epoch are the same run (and
+        cache entry)."""
+        if self.epochs <= 0 or self.lr <= 0 or self.batch_size < 1:
+            raise ConfigError(f"warm-up needs epochs > 0, lr > 0 and batch_size >= 1; got epochs={self.epochs}, "
+                              f"lr={self.lr}, batch_size={self.batch_size}")
+        return WarmUpParams(share=float(self.share), seed=int(self.seed), epochs=float(self.epochs), lr=float(self.lr),
+                            eps=float(self.eps), batch_size=int(self.batch_size), max_length=int(self.max_length))
+
+
+def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, params: WarmUpParams | None = None,
+                    cache_dir: "str | Path | None" = None, progress: bool = True,
                     device: str | None = None) -> WarmUp:
     """Fine-tune ``model`` as a sequence-pair classifier on a seeded warm-up share of the rows, as Le
     Bras et al. do before embedding (cross-entropy on the gold label; Adam without weight decay, lr
     and ε of Appendix A.4, a linear decay, gradient clipping at 1.0); save it (cached by the rows'
-    content + model + params) and return it with the warm-up row indices."""
+    content + model + params) and return it with the warm-up row indices. ``params``: the share and the
+    fine-tuning's values (:class:`WarmUpParams`; default: the paper's)."""
+    _check_rows(ds)
+    wp = (params or WarmUpParams()).normalised()
+    idx = warm_up_indices(len(ds), wp.share, wp.seed)
+    record = {**dataclasses.asdict(wp), "num_labels": int(num_labels), "base_model": model}
+    cache = Path(cache_dir) if cache_dir is not None else default_embedding_cache()
+    key = _hash({"rows": rows_key(ds), "model": model_identity(model), **record, "version": __version__})
+    out_dir = cache / f"warmup-{key}"
+    meta = _read_warm_up(out_dir)
+    if meta is not None:
+        return WarmUp(str(out_dir), idx, {**record, **meta.get("run", {})}, float(meta["train_loss"]))
+    clf, tok, train_loss, run = _fine_tune(ds.select(idx), model, wp, int(num_labels), progress=progress,
+                                           device=device)
+    _save_warm_up(out_dir, clf, tok, {"train_loss": train_loss, "params": record, "run": run})
+    return WarmUp(str(out_dir), idx, {**record, **run}, train_loss)
+
+
+def _fine_tune(sub, model: str, wp: WarmUpParams, num_labels: int, *, progress: bool, device: str | None):
+    """``model`` fine-tuned on the warm-up rows ``sub``: (classifier, tokenizer, train loss (the mean of the last
+    tenth of the steps' losses), the run's record)."""
     import time
 
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
 
-    _check_rows(ds)
-    if epochs <= 0 or lr <= 0 or batch_size < 1:
-        raise ConfigError(f"warm-up needs epochs > 0, lr > 0 and batch_size >= 1; got epochs={epochs}, lr={lr}, "
-                          f"batch_size={batch_size}")
-    # normalised types: a YAML `1` and a command-line `1.0` epoch are the same run (and cache entry)
-    share, epochs, lr, eps = float(share), float(epochs), float(lr), float(eps)
-    seed, batch_size, max_length, num_labels = int(seed), int(batch_size), int(max_length), int(num_labels)
-    idx = warm_up_indices(len(ds), share, seed)
-    params = {"share": share, "seed": seed, "epochs": epochs, "lr": lr, "eps": eps, "batch_size": batch_size,
-              "max_length": max_length, "num_labels": num_labels, "base_model": model}
-    cache = Path(cache_dir) if cache_dir is not None else default_embedding_cache()
-    key = _hash({"rows": rows_key(ds), "model": model_identity(model), **params, "version": __version__})
-    out_dir = cache / f"warmup-{key}"
-    meta = _read_warm_up(out_dir)
-    if meta is not None:
-        return WarmUp(str(out_dir), idx, {**params, **meta.get("run", {})}, float(meta["train_loss"]))
-
     start = time.time()
-    torch.manual_seed(seed)
+    torch.manual_seed(wp.seed)
     dev = _resolve_device(device)
     try:
         tok = _with_pad_token(AutoTokenizer.from_pretrained(model))
@@ -296,20 +316,19 @@ def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share:
     if clf.config.pad_token_id is None:  # decoder-style classifiers find the last token through it
         clf.config.pad_token_id = tok.pad_token_id
     clf.to(dev).train()
-    sub = ds.select(idx)
     prem, hyp = sub["premise"], sub["hypothesis"]
     labels = torch.tensor(np.asarray(sub["label"], dtype=np.int64))
-    rng = np.random.default_rng(seed)
-    n_steps = max(1, int(np.ceil(epochs * len(idx) / batch_size)))
+    rng = np.random.default_rng(wp.seed)
+    n_steps = max(1, int(np.ceil(wp.epochs * len(sub) / wp.batch_size)))
     # Adam as in A.4 ("Adam ... learning rate of 1e-05, and an epsilon value of 1e-08"): AdamW without decay
-    opt = torch.optim.AdamW(clf.parameters(), lr=lr, eps=eps, weight_decay=0.0)
+    opt = torch.optim.AdamW(clf.parameters(), lr=wp.lr, eps=wp.eps, weight_decay=0.0)
     sched = get_linear_schedule_with_warmup(opt, 0, n_steps)
-    order = np.concatenate([rng.permutation(len(idx)) for _ in range(int(np.ceil(epochs)) + 1)])
+    order = np.concatenate([rng.permutation(len(sub)) for _ in range(int(np.ceil(wp.epochs)) + 1)])
     losses = []
     for step in tqdm(range(n_steps), desc="warm-up fine-tuning", disable=not progress):
-        b = order[step * batch_size:(step + 1) * batch_size]
+        b = order[step * wp.batch_size:(step + 1) * wp.batch_size]
         batch = tok([prem[i] for i in b], [hyp[i] for i in b], padding=True, truncation=True,
-                    max_length=max_length, return_tensors="pt").to(dev)
+                    max_length=wp.max_length, return_tensors="pt").to(dev)
         loss = clf(**batch, labels=labels[b].to(dev)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(clf.parameters(), 1.0)
@@ -318,9 +337,14 @@ def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share:
         opt.zero_grad()
         losses.append(float(loss.detach()))
     train_loss = float(np.mean(losses[-max(1, len(losses) // 10):]))
-    run = {"steps": n_steps, "seconds": round(time.time() - start, 1), "first_loss": round(losses[0], 4)}
-    # written under a temporary name and renamed once complete; warmup.json lists the files and sizes
-    # it was saved with, so a folder cut short later is a miss (see _read_warm_up)
+    return clf, tok, train_loss, {"steps": n_steps, "seconds": round(time.time() - start, 1),
+                                  "first_loss": round(losses[0], 4)}
+
+
+def _save_warm_up(out_dir: Path, clf, tok, meta: dict) -> None:
+    """The fine-tuned classifier and its tokenizer into ``out_dir`` with ``warmup.json`` (``meta`` and the files'
+    sizes), written under a temporary name and renamed once complete, then recorded as a cache entry; a folder
+    cut short later is a miss (see :func:`_read_warm_up`). Another run that wrote it meanwhile wins."""
     tmp = temp_name(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -329,8 +353,7 @@ def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share:
         clf.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        (tmp / "warmup.json").write_text(json.dumps({"train_loss": train_loss, "params": params, "run": run,
-                                                     "files": files}))
+        (tmp / "warmup.json").write_text(json.dumps({**meta, "files": files}))
         if out_dir.exists():  # an unreadable or unfinished one (a readable one was returned above)
             shutil.rmtree(out_dir)
         os.rename(tmp, out_dir)
@@ -341,7 +364,6 @@ def warm_up_encoder(ds, model: str = DEFAULT_ENCODER, *, num_labels: int, share:
         log.info("warm-up encoder %s was written meanwhile by another run (%s)", out_dir, err)
     else:
         record_entry(out_dir)
-    return WarmUp(str(out_dir), idx, {**params, **run}, train_loss)
 
 
 def _read_warm_up(out_dir: Path, quiet: bool = False) -> dict | None:

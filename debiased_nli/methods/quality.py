@@ -28,6 +28,7 @@ none. All randomness takes a seed.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import unicodedata
@@ -37,7 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..data.loading import labels_of
-from ..data.tasks import TaskSpec, get_task
+from ..data.tasks import TaskSpec
 from ..utils.errors import ConfigError
 
 NEAR_DUP_JACCARD = 0.8   # project's choice: near-duplicate at >= 0.8 character 5-gram Jaccard
@@ -255,13 +256,23 @@ def fluency_summary(scores: np.ndarray, real_scores: np.ndarray, quantile: float
             "real_under_bound_share": round(float(np.mean(real_scores < bound)), 6)}
 
 
-def _fit(task: TaskSpec, model: str, train_ds, out_dir: str, *, seed: int, epochs: float, threads: int | None,
-         max_length: int, progress: bool):
+@dataclasses.dataclass(frozen=True)
+class Classifiers:
+    """The classifiers the quality measures train: ``model`` (a Hub id or folder) fine-tuned for ``epochs`` at
+    learning rate 5e-5 on pairs of up to ``max_length`` tokens, with ``threads`` torch CPU threads."""
+
+    model: str
+    epochs: float
+    threads: int | None = None
+    max_length: int = 64
+
+
+def _fit(task: TaskSpec, fit: Classifiers, train_ds, out_dir: str, *, seed: int, progress: bool):
     from ..models.training import TrainConfig, train_classifier
 
-    cfg = TrainConfig(model=model, output_dir=out_dir, epochs=epochs, seed=seed, num_threads=threads,
-                      max_length=max_length, learning_rate=5e-5, progress=progress, resume=True,
-                      early_stopping_patience=0 if epochs else 3)
+    cfg = TrainConfig(model=fit.model, output_dir=out_dir, epochs=fit.epochs, seed=seed, num_threads=fit.threads,
+                      max_length=fit.max_length, learning_rate=5e-5, progress=progress, resume=True,
+                      early_stopping_patience=0 if fit.epochs else 3)
     train_classifier(cfg, task, train_ds)
     return out_dir
 
@@ -291,19 +302,16 @@ def _probs(model_dir: str, ds, task: TaskSpec, progress: bool) -> np.ndarray:
     from ..models.classifier import load_classifier, predict_probabilities
 
     clf = load_classifier(model_dir)
-    return predict_probabilities(clf, ds["premise"], ds["hypothesis"], labels=task.labels, progress=progress,
-                                 desc="quality scoring")
+    return predict_probabilities(clf, ds["premise"], ds["hypothesis"], labels=task.labels,
+                                 progress=progress and "quality scoring")
 
 
-def cross_fitted_agreement(rows, d0, task: "str | TaskSpec", model: str, work_dir: str, *, k: int = 3,
-                           seed: int = 0, epochs: float = 1.0, threads: int | None = None, max_length: int = 64,
+def cross_fitted_agreement(rows, d0, task: TaskSpec, fit: Classifiers, work_dir: str, *, k: int = 3, seed: int = 0,
                            progress: bool = True) -> dict:
-    """k classifiers (``model`` fine-tuned on D0 without fold i, resumable in ``work_dir/fold-i``): the share of
-    ``rows`` whose label is the ensemble's (mean probability) argmax, per label, and the same share of D0 rows
+    """k classifiers (``fit.model`` fine-tuned on D0 without fold i, resumable in ``work_dir/fold-i``): the share
+    of ``rows`` whose label is the ensemble's (mean probability) argmax, per label, and the same share of D0 rows
     against the one model that did not train on them (the control)."""
-    from pathlib import Path
-
-    task = get_task(task)
+    epochs = fit.epochs
     if k < 2:
         raise ConfigError(f"cross-fitting needs k >= 2 folds, not {k}")
     fold = np.random.default_rng(seed).permutation(len(d0)) % k
@@ -313,8 +321,7 @@ def cross_fitted_agreement(rows, d0, task: "str | TaskSpec", model: str, work_di
     for i in range(k):
         out = str(Path(work_dir) / name / f"fold-{i}")
         if not (Path(out) / "debiased_nli_train.json").is_file():
-            _fit(task, model, d0.select(np.nonzero(fold != i)[0]), out, seed=seed + i, epochs=epochs, threads=threads,
-                 max_length=max_length, progress=progress)
+            _fit(task, fit, d0.select(np.nonzero(fold != i)[0]), out, seed=seed + i, progress=progress)
         ens += _probs(out, rows, task, progress)
         held = np.nonzero(fold == i)[0]
         oof[held] = _probs(out, d0.select(held), task, progress).argmax(1)
@@ -322,20 +329,17 @@ def cross_fitted_agreement(rows, d0, task: "str | TaskSpec", model: str, work_di
     d0_gold = labels_of(d0)
     per_label = {name: round(float((pred[gold == j] == j).mean()), 6) if (gold == j).any() else None
                  for j, name in enumerate(task.labels)}
-    return {"k": k, "epochs": epochs, "model": model, "rows": len(rows), "agreement": round(float((pred == gold).mean()), 6),
+    return {"k": k, "epochs": epochs, "model": fit.model, "rows": len(rows), "agreement": round(float((pred == gold).mean()), 6),
             "agreement_per_label": per_label, "d0_rows": len(d0),
             "d0_agreement_cross_fitted": round(float((oof == d0_gold).mean()), 6),
             "ensemble_label": pred, "ensemble_confidence": ens.max(1) / k}
 
 
-def train_on_generated(generated, real, heldout, task: "str | TaskSpec", model: str, work_dir: str, *,
-                       n: int | None = None, seeds: Sequence[int] = (0,), epochs: float = 2.0,
-                       threads: int | None = None, max_length: int = 64, progress: bool = True) -> dict:
+def train_on_generated(generated, real, heldout, task: TaskSpec, fit: Classifiers, work_dir: str, *,
+                       n: int | None = None, seeds: Sequence[int] = (0,), progress: bool = True) -> dict:
     """Accuracy on ``heldout`` real rows of a classifier trained on n generated rows and of one trained on n real
     rows (the same n, settings and seeds; n defaults to the smaller set's size), and their ratio."""
-    from pathlib import Path
-
-    task = get_task(task)
+    epochs = fit.epochs
     n = min(len(generated), len(real)) if n is None else n
     if n < 1 or n > len(generated) or n > len(real):
         raise ConfigError(f"n = {n} rows must be between 1 and the smaller set's {min(len(generated), len(real))}")
@@ -347,13 +351,12 @@ def train_on_generated(generated, real, heldout, task: "str | TaskSpec", model: 
             pick = np.sort(np.random.default_rng(s).permutation(len(ds))[:n])
             out = str(Path(work_dir) / f"{name}-n{n}-s{s}-e{epochs:g}-{rows_fingerprint(ds)}")
             if not (Path(out) / "debiased_nli_train.json").is_file():
-                _fit(task, model, ds.select(pick), out, seed=s, epochs=epochs, threads=threads, max_length=max_length,
-                     progress=progress)
+                _fit(task, fit, ds.select(pick), out, seed=s, progress=progress)
             row[name] = round(float((_probs(out, heldout, task, progress).argmax(1) == gold).mean()), 6)
         runs.append(row)
     g = float(np.mean([r["generated"] for r in runs]))
     r = float(np.mean([r["real"] for r in runs]))
-    return {"n": n, "heldout_rows": len(heldout), "model": model, "epochs": epochs, "runs": runs,
+    return {"n": n, "heldout_rows": len(heldout), "model": fit.model, "epochs": epochs, "runs": runs,
             "generated_accuracy": round(g, 6), "real_accuracy": round(r, 6), "ratio": round(g / r, 6) if r else None}
 
 

@@ -151,7 +151,7 @@ def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | No
 def predict_probabilities(clf: LoadedClassifier, premises: "Sequence[str] | None", hypotheses: Sequence[str], *,
                           batch_size: int = 64, max_length: int = 128, max_tokens: int | None = None,
                           order: Sequence[int] | None = None, labels: Sequence[str] | None = None,
-                          desc: str = "predict", progress: bool = True, dtype: str = "float32") -> np.ndarray:
+                          progress: "bool | str" = True, dtype: str = "float32") -> np.ndarray:
     """softmax(f(premise, hypothesis)) for every row, rows x outputs (float32), rows in input order.
 
     ``premises=None`` scores the hypotheses alone (one segment each). Columns are the model's outputs in
@@ -162,7 +162,8 @@ def predict_probabilities(clf: LoadedClassifier, premises: "Sequence[str] | None
     tokens (:func:`length_batches`); given ``order`` (row indices), rows in that order cut into batches of
     ``batch_size`` (``range(n)``: the input order). Each batch is padded to its own longest row.
     ``dtype="bfloat16"`` runs the forward passes under bfloat16 autocast (:mod:`debiased_nli.utils.precision`;
-    the probabilities stay float32).
+    the probabilities stay float32). ``progress``: a progress bar with that label, True for one labelled
+    "predict", False for none.
     """
     import torch
     from tqdm.auto import tqdm
@@ -196,7 +197,8 @@ def predict_probabilities(clf: LoadedClassifier, premises: "Sequence[str] | None
         rows = np.asarray(order, dtype=np.int64)
         batches = [rows[s:s + batch_size] for s in range(0, len(rows), batch_size)]
     with torch.inference_mode(), compute_context(device, dtype), \
-            tqdm(total=n, desc=desc, disable=not progress, unit="ex") as bar:
+            tqdm(total=n, desc=progress if isinstance(progress, str) else "predict", disable=not progress,
+                 unit="ex") as bar:
         for idx in batches:
             width = max(lengths[i] for i in idx)
             arrays = {}

@@ -88,7 +88,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ...methods.generation.sample import CONFIG_FILE, REPORT_FILE, generate_samples
+    from ...methods.generation.sample import CONFIG_FILE, REPORT_FILE, Prompting, SamplingOptions, generate_samples
 
     check_model_reference(args.generator, "--generator", files=("config.json", "adapter_config.json"))
     run_folder(args.out, "generate", (CONFIG_FILE, REPORT_FILE))  # never a folder of the user's
@@ -117,11 +117,11 @@ def run(args) -> int:
         print_values("generate values", *sampling_values(
             {k: getattr(args, k) for k in ("top_p", "temperature", "max_new_tokens", "num_samples", "batch_size",
                                            "shard_size", "seed")}, task))
-    report = generate_samples(args.generator, args.out, task, args.num_samples, num_shards=args.num_shards,
-                              shard_size=args.shard_size, seed=args.seed, batch_size=args.batch_size, top_p=args.top_p,
-                              temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                              condition=args.condition, premises=premises, cpu=args.cpu, dtype=args.dtype,
-                              engine=args.engine, extend=args.extend)
+    sampling = SamplingOptions(num_shards=args.num_shards, shard_size=args.shard_size, seed=args.seed,
+                               batch_size=args.batch_size, top_p=args.top_p, temperature=args.temperature,
+                               max_new_tokens=args.max_new_tokens, engine=args.engine, dtype=args.dtype)
+    report = generate_samples(args.generator, args.out, task, args.num_samples, sampling,
+                              Prompting(args.condition, premises=premises), cpu=args.cpu, extend=args.extend)
     if report and PartialState(cpu=args.cpu).is_main_process:  # one report, not one per process
         print(json.dumps(report, indent=2))
     return 0

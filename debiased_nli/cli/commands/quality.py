@@ -131,15 +131,14 @@ def run(args) -> int:
         if args.classifier:
             # resumable: a rerun (or another run with the same --models) reuses the trained classifiers
             work = Path(args.models).expanduser() if args.models else out / "models"
-            ag = Q.cross_fitted_agreement(rows, d0, task, args.classifier, str(work / "ensemble"), k=args.k,
-                                          seed=args.seed, epochs=args.epochs, threads=args.threads)
+            fit = Q.Classifiers(args.classifier, epochs=args.epochs, threads=args.threads)
+            ag = Q.cross_fitted_agreement(rows, d0, task, fit, str(work / "ensemble"), k=args.k, seed=args.seed)
             scores["ensemble_label"] = [task.labels[i] for i in ag.pop("ensemble_label")]
             scores["ensemble_confidence"] = ag.pop("ensemble_confidence").round(4).tolist()
             report["agreement"] = ag
             n = min(args.n, len(rows), len(d0))
-            report["train_on_generated"] = Q.train_on_generated(rows, d0, heldout, task, args.classifier,
-                                                                str(work / "tog"), n=n, seeds=args.seeds,
-                                                                epochs=args.epochs, threads=args.threads)
+            report["train_on_generated"] = Q.train_on_generated(rows, d0, heldout, task, fit, str(work / "tog"), n=n,
+                                                                seeds=args.seeds)
         report["examples"] = _examples(rows, task, args.seed)
         if rejected is not None:
             report["rejected_rows"] = len(rejected)

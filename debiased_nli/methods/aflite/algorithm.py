@@ -68,7 +68,7 @@ from ...utils.errors import ConfigError, EmptyResultError, InvalidInputError
 from .params import PARAMS
 
 _D = PARAMS.defaults()  # the declared defaults (m, tau, C, ...): written once, in .params
-from .ensemble import CHUNK_ROWS, fit_linear_ensemble
+from .ensemble import CHUNK_ROWS, LinearSolver, fit_linear_ensemble
 
 log = logging.getLogger(__name__)
 
@@ -204,15 +204,11 @@ def heldout_correct(y, logits, train_mask, *, chunk_rows: int = CHUNK_ROWS):
     return held.sum(0).cpu().numpy().astype(np.int64), n_corr.cpu().numpy()
 
 
-def predictability_scores(X, y, num_labels: int, *, m: int = _D["m"], train_size: int, rng: np.random.Generator,
-                          C: float = 1.0, max_iter: int = 1000, tol: float = 1e-4, history_size: int = 10,
-                          precondition: bool = True, dtype=None, device=None, train_mask: np.ndarray | None = None,
-                          progress: bool = False) -> ScoreRound:
-    """score(e) = |{i : e ∈ V_i and L_i(Φ(e)) = y_e}| / |{i : e ∈ V_i}| over m random partitions."""
-    n = len(y)
-    train = train_mask if train_mask is not None else random_partitions(n, m, train_size, rng)
-    fit = fit_linear_ensemble(X, y, train, num_labels, C=C, max_iter=max_iter, tol=tol, history_size=history_size,
-                              precondition=precondition, dtype=dtype, device=device, progress=progress)
+def predictability_scores(X, y, num_labels: int, train: np.ndarray, solver: LinearSolver | None = None, *,
+                          dtype=None, device=None, progress: bool = False) -> ScoreRound:
+    """score(e) = |{i : e ∈ V_i and L_i(Φ(e)) = y_e}| / |{i : e ∈ V_i}| over the m partitions ``train``
+    (train[i, j]: row j is in T_i, e.g. :func:`random_partitions`), V_i the rows outside T_i."""
+    fit = fit_linear_ensemble(X, y, train, num_labels, solver, dtype=dtype, device=device, progress=progress)
     n_held, n_corr = heldout_correct(y, fit.logits, train)
     with np.errstate(invalid="ignore", divide="ignore"):
         scores = np.where(n_held > 0, n_corr / np.maximum(n_held, 1), np.nan)
@@ -290,6 +286,7 @@ def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = 
     if N < 3:
         raise EmptyResultError(f"AFLite needs at least 3 rows, got {N}")
     p = (params or AFLiteParams()).resolved(N, K)
+    solver = LinearSolver(C=p.C, max_iter=p.max_iter, tol=p.tol, history_size=p.history_size, precondition=precondition)
     rng = np.random.default_rng(p.seed)
     alive = np.arange(N)
     removed, removed_scores, removed_round, history = [], [], [], []
@@ -303,9 +300,8 @@ def aflite(embeddings: np.ndarray, labels: np.ndarray, num_labels: int | None = 
         Xs = X[alive]
         if p.standardize:
             Xs = standardize(Xs.astype(np.float32, copy=False))
-        sr = predictability_scores(Xs, y[alive], K, m=p.m, train_size=p.train_size, rng=rng, C=p.C,
-                                   max_iter=p.max_iter, tol=p.tol, history_size=p.history_size,
-                                   precondition=precondition, dtype=dtype, device=device, progress=progress)
+        train = random_partitions(len(alive), p.m, p.train_size, rng)
+        sr = predictability_scores(Xs, y[alive], K, train, solver, dtype=dtype, device=device, progress=progress)
         cap = min(p.k, len(alive) - p.target_n)
         pos = _select_slice(sr.scores, p.tau, cap, p.selection, rng)
         n_cand = int(np.sum(np.nan_to_num(sr.scores, nan=-1.0) >= p.tau))

@@ -59,15 +59,28 @@ def shared_preconditioner(Xt, lam: float, num_labels: int, *, max_rows: int = 16
     return torch.cholesky_inverse(torch.linalg.cholesky(H))
 
 
-def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, max_iter: int = 1000,
-                        tol: float = 1e-4, history_size: int = 10, precondition: bool = True, dtype=None,
+@dataclasses.dataclass(frozen=True)
+class LinearSolver:
+    """The linear models' objective and solver: ``C`` (inverse L2 strength, scikit-learn's), at most ``max_iter``
+    L-BFGS iterations, the stopping test max|∇f_i| <= ``tol``, ``history_size`` curvature pairs kept, and
+    ``precondition``: :func:`shared_preconditioner` as the initial inverse Hessian (False: the scalar sᵀy/yᵀy)."""
+
+    C: float = 1.0
+    max_iter: int = 1000
+    tol: float = 1e-4
+    history_size: int = 10
+    precondition: bool = True
+
+
+def fit_linear_ensemble(X, y, train_mask, num_labels: int, solver: LinearSolver | None = None, *, dtype=None,
                         device=None, chunk_rows: int = CHUNK_ROWS, progress: bool = False) -> EnsembleFit:
     """Fit m multinomial logistic regressions, classifier i on the rows where train_mask[i].
 
     Minimises, for each i separately, f_i(θ_i) = (1/t_i) Σ_{j∈T_i} CE(W_i x_j + b_i, y_j) + ||W_i||² / (2 C t_i),
     scikit-learn's ``LogisticRegression(C=C)`` objective, with L-BFGS (per-classifier history, step and
     Armijo backtracking), full batch; a classifier stops when max|∇f_i| <= ``tol`` (scikit-learn's
-    ``tol``, scipy's ``gtol``) or when no trial step decreases f_i.
+    ``tol``, scipy's ``gtol``) or when no trial step decreases f_i. ``solver``: C, tol and the rest
+    (:class:`LinearSolver`; default: its defaults).
 
     Every train part is a subset of the same N rows, so the passes over the rows are shared: the
     logits of a search direction for all m classifiers are one matrix product X·[P_1 ... P_m]
@@ -79,7 +92,7 @@ def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, ma
     0 and stays there), so the last class is minus the sum of the others. The state of the line
     search (logits, probabilities) is kept at each classifier's t train rows only.
 
-    The initial inverse Hessian of L-BFGS is :func:`shared_preconditioner` (``precondition=False``:
+    The initial inverse Hessian of L-BFGS is :func:`shared_preconditioner` (``solver.precondition=False``:
     the usual scalar sᵀy/yᵀy), which cuts the iterations several-fold on embeddings with correlated
     dimensions. The trial points of the line search reuse the logits (linear in θ: Z + α·Zp), and
     the change of the loss per row, log Σ_k softmax(z)_k e^{α zp_k} - α zp_y, is computed with
@@ -91,6 +104,7 @@ def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, ma
     import torch
     from tqdm.auto import tqdm
 
+    solver = solver or LinearSolver()
     dtype = dtype or torch.float32
     dev = torch.device(device) if device is not None else torch.device("cpu")
     Xt = torch.as_tensor(np.asarray(X), dtype=dtype, device=dev).contiguous()
@@ -104,29 +118,29 @@ def fit_linear_ensemble(X, y, train_mask, num_labels: int, *, C: float = 1.0, ma
     if m and t.min() == 0:
         raise ConfigError(f"partition {int(np.argmin(t))} has no train rows; every partition needs t >= 1")
     K = int(num_labels)
-    lam_np = 1.0 / (C * np.maximum(t, 1))
+    lam_np = 1.0 / (solver.C * np.maximum(t, 1))
     lam = torch.as_tensor(lam_np, dtype=dtype, device=dev)
-    P0 = shared_preconditioner(Xt, float(lam_np.mean()), K).to(dtype) if precondition and m else None
+    P0 = shared_preconditioner(Xt, float(lam_np.mean()), K).to(dtype) if solver.precondition and m else None
     passes = _SharedPasses(Xt, K, m, chunk_rows)
 
     out_theta = torch.zeros(m, d + 1, K, dtype=dtype, device=dev)
     out_gmax = np.zeros(m, dtype=np.float64)
     n_iter = np.zeros(m, dtype=np.int64)
     # the live set holds the only reference to the train-row layout, so retiring classifiers frees it
-    live = _LiveClassifiers.at_zero(passes, lam, *train_rows(mask, y, K, dtype=dtype, device=dev), tol=tol)
+    live = _LiveClassifiers.at_zero(passes, lam, *train_rows(mask, y, K, dtype=dtype, device=dev), tol=solver.tol)
     halves = 0.5 ** torch.arange(1, LS_TRIALS, dtype=torch.float64)
     bar = tqdm(total=m, desc="linear models converged", unit="model", disable=not progress, leave=False)
-    for _ in range(max_iter):
+    for _ in range(solver.max_iter):
         if not bool(live.active.all()):
             live.retire(live.active, out_theta, out_gmax, bar)
         if len(live.ids) == 0:
             break
-        _lbfgs_iteration(live, passes, P0, halves, n_iter, history_size=history_size, tol=tol)
+        _lbfgs_iteration(live, passes, P0, halves, n_iter, history_size=solver.history_size, tol=solver.tol)
     if len(live.ids):
         live.retire(torch.zeros(len(live.ids), dtype=torch.bool, device=dev), out_theta, out_gmax, bar)
     bar.close()
     passes.buf_b = None
-    return EnsembleFit(out_theta, passes.all_logits(out_theta), n_iter, out_gmax <= tol, out_gmax)
+    return EnsembleFit(out_theta, passes.all_logits(out_theta), n_iter, out_gmax <= solver.tol, out_gmax)
 
 
 def train_rows(mask: np.ndarray, y, num_labels: int, *, dtype, device):

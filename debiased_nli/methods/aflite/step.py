@@ -72,7 +72,7 @@ def aflite_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx
     """
     import datasets
 
-    from ..embeddings import compute_embeddings, default_encoder, warm_up_encoder
+    from ..embeddings import WarmUpParams, compute_embeddings, default_encoder, warm_up_encoder
 
     p = PARAMS.merge(params)
     given = {k for k, v in (params or {}).items() if v is not None}
@@ -83,9 +83,9 @@ def aflite_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx
     target_n = p["target_n"] if p["target_n"] is not None else paper_target_size(n_input)
     work, warm_rows, train_size = ds, None, p["train_size"]
     if p["warmup_share"]:
-        wu = warm_up_encoder(ds, encoder, num_labels=task.num_labels, share=p["warmup_share"], seed=p["seed"],
-                             epochs=p["warmup_epochs"], lr=p["warmup_lr"], eps=p["warmup_eps"],
-                             batch_size=p["warmup_batch_size"], max_length=p["max_length"], progress=p["progress"],
+        warm_up = WarmUpParams(share=p["warmup_share"], seed=p["seed"], epochs=p["warmup_epochs"], lr=p["warmup_lr"],
+                               eps=p["warmup_eps"], batch_size=p["warmup_batch_size"], max_length=p["max_length"])
+        wu = warm_up_encoder(ds, encoder, num_labels=task.num_labels, params=warm_up, progress=p["progress"],
                              device=p["device"])
         warm_rows = ds.select(wu.indices)
         work = ds.select(wu.rest(len(ds)))

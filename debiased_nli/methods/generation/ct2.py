@@ -194,17 +194,20 @@ def open_generator(model_dir: Path, compute_type: str, device_type: str, device_
                          inter_threads=1, intra_threads=threads if device == "cpu" else 0)
 
 
-def ct2_shards(model_dir: Path, tok, shards, prompts_of, *, batch_size: int, top_p: float, temperature: float,
-               max_new_tokens: int, tick, compute_type: str, device_type: str = "cpu", device_index: int = 0,
+def ct2_shards(model_dir: Path, tok, shards, prompts_of, opts, *, tick, compute_type: str, device=None,
                threads: int = 1):
     """Yield ``(shard, seed, [(sample_index, prompt, continuation), ...])`` as the other engines do: shard i's
-    prompts, sorted by length (stable), go in batches of ``batch_size`` to a ``Generator`` opened after
-    ``set_random_seed(seed_i)``. A batch runs until its last sample ends; CTranslate2 drops the finished
-    rows from the batch as it goes."""
+    prompts, sorted by length (stable), go in batches of ``opts.batch_size`` to a ``Generator`` opened after
+    ``set_random_seed(seed_i)``, sampling with ``opts``' top-p, temperature and new tokens
+    (:class:`.sample.SamplingOptions`) in ``compute_type`` on ``device`` (a torch device; None: the CPU). A
+    batch runs until its last sample ends; CTranslate2 drops the finished rows from the batch as it goes."""
     ct2 = require_ctranslate2()
     end = tok.eos_token
-    options = dict(max_length=max_new_tokens, sampling_topk=0, sampling_topp=top_p, sampling_temperature=temperature,
-                   include_prompt_in_result=False, return_end_token=True, **({"end_token": end} if end else {}))
+    batch_size = opts.batch_size
+    device_type, device_index = getattr(device, "type", "cpu"), getattr(device, "index", None) or 0
+    options = dict(max_length=opts.max_new_tokens, sampling_topk=0, sampling_topp=opts.top_p,
+                   sampling_temperature=opts.temperature, include_prompt_in_result=False, return_end_token=True,
+                   **({"end_token": end} if end else {}))
     for i, s, indices in shards:
         idx = list(indices)
         prompts = prompts_of(idx)

@@ -56,13 +56,14 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ...data.loading import labels_of
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, EmptyResultError
+from . import SAMPLING, paper_value
 from .format import SequenceFormat
 
 log = logging.getLogger(__name__)
@@ -174,24 +175,52 @@ def check_context(model, tok, prompts: "Sequence[str] | int", max_new_tokens: in
                              "the prompt alone fills it: use a generator with a longer context"))
 
 
-def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_samples: int, *,
-                     num_shards: int | None = None, shard_size: int = 1000, seed: int = 0, batch_size: int = 16,
-                     top_p: float = 1.0, temperature: float = 1.0, max_new_tokens: int = 128,
-                     condition: str = "none", premises: Sequence[str] | None = None, cpu: bool = False,
-                     dtype: str | None = None, progress: bool = True, stop_after_shards: int | None = None,
-                     prompts: Sequence[str] | None = None, parse=None, engine: str = "fast",
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+    """How a run samples (recorded in its ``generate_config.json``): ``num_shards`` shards (default: one per
+    ``shard_size`` samples, at least one per process), each seeded from ``seed``; ``batch_size`` sequences in
+    flight; ``top_p`` and ``temperature`` (plain sampling by default: :data:`..SAMPLING` quotes the paper);
+    up to ``max_new_tokens`` new tokens each; the ``engine`` (:data:`ENGINES`) and its ``dtype``
+    (:data:`DTYPES`; for ``ctranslate2`` a compute type of :data:`.ct2.COMPUTE_TYPES`)."""
+
+    num_shards: int | None = None
+    shard_size: int = paper_value(SAMPLING, "shard_size")
+    seed: int = paper_value(SAMPLING, "seed")
+    batch_size: int = paper_value(SAMPLING, "batch_size")
+    top_p: float = paper_value(SAMPLING, "top_p")
+    temperature: float = paper_value(SAMPLING, "temperature")
+    max_new_tokens: int = paper_value(SAMPLING, "max_new_tokens")
+    engine: str = "fast"
+    dtype: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompting:
+    """What each sample starts from (``condition``, one of :data:`CONDITIONS`): ``"none"``, the format's start
+    (unconditional); ``"premise"`` / ``"premise+label"``, a premise of ``premises`` (in a seeded order) and, for
+    the latter, a label cycling through the task's; ``"prompts"``, ``prompts[i]`` for sample i, the prompt and
+    its continuation parsed by ``parse`` (text -> (row, None) or (None, reason)), e.g. a
+    :class:`.conditional.ConditionalFormat`'s."""
+
+    condition: str = "none"
+    premises: Sequence[str] | None = None
+    prompts: Sequence[str] | None = None
+    parse: Callable | None = None
+
+
+def generate_samples(generator: str, out_dir: str, task: TaskSpec, num_samples: int,
+                     sampling: SamplingOptions | None = None, prompting: Prompting | None = None, *,
+                     cpu: bool = False, progress: bool = True, stop_after_shards: int | None = None,
                      extend: bool = False) -> dict:
-    """Sample ``num_samples`` rows from ``generator`` into ``out_dir`` (shards + rejects + report).
+    """Sample ``num_samples`` rows from ``generator`` into ``out_dir`` (shards + rejects + report), with the
+    settings of ``sampling`` (:class:`SamplingOptions`; default: its defaults) from the prompts ``prompting``
+    says (:class:`Prompting`; default: unconditional).
 
     ``extend=True`` grows a finished or partial run in ``out_dir`` that differs only in ``num_samples`` (and
     so the number of shards) to ``num_samples``: its shards are kept (renamed to the new shard count) and only
     the new ones are sampled. Shard i's samples depend on the seed, i and its sample indices only, so the
     extended run is the one a fresh run of ``num_samples`` makes, provided the old shards' index ranges are the
     first ones of the new split (:func:`extension_of` checks it; both sizes a multiple of ``shard_size``).
-
-    ``condition="prompts"`` samples from ``prompts[i]`` for sample i (one per sample) and parses
-    prompt + continuation with ``parse`` (text -> (row, None) or (None, reason)), e.g. a
-    :class:`.conditional.ConditionalFormat`'s.
 
     ``engine="fast"`` (the default) samples with :class:`SlotSampler` (each sample its own random
     numbers, finished rows replaced at once, no padding carried along); ``"generate"`` with
@@ -203,60 +232,138 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
     ``stop_after_shards`` ends this process's work after that many new shards (what a kill does).
     """
     from accelerate import PartialState
-    from tqdm.auto import tqdm
 
-    task = get_task(task)
-    _check_request(num_samples, condition, premises, prompts, parse, top_p, temperature, engine, dtype)
+    opts, prompting = sampling or SamplingOptions(), prompting or Prompting()
+    _check_request(num_samples, opts, prompting)
     state = PartialState(cpu=cpu)
-    if engine == "ctranslate2":
+    opts = dataclasses.replace(opts, dtype=_engine_dtype(opts, state.device))
+    plan = _plan_run(generator, Path(out_dir), task, num_samples, opts, prompting, state, extend=extend)
+    engine = _load_engine(generator, task, opts, state.device) if plan.todo else _Engine(opts.engine)
+    prompts_of = _prompt_source(engine.fmt, opts.seed, prompting)
+    if plan.todo:  # the first batch's prompts and the new tokens must fit the generator's context
+        first = range(plan.starts[plan.todo[0]], min(plan.starts[plan.todo[0]] + opts.batch_size,
+                                                     plan.starts[plan.todo[0] + 1]))
+        check_context(engine.model, engine.tok, prompts_of(list(first)), opts.max_new_tokens, generator)
+    if state.is_main_process:
+        _open_run(plan.out, plan.config, extends=plan.old)
+    state.wait_for_everyone()
+    t0 = time.perf_counter()
+    made, stopped = _sample_into_shards(plan, engine, opts, prompts_of, prompting.parse, state, progress=progress,
+                                        stop_after_shards=stop_after_shards)
+    if stopped is not None:
+        return {"stopped_after_shards": stopped}
+    seconds = time.perf_counter() - t0
+    state.wait_for_everyone()
+    report = summarize(plan.out, task) if state.is_main_process else {}
+    if state.is_main_process:
+        report["this_run"] = _this_run(engine, opts, state, made, seconds)
+        (plan.out / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    state.wait_for_everyone()
+    return report
+
+
+def _engine_dtype(opts: SamplingOptions, device) -> str | None:
+    """The dtype the engine computes in: the CTranslate2 compute type (float32 by default), or the torch dtype
+    to load the generator in (:func:`sampling_dtype`)."""
+    if opts.engine == "ctranslate2":
         from .ct2 import compute_type_for
-        dtype = compute_type_for(dtype, state.device.type)  # the CTranslate2 compute type (float32 by default)
-    else:
-        dtype = sampling_dtype(dtype, state.device)
-    n_shards = num_shards or max(state.num_processes, -(-num_samples // shard_size))
+        return compute_type_for(opts.dtype, device.type)
+    return sampling_dtype(opts.dtype, device)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """A run's shards: where they go, the task, the split (``sizes``, and ``starts``: the first sample index of
+    each), the run's config, the run it extends (or None), this process's shards still to sample, and the
+    generator's name and checkpoint (the rows' provenance)."""
+
+    out: Path
+    task: TaskSpec
+    n_shards: int
+    sizes: list[int]
+    starts: np.ndarray
+    config: dict
+    old: dict | None
+    todo: list[int]
+    name: str
+    checkpoint: str
+
+
+def _plan_run(generator: str, out: Path, task: TaskSpec, num_samples: int, opts: SamplingOptions,
+              prompting: Prompting, state, *, extend: bool) -> _Plan:
+    """The shards of the run, its config and which of this process's shards are not on disk yet (or, with
+    ``extend``, in the run it extends)."""
+    n_shards = opts.num_shards or max(state.num_processes, -(-num_samples // opts.shard_size))
     sizes = shard_sizes(num_samples, n_shards)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     name, checkpoint = generator_provenance(generator)
-    out = Path(out_dir)
     config = {"generator": generator, "task": task.name, "num_samples": num_samples, "num_shards": n_shards,
-              "seed": seed, "batch_size": batch_size, "top_p": top_p, "temperature": temperature,
-              "max_new_tokens": max_new_tokens, "condition": condition,
-              "premises": None if premises is None else len(premises), "engine": engine, "dtype": dtype}
-    if prompts is not None:
+              "seed": opts.seed, "batch_size": opts.batch_size, "top_p": opts.top_p, "temperature": opts.temperature,
+              "max_new_tokens": opts.max_new_tokens, "condition": prompting.condition,
+              "premises": None if prompting.premises is None else len(prompting.premises), "engine": opts.engine,
+              "dtype": opts.dtype}
+    if prompting.prompts is not None:
         import hashlib
-        config["prompts"] = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()
+        config["prompts"] = hashlib.sha256("\x00".join(prompting.prompts).encode()).hexdigest()
     old = extension_of(out, config, starts) if extend else None
     old_n = old["num_shards"] if old else None
     mine = [i for i in range(n_shards) if i % state.num_processes == state.process_index]
     todo = [i for i in mine if not (out / shard_name(i, n_shards)).exists()
             and not (old_n and i < old_n and (out / shard_name(i, old_n)).exists())]
-    model = tok = fmt = ct2_dir = None
-    if todo and engine == "ctranslate2":  # the tokenizer and config only; the converted model is cached
+    return _Plan(out, task, n_shards, sizes, starts, config, old, todo, name, checkpoint)
+
+
+@dataclasses.dataclass
+class _Engine:
+    """What samples: the engine's name (``fast`` gives way to ``generate`` for a model it cannot sample), the
+    model (for ``ctranslate2``: an object with its config only) and tokenizer, the sequence format, and
+    the converted CTranslate2 model's folder."""
+
+    name: str
+    model: Any = None
+    tok: Any = None
+    fmt: SequenceFormat | None = None
+    ct2_dir: Path | None = None
+
+
+def _load_engine(generator: str, task: TaskSpec, opts: SamplingOptions, device) -> _Engine:
+    """The generator, loaded and checked before anything is written (for ``ctranslate2``, its tokenizer and
+    config, and the converted model, cached)."""
+    if opts.engine == "ctranslate2":
         from .ct2 import converted_model
         model, tok = _config_and_tokenizer(generator)
-        ct2_dir = converted_model(generator, dtype)
-        fmt = SequenceFormat.for_tokenizer(tok, task.labels)
-    elif todo:  # the generator is loaded and checked before anything is written
-        model, tok = _load_for_sampling(generator, dtype, state.device)
-        fmt = SequenceFormat.for_tokenizer(tok, task.labels)
-        if engine == "fast" and (why := fast_engine_unsupported(model)):
-            log.warning("engine 'fast' cannot sample from %s (%s): using model.generate", generator, why)
-            engine = "generate"
-    order = (np.random.default_rng(seed).permutation(len(premises)) if premises else None)
+        return _Engine("ctranslate2", model, tok, SequenceFormat.for_tokenizer(tok, task.labels),
+                       converted_model(generator, opts.dtype))
+    model, tok = _load_for_sampling(generator, opts.dtype, device)
+    engine = opts.engine
+    if engine == "fast" and (why := fast_engine_unsupported(model)):
+        log.warning("engine 'fast' cannot sample from %s (%s): using model.generate", generator, why)
+        engine = "generate"
+    return _Engine(engine, model, tok, SequenceFormat.for_tokenizer(tok, task.labels))
+
+
+def _prompt_source(fmt: SequenceFormat | None, seed: int, prompting: Prompting):
+    """``prompts_of(indices)``: the prompts of those sample indices (premises in an order seeded by ``seed``)."""
+    premises, condition = prompting.premises, prompting.condition
+    order = np.random.default_rng(seed).permutation(len(premises)) if premises else None
     if condition == "prompts":
-        premises, order = prompts, np.arange(len(prompts))
-    if todo:  # the first batch's prompts and the new tokens must fit the generator's context
-        first = list(range(starts[todo[0]], min(starts[todo[0]] + batch_size, starts[todo[0] + 1])))
-        check_context(model, tok, prompts_for(fmt, first, condition, premises, order), max_new_tokens, generator)
-    if state.is_main_process:
-        _open_run(out, config, extends=old)
-    state.wait_for_everyone()
-    shards = [(i, shard_seed(seed, i), range(starts[i], starts[i + 1])) for i in todo]
+        premises, order = prompting.prompts, np.arange(len(prompting.prompts))
+    return lambda idx: prompts_for(fmt, idx, condition, premises, order)
+
+
+def _sample_into_shards(plan: _Plan, engine: _Engine, opts: SamplingOptions, prompts_of, parse, state, *,
+                        progress: bool, stop_after_shards: int | None) -> tuple[int, int | None]:
+    """Sample this process's shards still to do and write each as it is done (its rows parsed by ``parse``, or
+    the format's). Returns (samples made, shards written when ``stop_after_shards`` stopped it, else None)."""
+    from tqdm.auto import tqdm
+
+    todo = plan.todo
+    shards = [(i, shard_seed(opts.seed, i), range(plan.starts[i], plan.starts[i + 1])) for i in todo]
     if stop_after_shards is not None:
         # only those shards' prompts enter the sampler: the fast engine refills a finished slot from the next
         # prompt at once, so with the later shards queued it would sample (and then lose) part of shard K+1
         shards, todo = shards[:stop_after_shards], todo[:stop_after_shards]
-    bar = tqdm(total=int(sum(sizes[i] for i in todo)), unit="sample", desc=f"generate (rank {state.process_index})",
+    bar = tqdm(total=int(sum(plan.sizes[i] for i in todo)), unit="sample", desc=f"generate (rank {state.process_index})",
                disable=not progress, position=state.process_index)
     t0, made, done_now = time.perf_counter(), 0, 0
 
@@ -266,40 +373,39 @@ def generate_samples(generator: str, out_dir: str, task: "str | TaskSpec", num_s
         bar.update(n)
         bar.set_postfix(samples_per_s=f"{made / (time.perf_counter() - t0):.2f}", refresh=False)
 
-    prompts_of = lambda idx: prompts_for(fmt, idx, condition, premises, order)  # noqa: E731
-    if engine == "ctranslate2":
-        import torch
-
-        from .ct2 import ct2_shards
-        results = ct2_shards(ct2_dir, tok, shards, prompts_of, batch_size=batch_size, top_p=top_p,
-                             temperature=temperature, max_new_tokens=max_new_tokens, tick=tick, compute_type=dtype,
-                             device_type=state.device.type, device_index=state.device.index or 0,
-                             threads=torch.get_num_threads())
-    else:
-        sample = _fast_shards if engine == "fast" else _plain_shards
-        results = sample(model, tok, shards, prompts_of, batch_size=batch_size, top_p=top_p,
-                         temperature=temperature, max_new_tokens=max_new_tokens, tick=tick)
-    for i, s, samples in results:
-        _write_shard(out, task, i, n_shards, s, samples, parse or fmt.parse, name, checkpoint)
+    for i, s, samples in _engine_shards(engine, opts, shards, prompts_of, tick, state.device):
+        _write_shard(plan.out, plan.task, i, plan.n_shards, s, samples, parse or engine.fmt.parse, plan.name,
+                     plan.checkpoint)
         done_now += 1
         if stop_after_shards is not None and done_now >= stop_after_shards:
             bar.close()
-            return {"stopped_after_shards": done_now}
+            return made, done_now
     bar.close()
-    seconds = time.perf_counter() - t0
-    state.wait_for_everyone()
-    report = summarize(out, task) if state.is_main_process else {}
-    if state.is_main_process:
-        report["this_run"] = {"processes": state.num_processes, "samples": made, "seconds": round(seconds, 2),
-                              "samples_per_s_rank0": round(made / seconds, 3) if made else None,
-                              "engine": engine, "dtype": _dtype_name(engine, dtype, model)}
-        if engine == "ctranslate2":
-            import ctranslate2
-            report["this_run"]["ctranslate2"] = {"version": ctranslate2.__version__, "compute_type": dtype,
-                                                 "model": str(ct2_dir) if ct2_dir else None}
-        (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
-    state.wait_for_everyone()
-    return report
+    return made, None
+
+
+def _engine_shards(engine: _Engine, opts: SamplingOptions, shards, prompts_of, tick, device):
+    """``(shard, seed, [(sample_index, prompt, continuation), ...])`` of every shard, from the engine."""
+    if engine.name == "ctranslate2":
+        import torch
+
+        from .ct2 import ct2_shards
+        return ct2_shards(engine.ct2_dir, engine.tok, shards, prompts_of, opts, tick=tick, compute_type=opts.dtype,
+                          device=device, threads=torch.get_num_threads())
+    sample = _fast_shards if engine.name == "fast" else _plain_shards
+    return sample(engine.model, engine.tok, shards, prompts_of, opts, tick=tick)
+
+
+def _this_run(engine: _Engine, opts: SamplingOptions, state, made: int, seconds: float) -> dict:
+    """The report's ``this_run``: processes, samples made and their rate, the engine and its dtype."""
+    run = {"processes": state.num_processes, "samples": made, "seconds": round(seconds, 2),
+           "samples_per_s_rank0": round(made / seconds, 3) if made else None,
+           "engine": engine.name, "dtype": _dtype_name(engine.name, opts.dtype, engine.model)}
+    if engine.name == "ctranslate2":
+        import ctranslate2
+        run["ctranslate2"] = {"version": ctranslate2.__version__, "compute_type": opts.dtype,
+                              "model": str(engine.ct2_dir) if engine.ct2_dir else None}
+    return run
 
 
 def _dtype_name(engine: str, dtype: str | None, model) -> str | None:
@@ -329,7 +435,9 @@ def _config_and_tokenizer(generator: str):
     return types.SimpleNamespace(config=config), tok
 
 
-def _check_request(num_samples, condition, premises, prompts, parse, top_p, temperature, engine, dtype) -> None:
+def _check_request(num_samples: int, opts: SamplingOptions, prompting: Prompting) -> None:
+    condition, premises, prompts, parse = prompting.condition, prompting.premises, prompting.prompts, prompting.parse
+    top_p, temperature, engine, dtype = opts.top_p, opts.temperature, opts.engine, opts.dtype
     if condition not in CONDITIONS:
         raise ConfigError(f"condition must be one of {CONDITIONS}, not {condition!r}")
     if condition == "prompts":
@@ -521,10 +629,11 @@ def _write_shard(out: Path, task: TaskSpec, i: int, n_shards: int, s: int, sampl
 
 # ---- engine "generate": model.generate in fixed batches ------------------------------------------------
 
-def _plain_shards(model, tok, shards, prompts_of, *, batch_size, top_p, temperature, max_new_tokens, tick):
+def _plain_shards(model, tok, shards, prompts_of, opts: SamplingOptions, *, tick):
     """Yield ``(shard, seed, [(sample_index, prompt, continuation), ...])``: each shard seeds torch's
-    generator once and calls ``model.generate`` on consecutive, left-padded batches of ``batch_size``."""
+    generator once and calls ``model.generate`` on consecutive, left-padded batches of ``opts.batch_size``."""
     import torch
+    batch_size, max_new_tokens = opts.batch_size, opts.max_new_tokens
     for i, s, indices in shards:
         torch.manual_seed(s)
         samples = []
@@ -534,7 +643,7 @@ def _plain_shards(model, tok, shards, prompts_of, *, batch_size, top_p, temperat
             enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
             check_context(model, tok, enc["input_ids"].shape[1], max_new_tokens, "the generator")
             with torch.no_grad():
-                gen = model.generate(**enc, do_sample=True, top_p=top_p, temperature=temperature, top_k=0,
+                gen = model.generate(**enc, do_sample=True, top_p=opts.top_p, temperature=opts.temperature, top_k=0,
                                      max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
                                      eos_token_id=tok.eos_token_id)
             texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=False)
@@ -550,15 +659,16 @@ def sample_uniforms(shard_seed_: int, index: int, n: int) -> np.ndarray:
     return np.random.default_rng([shard_seed_, index]).random(n)
 
 
-def _fast_shards(model, tok, shards, prompts_of, *, batch_size, top_p, temperature, max_new_tokens, tick):
+def _fast_shards(model, tok, shards, prompts_of, opts: SamplingOptions, *, tick):
     """Yield ``(shard, seed, samples)`` as :func:`_plain_shards` does, from one :class:`SlotSampler`
     that runs through all the shards (a shard is yielded when its last sample is done, so the batch
     stays full from one shard to the next)."""
     if not shards:
         return
     total = sum(len(indices) for _, _, indices in shards)
-    sampler = SlotSampler(model, tok, slots=min(batch_size, total), max_new_tokens=max_new_tokens, top_p=top_p,
-                          temperature=temperature)
+    max_new_tokens = opts.max_new_tokens
+    sampler = SlotSampler(model, tok, slots=min(opts.batch_size, total), max_new_tokens=max_new_tokens,
+                          top_p=opts.top_p, temperature=opts.temperature)
     left: dict[int, int] = {}
     done: dict[int, list] = {}
     seeds: dict[int, int] = {}

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ...data.tasks import get_task
+from ...data.tasks import TaskSpec
 from ...utils.outputs import print_values
 from ...utils.params import Param, Params
 from . import GENERATOR_TRAINING, PAPER_DEFAULTS, SAMPLING, resolve
@@ -36,7 +36,7 @@ def generator_training_values(params: dict) -> tuple[dict, dict]:
     return resolve(GENERATOR_TRAINING, params)
 
 
-def sampling_values(params: dict, task) -> tuple[dict, dict]:
+def sampling_values(params: dict, task: TaskSpec) -> tuple[dict, dict]:
     """The sampling values a generate step uses and their sources (``num_samples``: Table 8's for
     SNLI/MNLI, 1,000 for other tasks, the project's choice)."""
     values, sources = resolve(SAMPLING, params)
@@ -48,11 +48,10 @@ def sampling_values(params: dict, task) -> tuple[dict, dict]:
     return values, sources
 
 
-def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
+def train_generator_step(ds, task: TaskSpec, params: dict, *, show_values: bool = False):
     from .models import LoraOptions
-    from .train import debias_training_set, train_generator
+    from .train import GeneratorTraining, debias_training_set, train_generator
 
-    task = get_task(task)
     mode = _p(params, "mode", "generator")
     v, sources = generator_training_values(params)
     if show_values and _is_main_process(_p(params, "cpu", False)):
@@ -72,16 +71,15 @@ def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
                                 p0=_p(params, "p0", "uniform"), progress=_p(params, "progress", True))
         train_ds = debias_training_set(z.kept, z.rejected)
         zinfo = z.counts
-    report = train_generator(
-        train_ds, task, v["model"], params["out"], mode=mode, lora=lora,
-        max_steps=params.get("max_steps"), epochs=v["epochs"], batch_size=v["batch_size"],
+    training = GeneratorTraining(
+        mode=mode, lora=lora, max_steps=params.get("max_steps"), epochs=v["epochs"], batch_size=v["batch_size"],
         grad_accum=v["grad_accum"], lr=v["lr"], eps=v["eps"], betas=tuple(v["betas"]), scheduler=v["scheduler"],
         warmup_steps=v["warmup_steps"], weight_decay=v["weight_decay"], lam=v["lam"], alpha=v["alpha"],
         max_length=v["max_length"], checkpoint_every=v["checkpoint_every"], seed=v["seed"],
-        group_by_length=bool(v["group_by_length"]),
-        mixed_precision=v["mixed_precision"], cpu=_p(params, "cpu", False),
-        merge=_p(params, "merge", False), log_every=_p(params, "log_every", 10),
-        progress=_p(params, "progress", True))
+        group_by_length=bool(v["group_by_length"]), mixed_precision=v["mixed_precision"],
+        log_every=_p(params, "log_every", 10))
+    report = train_generator(train_ds, task, v["model"], params["out"], training, cpu=_p(params, "cpu", False),
+                             merge=_p(params, "merge", False), progress=_p(params, "progress", True))
     report["out"] = params["out"]
     report["value_sources"] = sources
     if zinfo is not None:
@@ -103,23 +101,23 @@ def train_generator_step(ds, task, params: dict, *, show_values: bool = False):
     return ds, None, report
 
 
-def generate_step(ds, task, params: dict, *, show_values: bool = False):
+def generate_step(ds, task: TaskSpec, params: dict, *, show_values: bool = False):
     """Samples from ``params["generator"]``; ``ds`` gives the premises when ``condition`` is not none."""
-    from .sample import generate_samples, load_generated
+    from .sample import Prompting, SamplingOptions, generate_samples, load_generated
 
-    task = get_task(task)
     v, sources = sampling_values(params, task)
     if show_values and _is_main_process(_p(params, "cpu", False)):
         print_values("generate values", v, sources)
     condition = _p(params, "condition", "none")
     premises = list(ds["premise"]) if condition != "none" and ds is not None else None
-    report = generate_samples(
-        params["generator"], params["out"], task, v["num_samples"], num_shards=params.get("num_shards"),
-        shard_size=v["shard_size"], seed=v["seed"], batch_size=v["batch_size"], top_p=v["top_p"],
-        temperature=v["temperature"], max_new_tokens=v["max_new_tokens"], condition=condition,
-        premises=premises, cpu=_p(params, "cpu", False), dtype=params.get("dtype"),
-        progress=_p(params, "progress", True), engine=_p(params, "engine", "fast"),
-        stop_after_shards=params.get("stop_after_shards"), extend=bool(params.get("extend")))
+    sampling = SamplingOptions(num_shards=params.get("num_shards"), shard_size=v["shard_size"], seed=v["seed"],
+                               batch_size=v["batch_size"], top_p=v["top_p"], temperature=v["temperature"],
+                               max_new_tokens=v["max_new_tokens"], engine=_p(params, "engine", "fast"),
+                               dtype=params.get("dtype"))
+    report = generate_samples(params["generator"], params["out"], task, v["num_samples"], sampling,
+                              Prompting(condition, premises=premises), cpu=_p(params, "cpu", False),
+                              progress=_p(params, "progress", True),
+                              stop_after_shards=params.get("stop_after_shards"), extend=bool(params.get("extend")))
     rows = load_generated(params["out"])
     rejects = load_generated(params["out"], "rejects")
     return rows, rejects, report
@@ -143,13 +141,12 @@ TRAIN_M_PARAMS = Params("train_m", [
 gives none for M (Table 8 names the model only: "data filtering model Roberta-large")."""
 
 
-def train_m_step(ds, task, params: dict):
+def train_m_step(ds, task: TaskSpec, params: dict):
     """Fine-tune M on ``ds`` (D0) into ``params["out"]``, as ``debiased-nli train TASK --data-files train=D0
     validation=DEV`` does; a rerun resumes from M's last checkpoint. Returns (ds, None, M's training result)."""
     from ...models.training import (check_train_folder, load_training_split, resolve_config, train_classifier,
                                     training_source)
 
-    task = get_task(task)
     p = TRAIN_M_PARAMS.merge(params, "the train_m step")
     check_train_folder(p["out"])
     given = {"learning_rate": p["lr"], "batch_size": p["batch_size"], "max_length": p["max_length"],
@@ -168,7 +165,7 @@ def train_m_step(ds, task, params: dict):
     return ds, None, {**result.to_dict(), "out": str(p["out"])}
 
 
-def confidence_filter_step(ds, task, params: dict):
+def confidence_filter_step(ds, task: TaskSpec, params: dict):
     """(kept, rejected, report) of the confidence filter (its parameters: :data:`..confidence.PARAMS`).
     ``params["calibration"]`` (held-out real rows with gold labels, a Dataset) calibrates M first and applies tau
     to the calibrated probabilities; the report then holds the calibration (``report["calibration"]``: the method,
@@ -178,7 +175,6 @@ def confidence_filter_step(ds, task, params: dict):
     from ..confidence import (PARAMS, acceptance_curve, calibrate, check_taus, choose_tau, confidence_report,
                               load_calibrator, score_confidence, split_at_tau)
 
-    task = get_task(task)
     p = PARAMS.merge(params, "the confidence filter")
     model, batch_size, max_length = p["model"], p["batch_size"], p["max_length"]
     taus = check_taus(p["taus"]) if p["tau_rule"] == "min_kept" else None
@@ -250,7 +246,7 @@ def debias_params(debias: dict, recipe: dict, seed: int) -> dict:
     return {**same_z, **dict(debias)}
 
 
-def generator_source(task, params: dict, ctx: dict | None = None):
+def generator_source(task: TaskSpec, params: dict, ctx: dict | None = None):
     """A recipe *source step* (``(task, params, ctx) -> (new rows, None, reports)``) running the paper's whole
     generation pipeline: train G on D0 (``train``), optionally fine-tune G* (``debias``), sample (``generate``)
     and confidence-filter (``confidence``). Each sub-dict holds that step's params; ``generator`` names an
@@ -261,7 +257,6 @@ def generator_source(task, params: dict, ctx: dict | None = None):
     records them beside the new rows (``decisions/new_rows/...``, :mod:`debiased_nli.release.decisions`)."""
     from ...data.loading import load_task
 
-    task = get_task(task)
     ctx = ctx if ctx is not None else {}
     params = expand_paths(params)
     reports: dict[str, Any] = {}

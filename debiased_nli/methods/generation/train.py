@@ -35,8 +35,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...data.loading import labels_of
-from ...data.tasks import TaskSpec, get_task
+from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, EmptyResultError
+from . import GENERATOR_TRAINING, paper_value
 from .format import SequenceFormat
 from .models import LoraOptions, count_parameters, load_generator, save_generator
 
@@ -280,17 +281,49 @@ def load_checkpoint(accelerator, path: Path) -> int:
 
 # ---------------------------------------------------------------------------------------------
 
-def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mode: str = "generator",
-                    lora: LoraOptions | None = None, max_steps: int | None = None, epochs: int = 5,
-                    batch_size: int = 24, grad_accum: int = 1, lr: float = 1e-5, eps: float = 1e-6,
-                    betas: Sequence[float] = (0.9, 0.999), scheduler: str = "constant", warmup_steps: int = 0,
-                    weight_decay: float = 0.0, lam: float = 0.5, alpha: float = 1.0, max_length: int = 128,
-                    checkpoint_every: int = 500, keep_checkpoints: int = 2, seed: int = 0,
-                    mixed_precision: str | None = None, cpu: bool = False, merge: bool = False,
-                    group_by_length: bool = False, log_every: int = 10, progress: bool = True,
+def _table7(name: str):
+    return paper_value(GENERATOR_TRAINING, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorTraining:
+    """What a generator's training does: the objective (``mode``, one of :data:`MODES`, with ``lam`` and
+    ``alpha``), the model (a new LoRA adapter with ``lora``, else every weight or the adapter it continues), the
+    length (``max_steps``, else ``epochs``), the batches (``batch_size`` rows, ``grad_accum`` of them per
+    optimizer step, of up to ``max_length`` tokens, grouped by length with ``group_by_length``), Adam(W) and its
+    schedule, the ``seed``, ``mixed_precision`` (None: accelerate's setting), a checkpoint every
+    ``checkpoint_every`` steps (the last ``keep_checkpoints`` kept) and the losses logged every ``log_every``.
+    The defaults are Table 7 of Wu et al. (2022), quoted in :data:`..GENERATOR_TRAINING`."""
+
+    mode: str = "generator"
+    lora: LoraOptions | None = None
+    max_steps: int | None = None
+    epochs: int = _table7("epochs")
+    batch_size: int = _table7("batch_size")
+    grad_accum: int = _table7("grad_accum")
+    lr: float = _table7("lr")
+    eps: float = _table7("eps")
+    betas: Sequence[float] = _table7("betas")
+    scheduler: str = _table7("scheduler")
+    warmup_steps: int = _table7("warmup_steps")
+    weight_decay: float = _table7("weight_decay")
+    lam: float = _table7("lam")
+    alpha: float = _table7("alpha")
+    max_length: int = _table7("max_length")
+    checkpoint_every: int = _table7("checkpoint_every")
+    keep_checkpoints: int = 2
+    seed: int = _table7("seed")
+    mixed_precision: str | None = _table7("mixed_precision")
+    group_by_length: bool = _table7("group_by_length")
+    log_every: int = 10
+
+
+def train_generator(ds, task: TaskSpec, model: str, out_dir: str, training: GeneratorTraining | None = None, *,
+                    cpu: bool = False, merge: bool = False, progress: bool = True,
                     stop_after: int | None = None) -> dict:
     """Train G (``mode="generator"``: MLE + lam * L_LC) or G* (``mode="debias"``: MLE on Z(D0) +
-    alpha * L_UL on Z-(D0)) from ``model`` (Hub id or folder; a LoRA adapter folder continues it).
+    alpha * L_UL on Z-(D0)) from ``model`` (Hub id or folder; a LoRA adapter folder continues it), as
+    ``training`` says (:class:`GeneratorTraining`).
 
     Defaults: Wu et al. (2022), Table 7 (lr 1e-5, batch 24, 5 epochs, Adam eps 1e-6, betas (0.9, 0.999),
     constant schedule, length 128, lambda 0.5, alpha 1.0). ``mixed_precision=None`` leaves it to
@@ -301,63 +334,91 @@ def train_generator(ds, task: "str | TaskSpec", model: str, out_dir: str, *, mod
     ``stop_after`` ends the process's work after that many optimizer steps without the final save
     (what a kill does; used to test resuming).
     """
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    import torch
     from tqdm.auto import tqdm
 
-    task = get_task(task)
-    _check_training_options(ds, scheduler, warmup_steps, batch_size, grad_accum)
-    kwargs = {} if mixed_precision is None else {"mixed_precision": mixed_precision}
-    accelerator = Accelerator(cpu=cpu, gradient_accumulation_steps=grad_accum, **kwargs)
-    _register_weight_hooks(accelerator)
-    set_seed(seed)
-    out = Path(out_dir)
-    net, tok = load_generator(model, lora=lora, trainable=True)
-    params = count_parameters(net)
-    data = encode_dataset(ds, task, tok, mode=mode, max_length=max_length, seed=seed,
-                          progress=progress and accelerator.is_main_process)
-    batches_per_epoch = math.ceil(math.ceil(len(data) / batch_size) / accelerator.num_processes)
-    steps_per_epoch = math.ceil(batches_per_epoch / grad_accum)  # accumulate() steps at an epoch's end too
-    total = max_steps or steps_per_epoch * epochs
-    optim, sched = _optimizer_and_schedule(net, accelerator, total, lr=lr, betas=betas, eps=eps,
-                                           weight_decay=weight_decay, scheduler=scheduler, warmup_steps=warmup_steps)
-    net, optim, sched = accelerator.prepare(net, optim, sched)
+    opts = training or GeneratorTraining()
+    _check_training_options(ds, opts.scheduler, opts.warmup_steps, opts.batch_size, opts.grad_accum)
+    trainer, tok, data, params = _prepare(ds, task, model, Path(out_dir), opts, cpu=cpu, progress=progress)
+    accelerator = trainer.accelerator
     step = 0
-    cps = checkpoints(out)
+    cps = checkpoints(trainer.out)
     if cps:
         step = load_checkpoint(accelerator, cps[-1])
         log.info("resuming from %s (step %d)", cps[-1], step)
-    bar = tqdm(total=total, initial=step, desc=f"train {mode}", disable=not (progress and accelerator.is_main_process))
-    net.train()
+    bar = tqdm(total=trainer.total, initial=step, desc=f"train {opts.mode}",
+               disable=not (progress and accelerator.is_main_process))
+    trainer.net.train()
     t0 = time.perf_counter()
-    run = _optimizer_steps(accelerator, net, optim, sched, data, tok.pad_token_id, bar, out, step=step, total=total,
-                           steps_per_epoch=steps_per_epoch, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
-                           mode=mode, lam=lam, alpha=alpha, log_every=log_every, checkpoint_every=checkpoint_every,
-                           keep_checkpoints=keep_checkpoints, stop_after=stop_after, group_by_length=group_by_length)
+    run = _optimizer_steps(trainer, data, tok.pad_token_id, bar, step=step, stop_after=stop_after)
     bar.close()
     if run.stopped:
         return {"stopped_at": run.step}
     seconds = time.perf_counter() - t0
     accelerator.wait_for_everyone()
-    import torch
     tokens = int(accelerator.reduce(torch.tensor(run.tokens, device=accelerator.device), reduction="sum"))
-    report = {"mode": mode, "model": model, "task": task.name, "rows": len(ds), "steps": run.step,
-              "steps_this_run": run.steps_run, "seconds": round(seconds, 2),
-              "seconds_per_step": round(seconds / max(run.steps_run, 1), 3), "batch_size": batch_size,
-              # real tokens (no padding) through forward and backward, every process, this run (G: both sequences)
-              "tokens_this_run": tokens, "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
-              "grad_accum": grad_accum, "processes": accelerator.num_processes, "lr": lr, "eps": eps,
-              "betas": list(betas), "scheduler": scheduler, "warmup_steps": warmup_steps,
-              "weight_decay": weight_decay, "epochs": epochs, "lambda": lam,
-              "alpha": alpha, "max_length": max_length, "seed": seed, "group_by_length": group_by_length,
-              "mixed_precision": str(accelerator.mixed_precision),
-              "lora": None if lora is None else {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
-                                                   "target_modules": lora.target_modules},
-              "parameters": params, "history": run.history, "resumed_from": cps[-1].name if cps else None}
+    report = _train_report(trainer, run, {"model": model, "task": task.name, "rows": len(ds)}, seconds, tokens)
+    report.update({"parameters": params, "history": run.history, "resumed_from": cps[-1].name if cps else None})
     if accelerator.is_main_process:
-        _save_trained(accelerator.unwrap_model(net), tok, out, report, task, merge=merge)
+        _save_trained(accelerator.unwrap_model(trainer.net), tok, trainer.out, report, task, merge=merge)
     accelerator.wait_for_everyone()
     return report
+
+
+@dataclasses.dataclass
+class _Trainer:
+    """What the training loop works with: accelerate's state, the prepared model, optimizer and schedule, the
+    output folder, the options, and the run's length in optimizer steps (in all, and per epoch)."""
+
+    accelerator: Any
+    net: Any
+    optim: Any
+    sched: Any
+    out: Path
+    opts: GeneratorTraining
+    total: int
+    steps_per_epoch: int
+
+
+def _prepare(ds, task: TaskSpec, model: str, out: Path, opts: GeneratorTraining, *, cpu: bool, progress: bool):
+    """Accelerate's state, the generator and its tokenizer, the encoded rows, the optimizer and the schedule,
+    prepared: (trainer, tokenizer, encoded rows, parameter counts)."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    kwargs = {} if opts.mixed_precision is None else {"mixed_precision": opts.mixed_precision}
+    accelerator = Accelerator(cpu=cpu, gradient_accumulation_steps=opts.grad_accum, **kwargs)
+    _register_weight_hooks(accelerator)
+    set_seed(opts.seed)
+    net, tok = load_generator(model, lora=opts.lora, trainable=True)
+    params = count_parameters(net)
+    data = encode_dataset(ds, task, tok, mode=opts.mode, max_length=opts.max_length, seed=opts.seed,
+                          progress=progress and accelerator.is_main_process)
+    batches_per_epoch = math.ceil(math.ceil(len(data) / opts.batch_size) / accelerator.num_processes)
+    steps_per_epoch = math.ceil(batches_per_epoch / opts.grad_accum)  # accumulate() steps at an epoch's end too
+    total = opts.max_steps or steps_per_epoch * opts.epochs
+    optim, sched = _optimizer_and_schedule(net, accelerator, total, lr=opts.lr, betas=opts.betas, eps=opts.eps,
+                                           weight_decay=opts.weight_decay, scheduler=opts.scheduler,
+                                           warmup_steps=opts.warmup_steps)
+    net, optim, sched = accelerator.prepare(net, optim, sched)
+    return _Trainer(accelerator, net, optim, sched, out, opts, total, steps_per_epoch), tok, data, params
+
+
+def _train_report(trainer: _Trainer, run: "_StepsRun", what: dict, seconds: float, tokens: int) -> dict:
+    """The report's settings and figures (``what``: the model, task and rows trained on)."""
+    opts, accelerator, lora = trainer.opts, trainer.accelerator, trainer.opts.lora
+    return {"mode": opts.mode, **what, "steps": run.step,
+            "steps_this_run": run.steps_run, "seconds": round(seconds, 2),
+            "seconds_per_step": round(seconds / max(run.steps_run, 1), 3), "batch_size": opts.batch_size,
+            # real tokens (no padding) through forward and backward, every process, this run (G: both sequences)
+            "tokens_this_run": tokens, "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+            "grad_accum": opts.grad_accum, "processes": accelerator.num_processes, "lr": opts.lr, "eps": opts.eps,
+            "betas": list(opts.betas), "scheduler": opts.scheduler, "warmup_steps": opts.warmup_steps,
+            "weight_decay": opts.weight_decay, "epochs": opts.epochs, "lambda": opts.lam,
+            "alpha": opts.alpha, "max_length": opts.max_length, "seed": opts.seed,
+            "group_by_length": opts.group_by_length, "mixed_precision": str(accelerator.mixed_precision),
+            "lora": None if lora is None else {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
+                                                 "target_modules": lora.target_modules}}
 
 
 def _check_training_options(ds, scheduler: str, warmup_steps: int, batch_size: int, grad_accum: int) -> None:
@@ -395,59 +456,78 @@ class _StepsRun:
     tokens: int = 0           # real (unpadded) tokens this process ran forward and backward (both sequences of G)
 
 
-def _optimizer_steps(accelerator, net, optim, sched, data, pad_id: int, bar, out: Path, *, step: int, total: int,
-                     steps_per_epoch: int, batch_size: int, grad_accum: int, seed: int, mode: str, lam: float,
-                     alpha: float, log_every: int, checkpoint_every: int, keep_checkpoints: int,
-                     stop_after: int | None, group_by_length: bool = False) -> _StepsRun:
-    """The training loop from optimizer step ``step`` to ``total``: epoch e reads :func:`epoch_order` (``seed + e``)
-    (skipping the batches of a resumed epoch already seen), logs every ``log_every`` steps and saves a
-    checkpoint every ``checkpoint_every``; ``stop_after`` steps of this call end it as a kill would."""
+def _optimizer_steps(trainer: _Trainer, data, pad_id: int, bar, *, step: int, stop_after: int | None) -> _StepsRun:
+    """The training loop from optimizer step ``step`` to ``trainer.total``: epoch e reads :func:`epoch_order`
+    (``seed + e``) (skipping the batches of a resumed epoch already seen), logs every ``log_every`` steps and
+    saves a checkpoint every ``checkpoint_every``; ``stop_after`` steps of this call end it as a kill would."""
     from torch.utils.data import DataLoader
 
-    history: list[dict] = []
-    steps_run, tokens = 0, 0
-    logged_at, logged_tokens = time.perf_counter(), 0  # the window since the last log: its seconds and tokens
-    running: list[float] = []
-    epoch, done = divmod(step, steps_per_epoch)
-    skip = done * grad_accum
-    lengths = [len(x) for x in data["input_ids"]] if group_by_length else [0] * len(data)
-    while step < total:
+    accelerator, opts, total = trainer.accelerator, trainer.opts, trainer.total
+    run = _StepsRun(step, 0, [], stopped=False)
+    window = _LogWindow(time.perf_counter())
+    epoch, done = divmod(step, trainer.steps_per_epoch)
+    skip = done * opts.grad_accum
+    lengths = [len(x) for x in data["input_ids"]] if opts.group_by_length else [0] * len(data)
+    while run.step < total:
         # one batch per process per micro-step: grouping blocks of batch_size keeps each process's batch even
-        order = data.select(epoch_order(lengths, seed + epoch, batch_size, group_by_length))
-        dl = accelerator.prepare(DataLoader(order, batch_size=batch_size, shuffle=False,
+        order = data.select(epoch_order(lengths, opts.seed + epoch, opts.batch_size, opts.group_by_length))
+        dl = accelerator.prepare(DataLoader(order, batch_size=opts.batch_size, shuffle=False,
                                             collate_fn=lambda rows: collate(rows, pad_id)))
         if skip:
             dl = accelerator.skip_first_batches(dl, skip)
         for batch in dl:
-            with accelerator.accumulate(net):
-                with accelerator.autocast():
-                    loss, parts = batch_loss(net, batch, mode=mode, lam=lam, alpha=alpha)
-                accelerator.backward(loss)  # divided by grad_accum inside accumulate()
-                optim.step()       # the prepared optimizer and scheduler act only when gradients sync
-                sched.step()
-                optim.zero_grad(set_to_none=True)
-            running.append(float(loss.detach()))
-            tokens += int(batch["mask"].sum()) + (int(batch["p_mask"].sum()) if "p_mask" in batch else 0)
+            parts = _micro_step(trainer, batch, run, window)
             if not accelerator.sync_gradients:
                 continue
-            step += 1
-            steps_run += 1
+            run.step += 1
+            run.steps_run += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(running):.3f}")
-            if step % log_every == 0 or step == total:
-                now = time.perf_counter()
-                history.append({"step": step, "loss": float(f"{np.mean(running):.6g}"),
-                                **{k: float(f"{v:.6g}") for k, v in parts.items()}, "lr": sched.get_last_lr()[0],
-                                "seconds": round(now - logged_at, 3), "tokens": tokens - logged_tokens})
-                running, logged_at, logged_tokens = [], now, tokens
-            if checkpoint_every and step % checkpoint_every == 0 and step < total:
-                save_checkpoint(accelerator, out, step, keep_checkpoints)
-            if stop_after is not None and steps_run >= stop_after:
-                return _StepsRun(step, steps_run, history, stopped=True, tokens=tokens)
-            if step >= total:
+            bar.set_postfix(loss=f"{np.mean(window.losses):.3f}")
+            if run.step % opts.log_every == 0 or run.step == total:
+                run.history.append(window.close(run.step, parts, trainer.sched.get_last_lr()[0], run.tokens))
+            if opts.checkpoint_every and run.step % opts.checkpoint_every == 0 and run.step < total:
+                save_checkpoint(accelerator, trainer.out, run.step, opts.keep_checkpoints)
+            if stop_after is not None and run.steps_run >= stop_after:
+                run.stopped = True
+                return run
+            if run.step >= total:
                 break
         epoch, skip = epoch + 1, 0
-    return _StepsRun(step, steps_run, history, stopped=False, tokens=tokens)
+    return run
+
+
+def _micro_step(trainer: _Trainer, batch, run: _StepsRun, window: "_LogWindow") -> dict:
+    """Forward and backward on one micro-batch (the optimizer and schedule act only when gradients sync);
+    counts its loss and real tokens. Returns the loss's parts."""
+    accelerator, opts = trainer.accelerator, trainer.opts
+    with accelerator.accumulate(trainer.net):
+        with accelerator.autocast():
+            loss, parts = batch_loss(trainer.net, batch, mode=opts.mode, lam=opts.lam, alpha=opts.alpha)
+        accelerator.backward(loss)  # divided by grad_accum inside accumulate()
+        trainer.optim.step()       # the prepared optimizer and scheduler act only when gradients sync
+        trainer.sched.step()
+        trainer.optim.zero_grad(set_to_none=True)
+    window.losses.append(float(loss.detach()))
+    run.tokens += int(batch["mask"].sum()) + (int(batch["p_mask"].sum()) if "p_mask" in batch else 0)
+    return parts
+
+
+@dataclasses.dataclass
+class _LogWindow:
+    """The steps since the last logged one: when it began, the tokens counted at that time and the losses."""
+
+    started: float
+    tokens_before: int = 0
+    losses: list[float] = dataclasses.field(default_factory=list)
+
+    def close(self, step: int, parts: dict, lr: float, tokens: int) -> dict:
+        """The history record of the window ending at ``step``; a new window starts."""
+        now = time.perf_counter()
+        record = {"step": step, "loss": float(f"{np.mean(self.losses):.6g}"),
+                  **{k: float(f"{v:.6g}") for k, v in parts.items()}, "lr": lr,
+                  "seconds": round(now - self.started, 3), "tokens": tokens - self.tokens_before}
+        self.started, self.tokens_before, self.losses = now, tokens, []
+        return record
 
 
 def _save_trained(unwrapped, tok, out: Path, report: dict, task: TaskSpec, *, merge: bool) -> None:

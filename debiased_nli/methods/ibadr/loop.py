@@ -417,16 +417,17 @@ def _samples_stage(k: int, gen_dir: Path, samples: Path, n_samples: int, fmt, pr
     deadline)."""
     task, cfg, deadline, progress = session.task, session.cfg, session.deadline, session.progress
     main = session.state.is_main_process
-    from ..generation.sample import generate_samples
+    from ..generation.sample import Prompting, SamplingOptions, generate_samples
 
+    sampling = SamplingOptions(shard_size=cfg.shard_size, seed=cfg.seed + k, batch_size=cfg.sample_batch_size,
+                               top_p=cfg.top_p, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                               dtype=cfg.dtype)
     while True:
         _check_deadline(deadline)
         t0 = time.perf_counter()
-        res = generate_samples(str(gen_dir), str(samples), task, n_samples, shard_size=cfg.shard_size,
-                               seed=cfg.seed + k, batch_size=cfg.sample_batch_size, top_p=cfg.top_p,
-                               temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                               condition="prompts", prompts=prompts, parse=fmt.parse, cpu=cfg.cpu, dtype=cfg.dtype,
-                               progress=progress, stop_after_shards=1 if deadline is not None else None)
+        res = generate_samples(str(gen_dir), str(samples), task, n_samples, sampling,
+                               Prompting("prompts", prompts=prompts, parse=fmt.parse), cpu=cfg.cpu, progress=progress,
+                               stop_after_shards=1 if deadline is not None else None)
         if main:
             timer.add("samples", time.perf_counter() - t0)
         if "stopped_after_shards" not in res:
@@ -467,7 +468,7 @@ def _iteration_report(k: int, pool, kept, stages: dict, session: _Session, timer
 def _shallow(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig, progress: bool) -> dict:
     """theta_s of iteration k: trained on D0 in the first iteration; afterwards re-trained on a fresh
     sample of the pool (USM) or the first one reused (w/o USM)."""
-    from .shallow import train_shallow
+    from .shallow import ShallowTraining, train_shallow
 
     if k > 1 and not cfg.update_shallow:
         first = json.loads((out / "iter-1" / "shallow.json").read_text())
@@ -476,9 +477,9 @@ def _shallow(k: int, it: Path, out: Path, pool, task: TaskSpec, cfg: IbadrConfig
     start = cfg.shallow_model
     if k > 1 and cfg.usm_continue:
         start = json.loads((out / f"iter-{k - 1}" / "shallow.json").read_text())["model"]
-    res = train_shallow(pool, task, start, it / "shallow", rows=rows, epochs=cfg.shallow_epochs, lr=cfg.shallow_lr,
-                        seed=cfg.seed + k, batch_size=cfg.shallow_batch_size, max_length=cfg.shallow_max_length,
-                        progress=progress)
+    training = ShallowTraining(rows=rows, epochs=cfg.shallow_epochs, lr=cfg.shallow_lr, seed=cfg.seed + k,
+                               batch_size=cfg.shallow_batch_size, max_length=cfg.shallow_max_length)
+    res = train_shallow(pool, task, start, it / "shallow", training, progress=progress)
     return {"model": str(it / "shallow"), "started_from": start, "train_rows": min(rows, len(pool)),
             "pool_rows": len(pool), "sample_seed": cfg.seed + k, "epochs": cfg.shallow_epochs, "lr": cfg.shallow_lr,
             "train_seconds": res.get("train_seconds")}
@@ -490,7 +491,7 @@ def _train_generator(k, gen_dir: Path, pool, indicators, session: _Session, time
     gen_chunk_steps, main = session.gen_chunk_steps, session.state.is_main_process
     from ..generation.conditional import CONTROL_PREFIX
     from ..generation.models import LoraOptions
-    from ..generation.train import checkpoints, train_generator
+    from ..generation.train import GeneratorTraining, checkpoints, train_generator
 
     train = pool.select_columns(["premise", "hypothesis", "label"])
     if indicators is not None:
@@ -504,17 +505,17 @@ def _train_generator(k, gen_dir: Path, pool, indicators, session: _Session, time
     chunk = gen_chunk_steps if deadline is not None else None
     # train_generator's stop_after stops like a kill (no final save), so the last chunk runs without it
     total = max(math.ceil(len(train) / cfg.gen_batch_size) // cfg.gen_grad_accum, 1) * epochs
+    training = GeneratorTraining(mode="conditional", lora=lora, epochs=epochs, batch_size=cfg.gen_batch_size,
+                                 grad_accum=cfg.gen_grad_accum, lr=cfg.gen_lr, max_length=cfg.gen_max_length,
+                                 checkpoint_every=chunk or cfg.gen_checkpoint_every, seed=cfg.seed + k,
+                                 mixed_precision=cfg.mixed_precision, log_every=1 if chunk else 10)
     while True:
         _check_deadline(deadline)
         done = [int(p.name.split("-")[1]) for p in checkpoints(gen_dir)]
         stop_after = chunk if chunk and total - max(done, default=0) > chunk else None
         t0 = time.perf_counter()
-        res = train_generator(train, task, start, str(gen_dir), mode="conditional", lora=lora, epochs=epochs,
-                              batch_size=cfg.gen_batch_size, grad_accum=cfg.gen_grad_accum, lr=cfg.gen_lr,
-                              max_length=cfg.gen_max_length,
-                              checkpoint_every=chunk or cfg.gen_checkpoint_every, seed=cfg.seed + k,
-                              mixed_precision=cfg.mixed_precision, cpu=cfg.cpu, log_every=1 if chunk else 10,
-                              progress=progress, stop_after=stop_after)
+        res = train_generator(train, task, start, str(gen_dir), training, cpu=cfg.cpu, progress=progress,
+                              stop_after=stop_after)
         if main:
             timer.add("generator", time.perf_counter() - t0)
         if "stopped_at" not in res:

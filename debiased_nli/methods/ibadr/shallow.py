@@ -9,6 +9,7 @@ columns mapped onto the task's labels by name).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,26 @@ from ...data.tasks import TaskSpec
 from ...models.classifier import LoadedClassifier, load_classifier, predict_probabilities
 
 
-def train_shallow(pool, task: TaskSpec, model: str, out_dir: "str | Path", *, rows: int, epochs: float,
-                  lr: float, seed: int, batch_size: int = 16, max_length: int = 128, save_steps: int = 50,
-                  progress: bool = True) -> dict:
-    """Fine-tune theta_s on ``rows`` random rows of ``pool`` (seed ``seed``) into ``out_dir``.
+@dataclasses.dataclass(frozen=True)
+class ShallowTraining:
+    """How theta_s is fine-tuned: on ``rows`` random rows of the pool (drawn with ``seed``, also the training
+    seed), for ``epochs`` at learning rate ``lr``, batches of ``batch_size`` pairs of ``max_length`` tokens, a
+    checkpoint every ``save_steps`` steps (the paper's values: :mod:`.params`)."""
 
-    No dev set: the paper trains a fixed number of epochs. A checkpoint every ``save_steps`` steps;
+    rows: int
+    epochs: float
+    lr: float
+    seed: int
+    batch_size: int = 16
+    max_length: int = 128
+    save_steps: int = 50
+
+
+def train_shallow(pool, task: TaskSpec, model: str, out_dir: "str | Path", training: ShallowTraining, *,
+                  progress: bool = True) -> dict:
+    """Fine-tune theta_s from ``model`` on ``training.rows`` random rows of ``pool`` into ``out_dir``.
+
+    No dev set: the paper trains a fixed number of epochs. A checkpoint every ``training.save_steps`` steps;
     a rerun resumes from the last one, and a folder with a finished model (``debiased_nli_train.json``)
     is reused as it is.
     """
@@ -35,9 +50,10 @@ def train_shallow(pool, task: TaskSpec, model: str, out_dir: "str | Path", *, ro
     done = out / TRAIN_CONFIG_FILE
     if done.exists():
         return json.loads(done.read_text())["result"]
-    cfg = TrainConfig(model=model, output_dir=str(out), learning_rate=lr, batch_size=batch_size,
-                      max_length=max_length, epochs=float(epochs), seed=seed, data_seed=seed, max_train_rows=rows,
-                      save_total_limit=1, eval_steps=save_steps, progress=progress)
+    t = training
+    cfg = TrainConfig(model=model, output_dir=str(out), learning_rate=t.lr, batch_size=t.batch_size,
+                      max_length=t.max_length, epochs=float(t.epochs), seed=t.seed, data_seed=t.seed,
+                      max_train_rows=t.rows, save_total_limit=1, eval_steps=t.save_steps, progress=progress)
     return train_classifier(cfg, task, pool).to_dict()
 
 
@@ -53,5 +69,6 @@ def bias_degree(ds, model: "str | LoadedClassifier | Any", task: TaskSpec, *, ba
     with ``tokenizer``), scored in batches of rows in input order."""
     clf = load_classifier(model, tokenizer=tokenizer)
     probs = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
-                                  order=range(len(ds)), labels=task.labels, desc="bias degree", progress=progress)
+                                  order=range(len(ds)), labels=task.labels,
+                                  progress=progress and "bias degree")
     return gold_label_probabilities(probs, labels_of(ds))

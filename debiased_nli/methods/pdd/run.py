@@ -59,14 +59,30 @@ def _summary(state: PDDState, families: Sequence[str], overlap_feature: str, K: 
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Perturbation:
+    """What PDD's features and prompts are made with, besides :class:`~.algorithm.PDDConfig`: the share of a
+    row's words each family masks (``ratios``, over the paper's :data:`~.masking.PAPER_RATIOS`), the word that
+    names each label in a prompt (``prompt_words``, over :func:`~.fill.prompt_words_for`'s defaults), the
+    extractor of the overlap feature (default: the task's, :func:`~.algorithm.default_overlap_extractor`) and
+    the folds of the out-of-fold hypothesis-only model."""
+
+    ratios: Mapping[str, float] | None = None
+    prompt_words: Mapping[str, str] | None = None
+    overlap_extractor: str | None = None
+    hypo_only_folds: int = 5
+
+
 def run_pdd(ds, task: TaskSpec, *, filler, teacher, config: PDDConfig | None = None,
-            ratios: Mapping[str, float] | None = None, prompt_words: Mapping[str, str] | None = None,
-            overlap_extractor: str | None = None, hypo_only_folds: int = 5, work_dir: "str | Path | None" = None,
+            perturbation: Perturbation | None = None, work_dir: "str | Path | None" = None,
             fingerprint: Mapping[str, Any] | None = None, progress: bool = True) -> PDDOutput:
     """PDD over ``ds`` (canonical rows with ``uid``). ``filler`` fills :class:`~.fill.FillRequest` s (a
-    :class:`~.fill.MaskFiller` or a stand-in), ``teacher`` gives ``label_probs(premises, hypotheses)``.
+    :class:`~.fill.MaskFiller` or a stand-in), ``teacher`` gives ``label_probs(premises, hypotheses)``;
+    ``perturbation``: the masking ratios, prompt words, overlap extractor and hypothesis-only folds
+    (:class:`Perturbation`; default: the paper's).
     With ``work_dir`` the perturbations are checkpointed there and a rerun continues (see algorithm.py)."""
     cfg = config or PDDConfig()
+    pert = perturbation or Perturbation()
     _check_input(ds, cfg)
     t_start = time.perf_counter()
     group_of, group_names = group_labels(task.labels, cfg.label_groups)
@@ -74,18 +90,19 @@ def run_pdd(ds, task: TaskSpec, *, filler, teacher, config: PDDConfig | None = N
     p0 = 1.0 / K
     fixed = resolve_families(cfg.families)
     families = fixed or list(FAMILIES)
-    ratios = {**PAPER_RATIOS, **(ratios or {})}
-    words = prompt_words_for(task.labels, prompt_words)
-    ov_extractor = overlap_extractor or default_overlap_extractor(cfg.overlap_feature, task.features)
+    ratios = {**PAPER_RATIOS, **(pert.ratios or {})}
+    words = prompt_words_for(task.labels, pert.prompt_words)
+    ov_extractor = pert.overlap_extractor or default_overlap_extractor(cfg.overlap_feature, task.features)
 
     t0 = time.perf_counter()
     state, featurizer, hyponly, hypo_pred = _initial_state(ds, task, cfg, families, ov_extractor, group_of,
-                                                           hypo_only_folds)
+                                                           pert.hypo_only_folds)
     seconds_features = time.perf_counter() - t0
 
     perturber = Perturber(task.labels, featurizer, filler, teacher, words, ratios)
     params = {**cfg.to_dict(), "families": families if fixed else "auto", "ratios": ratios, "prompt_words": words,
-              "overlap_extractor": ov_extractor, "hypo_only_folds": hypo_only_folds, "group_names": list(group_names)}
+              "overlap_extractor": ov_extractor, "hypo_only_folds": pert.hypo_only_folds,
+              "group_names": list(group_names)}
     cache = ResultCache(None)
     if work_dir is not None:
         cache = _open_work_dir(Path(work_dir), params, filler, teacher, fingerprint, len(ds), cfg)

@@ -37,7 +37,7 @@ def pdd_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx: M
     """The PDD recipe step (see the module docstring). ``ctx`` is given by a recipe build (PDD needs nothing
     from it: it declares no ``needs``); with it and no ``work_dir``, the run is checkpointed in the cache."""
     from .fill import MaskFiller
-    from .run import run_pdd
+    from .run import Perturbation, run_pdd
     from .teacher import Teacher
 
     p = PARAMS.merge(params)
@@ -58,10 +58,10 @@ def pdd_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx: M
                                          p["overlap_extractor"], p["hypo_only_folds"], p["candidates"]],
                                         sort_keys=True, default=str).encode()).hexdigest()[:16]
         work_dir = default_cache_dir() / "pdd" / key
-    out = run_pdd(ds, task, filler=filler, teacher=teacher, config=cfg, ratios=p["ratios"],
-                  prompt_words=p["prompt_words"], overlap_extractor=p["overlap_extractor"],
-                  hypo_only_folds=int(p["hypo_only_folds"]), work_dir=work_dir, fingerprint=fingerprint,
-                  progress=p["progress"])
+    perturbation = Perturbation(ratios=p["ratios"], prompt_words=p["prompt_words"],
+                                overlap_extractor=p["overlap_extractor"], hypo_only_folds=int(p["hypo_only_folds"]))
+    out = run_pdd(ds, task, filler=filler, teacher=teacher, config=cfg, perturbation=perturbation, work_dir=work_dir,
+                  fingerprint=fingerprint, progress=p["progress"])
     kept, removed = build_outputs(ds, task, out)
     report = out.report
     report["examples"] = examples_from_log(out.log, int(p["examples"]), int(p["seed"]))
