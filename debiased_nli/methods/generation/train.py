@@ -281,7 +281,8 @@ def load_checkpoint(accelerator, path: Path) -> int:
 
 # ---------------------------------------------------------------------------------------------
 
-def _table7(name: str):
+def _default(name: str):
+    """The default of a training value, as :data:`..GENERATOR_TRAINING` declares it (with its source)."""
     return paper_value(GENERATOR_TRAINING, name)
 
 
@@ -298,23 +299,23 @@ class GeneratorTraining:
     mode: str = "generator"
     lora: LoraOptions | None = None
     max_steps: int | None = None
-    epochs: int = _table7("epochs")
-    batch_size: int = _table7("batch_size")
-    grad_accum: int = _table7("grad_accum")
-    lr: float = _table7("lr")
-    eps: float = _table7("eps")
-    betas: Sequence[float] = _table7("betas")
-    scheduler: str = _table7("scheduler")
-    warmup_steps: int = _table7("warmup_steps")
-    weight_decay: float = _table7("weight_decay")
-    lam: float = _table7("lam")
-    alpha: float = _table7("alpha")
-    max_length: int = _table7("max_length")
-    checkpoint_every: int = _table7("checkpoint_every")
+    epochs: int = _default("epochs")
+    batch_size: int = _default("batch_size")
+    grad_accum: int = _default("grad_accum")
+    lr: float = _default("lr")
+    eps: float = _default("eps")
+    betas: Sequence[float] = _default("betas")
+    scheduler: str = _default("scheduler")
+    warmup_steps: int = _default("warmup_steps")
+    weight_decay: float = _default("weight_decay")
+    lam: float = _default("lam")
+    alpha: float = _default("alpha")
+    max_length: int = _default("max_length")
+    checkpoint_every: int = _default("checkpoint_every")
     keep_checkpoints: int = 2
-    seed: int = _table7("seed")
-    mixed_precision: str | None = _table7("mixed_precision")
-    group_by_length: bool = _table7("group_by_length")
+    seed: int = _default("seed")
+    mixed_precision: str | None = _default("mixed_precision")
+    group_by_length: bool = _default("group_by_length")
     log_every: int = 10
 
 
@@ -326,11 +327,11 @@ def train_generator(ds, task: TaskSpec, model: str, out_dir: str, training: Gene
     ``training`` says (:class:`GeneratorTraining`).
 
     Defaults: Wu et al. (2022), Table 7 (lr 1e-5, batch 24, 5 epochs, Adam eps 1e-6, betas (0.9, 0.999),
-    constant schedule, length 128, lambda 0.5, alpha 1.0). ``mixed_precision=None`` leaves it to
+    constant schedule, length 128, lambda 0.5, alpha 1.0). ``training.mixed_precision=None`` leaves it to
     accelerate (``accelerate launch --mixed_precision`` / ``accelerate config``).
     Saves the adapter (LoRA) or full model and the tokenizer to ``out_dir`` (``merged/`` too with
     ``merge``) and returns a report (steps, losses, seconds per step, parameter counts).
-    ``group_by_length`` batches rows of similar length together (:func:`epoch_order`).
+    ``training.group_by_length`` batches rows of similar length together (:func:`epoch_order`).
     ``stop_after`` ends the process's work after that many optimizer steps without the final save
     (what a kill does; used to test resuming).
     """
