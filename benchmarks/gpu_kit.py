@@ -728,12 +728,12 @@ def tiny_gguf(path: Path, tokenizer_dir: Path = MODELS / "gpt2-tokenizer", hidde
 # ------------------------------------------------------------------------------------------ pipeline: make (here)
 
 def pipeline_make(kit: Path = GEN_KIT, *, gguf: Path | None = None, train: Path | None = None, dev: Path | None = None,
-                  recipe: dict | None = None, wheels: bool = True, limit_mib: float = LIMIT_MIB,
+                  recipe: dict | None = None, wheels: bool = True, limit_mib: float | None = LIMIT_MIB,
                   gpt2_tokenizer: Path = MODELS / "gpt2-tokenizer", quiet: bool = False) -> dict:
     """``kit/call1`` (part 1 of the GGUF + kit.json) and ``kit/call2`` (part 2, D0 and SNLI dev, the GPT-2 lengths
     and tokenizer, SmolLM2's tokenizer as the dequantization's fallback, the wheels, kit.json), each call's transfer
-    checked against the slim committed tree. ``recipe``: a recipe to run instead of ``seqz --profile gpu`` (the
-    dry run's)."""
+    checked against the slim committed tree (``limit_mib`` None: not checked, the dry run's). ``recipe``: a recipe
+    to run instead of ``seqz --profile gpu`` (the dry run's)."""
     from benchmarks.gpu_throughput import length_tables
     from debiased_nli.utils.provenance import git_hash
 
@@ -768,7 +768,7 @@ def pipeline_make(kit: Path = GEN_KIT, *, gguf: Path | None = None, train: Path 
                 "recipe": ["recipe.yaml", None] if recipe is not None else ["seqz", "gpu"],
                 "data": {rel: sha256(c2 / "data" / rel) for rel in DATA}, "wheels": got if wheels else []}
     sizes = {"call1": _size(c1) + 8192, "call2": _size(c2) + 8192}
-    tree = max(check_transfer(sizes["call1"], limit_mib, "call 1"), check_transfer(sizes["call2"], limit_mib, "call 2"))
+    tree = max(check_transfer(sizes[c], limit_mib, c) for c in sizes) if limit_mib else 0
     manifest["bytes"] = {"slim_tree": tree, **sizes, "transfer1": tree + sizes["call1"], "transfer2": tree + sizes["call2"]}
     for d in (c1, c2):
         _write_json(d / "kit.json", manifest)
@@ -858,6 +858,7 @@ class Call:
         return wait({"pipeline": p}, until)["pipeline"]
 
     def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the steps' processes are stopped on the way out
         monitor = _gpu_monitor(self.logs / f"gpu-{self.label}.csv")
         failed = []
         log(f"{self.label}: deadline {self.call['deadline_s']:.0f}s (packing from {self.end - self.t0:.0f}s)")
@@ -1135,7 +1136,7 @@ def dry_recipe(real: bool) -> dict:
     return rec
 
 
-def dry_run(work: Path | None = None, keep: bool = False, gguf: Path | None = None) -> dict:
+def dry_run(work: Path | None = None, keep: bool = False, gguf: Path | None = None, deadline: float = 400) -> dict:
     """The calls on this CPU through the same commands: a kit (a tiny LLaMA GGUF, or ``gguf``: the real one, on
     fewer rows), call 2 refused on an empty machine, call 1, call 2, call 3, collect, then the pipeline's build and
     audit here on the collected run folder. Returns the collected summary."""
@@ -1153,7 +1154,7 @@ def dry_run(work: Path | None = None, keep: bool = False, gguf: Path | None = No
         (data / rel).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, data / rel)
     pipeline_make(kit, gguf=gguf or tiny_gguf(work / "tiny.gguf"), train=data / DATA[0], dev=data / DATA[1],
-                  recipe=dry_recipe(gguf is not None), wheels=False, quiet=True)
+                  recipe=dry_recipe(gguf is not None), wheels=False, limit_mib=None, quiet=True)
     env = dict(os.environ, GPU_KIT_NODE=str(node), PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
     def call(*args, out=None):
@@ -1166,7 +1167,7 @@ def dry_run(work: Path | None = None, keep: bool = False, gguf: Path | None = No
     lines = [x for x in (refused.stdout + refused.stderr).splitlines() if x.strip()]
     if refused.returncode != EXIT_KIT or len(lines) != 1:
         raise SystemExit(f"dry run: call 2 on an empty machine should exit {EXIT_KIT} with one line: {refused.returncode} {lines}")
-    deadline = "1200" if gguf else "400"
+    deadline = str(deadline * (3 if gguf else 1))  # each call's
     for args, out in ((("store-part1", "--kit", str(kit / "call1")), None),
                       (("pipeline-run", "--kit", str(kit / "call2"), "--deadline", deadline), work / "out2"),
                       (("pipeline-run", "--deadline", deadline), work / "out3")):
@@ -1230,6 +1231,7 @@ def main(argv: list[str] | None = None) -> int:
     p["dequantize"].add_argument("--tokenizer-fallback", help="a folder with tokenizer.json, if the GGUF's does not load")
     p["dry-run"].add_argument("--work", help="keep everything in this folder (default: a temporary one, removed)")
     p["dry-run"].add_argument("--gguf", help="the real SmolLM2 GGUF: that model on 16 rows (tens of minutes on 2 cores)")
+    p["dry-run"].add_argument("--deadline", type=float, default=400, help="each call's (x3 with --gguf); more on a busy machine")
     a = ap.parse_args(argv)
     try:
         if a.command == "make":
@@ -1255,7 +1257,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(dequantize(Path(a.gguf), Path(a.out),
                                         Path(a.tokenizer_fallback) if a.tokenizer_fallback else None)), flush=True)
         elif a.command == "dry-run":
-            dry_run(Path(a.work) if a.work else None, keep=bool(a.work), gguf=Path(a.gguf) if a.gguf else None)
+            dry_run(Path(a.work) if a.work else None, keep=bool(a.work), gguf=Path(a.gguf) if a.gguf else None,
+                    deadline=a.deadline)
     except KitError as err:
         print(f"gpu_kit: {err}", flush=True)
         return EXIT_KIT
