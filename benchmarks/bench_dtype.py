@@ -17,21 +17,14 @@ exists). Agreement: largest probability difference and the share of rows (classi
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS, SHARED_DATA  # noqa: E402
-from debiased_nli.utils.precision import cpu_description
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import MODELS, RESULTS, SHARED_DATA, command, md_table, write_result  # noqa: E402
 
-MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 DTYPES = ("float32", "bfloat16")
 
 
@@ -89,26 +82,21 @@ def measure(name, path, model, tok, pairs, args, mlm=False):
             "same_argmax": round(same, 5)}
 
 
-def render(out: dict) -> str:
+def render(out: dict) -> list[str]:
     c = out["cpu"]
-    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in c.items()
-                      if k in ("avx512f", "avx512_bf16", "amx_bf16"))
-    L = ["# float32 vs bfloat16 autocast for inference on this CPU", "",
-         f"Command: `{out['command']}`", "",
-         f"CPU: {c['model']}, {c['cpus']} cores, torch CPU capability {c['torch_cpu_capability']}; {flags}. "
-         f"Native bfloat16: **{'yes' if c['native_bfloat16'] else 'no'}**. torch {out['torch']}, "
-         f"{out['threads']} thread(s); {out['rows']} SNLI dev pairs, batch {out['batch_size']}, max length "
-         f"{out['max_length']}, {out['rounds']} rounds alternating float32 and bfloat16 (median time). "
-         f"Measured {out['created']}.", "",
-         "| model | float32 rows/s | bfloat16 rows/s | **bfloat16 / float32** | max prob. diff. | same argmax |",
-         "|---|---:|---:|---:|---:|---:|"]
-    for m in out["models"]:
-        L.append(f"| {m['model']} | {m['per_second']['float32']} | {m['per_second']['bfloat16']} | "
-                 f"**{m['bfloat16_speedup']}x** | {m['max_prob_diff']:.1e} | {100 * m['same_argmax']:.2f}% "
-                 f"(of {m['n']:,} {m['what']}) |")
-    L += ["", "A ratio below 1 means bfloat16 is slower. `--dtype bfloat16` is worth it only where it is above 1: "
-          "on CPUs with AVX512-BF16/AMX and on GPUs. The commands warn when the CPU lacks native bfloat16.", ""]
-    return "\n".join(L)
+    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in c.items() if k in ("avx512f", "avx512_bf16", "amx_bf16"))
+    return ["# float32 vs bfloat16 autocast for inference on this CPU", "", f"Command: `{out['command']}`", "",
+            f"CPU: {c['model']}, {c['cpus']} cores, torch CPU capability {c['torch_cpu_capability']}; {flags}. Native "
+            f"bfloat16: **{'yes' if c['native_bfloat16'] else 'no'}**. torch {out['torch']}, {out['threads']} thread(s); "
+            f"{out['rows']} SNLI dev pairs, batch {out['batch_size']}, max length {out['max_length']}, {out['rounds']} "
+            f"rounds alternating float32 and bfloat16 (median time). Measured {out['created']}.", "",
+            *md_table(["model", "float32 rows/s", "bfloat16 rows/s", "**bfloat16 / float32**", "max prob. diff.",
+                       "same argmax"], [[m["model"], m["per_second"]["float32"], m["per_second"]["bfloat16"],
+                                         f"**{m['bfloat16_speedup']}x**", f"{m['max_prob_diff']:.1e}",
+                                         f"{100 * m['same_argmax']:.2f}% (of {m['n']:,} {m['what']})"]
+                                        for m in out["models"]], "lrrrrr"),
+            "", "A ratio below 1 means bfloat16 is slower. `--dtype bfloat16` is worth it only where it is above 1: on CPUs "
+            "with AVX512-BF16/AMX and on GPUs. The commands warn when the CPU lacks native bfloat16."]
 
 
 def main(argv=None) -> int:
@@ -134,7 +122,9 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     dev = pq.read_table(SHARED_DATA / "snli" / "dev.parquet").to_pylist()
     pairs = [(r["premise"], r["hypothesis"]) for r in dev[:args.rows]]
-    out = {"command": "python benchmarks/bench_dtype.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    from debiased_nli.utils.precision import cpu_description
+
+    out = {"command": command("bench_dtype.py", argv),
            "created": time.strftime("%Y-%m-%d"), "cpu": cpu_description(), "torch": torch.__version__,
            "threads": args.threads, "rows": len(pairs), "batch_size": args.batch_size,
            "max_length": args.max_length, "rounds": args.rounds, "models": []}
@@ -145,9 +135,7 @@ def main(argv=None) -> int:
         mlm = AutoModelForMaskedLM.from_pretrained(args.mlm).eval()
         mtok = AutoTokenizer.from_pretrained(args.mlm)
         out["models"].append(measure(f"masked LM `{Path(args.mlm).name}`", args.mlm, mlm, mtok, pairs, args, mlm=True))
-    Path(args.out + ".json").write_text(json.dumps(out, indent=2) + "\n")
-    Path(args.out + ".md").write_text(render(out))
-    print(render(out))
+    write_result(args.out, out, render(out))
     return 0
 
 

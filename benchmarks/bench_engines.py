@@ -12,14 +12,15 @@ rounds (A B C, B C A, ...), so slow drifts of the machine fall on every arm alik
 thread multiplying float32 matrices) runs on the machine during every arm. Per arm and condition: samples/s and
 generated tokens/s (new tokens up to and including the end marker, counted with the generator's tokenizer), the
 parse rate, label shares and hypothesis length with tests against the ``--reference`` arm
-(``benchmarks/engine_parity.py``'s: chi-square on the labels, KS on the lengths), peak resident memory (the child's
+(chi-square on the labels, KS on the lengths: :func:`compare`), peak resident memory (the child's
 VmHWM), and the share of this CPU's roofline measured in the same run (matrix-multiply FLOP/s in the arm's
 arithmetic, copy bandwidth): achieved FLOP/s is tokens/s x 2 x parameters (the weights' multiply-adds; attention
 adds little at these lengths). Writes benchmarks/results/engines/<name>.{json,md}.
 
 The peers llama.cpp and ONNX Runtime GenAI (engines/speed_peers.md, each in a virtual environment of its own) were
 measured by ``engine_peers.py`` and this script's peer arms, in the history: ``git show
-b65411f:benchmarks/bench_engines.py``.
+b65411f:benchmarks/bench_engines.py``; so is ``engine_parity.py``, which tested two generate runs' outputs the same
+way (engines/parity_gstar.md).
 """
 from __future__ import annotations
 
@@ -36,6 +37,82 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import RESULTS, ROOT, command, md_table, roofline, rotations, run_process, write_result  # noqa: E402
 
 LOAD = "import numpy as np\na = np.random.rand(768, 768).astype(np.float32)\nwhile True:\n    a = (a @ a) / 768.0\n"
+
+
+def run_summary(folder: str, max_samples: int | None = None) -> dict:
+    """Counts and length arrays of a generate run folder (its complete shards, in order)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from debiased_nli.bias.features import tokenize
+    from debiased_nli.data.tasks import get_task
+
+    folder = Path(folder)
+    shards = sorted(folder.glob("shard-*-of-*.parquet"))
+    if not shards:
+        raise SystemExit(f"{folder}: no complete shard")
+    cfg = json.loads((folder / "generate_config.json").read_text())
+    labels = list(get_task(cfg["task"]).labels)
+    counts = np.zeros(len(labels), dtype=np.int64)
+    parsed = rejected = 0
+    hyp_len, prem_len, reasons = [], [], {}
+    for shard in shards:
+        rej_path = shard.with_name(shard.name.replace("shard-", "rejects-"))
+        rows = pq.read_table(shard).to_pydict()
+        rej = pq.read_table(rej_path).to_pydict() if rej_path.exists() else {"reason": []}
+        n = len(rows["hypothesis"]) + len(rej["reason"])
+        if max_samples is not None and parsed + rejected + n > max_samples:
+            break
+        parsed += len(rows["hypothesis"])
+        rejected += len(rej["reason"])
+        for r in rej["reason"]:
+            reasons[r] = reasons.get(r, 0) + 1
+        counts += np.bincount(np.asarray(rows["label"], dtype=np.int64), minlength=len(labels))
+        hyp_len += [len(tokenize(h)) for h in rows["hypothesis"]]
+        prem_len += [len(tokenize(p)) for p in rows["premise"]]
+    total = parsed + rejected
+    return {"folder": str(folder), "engine": cfg.get("engine", "generate"), "dtype": cfg.get("dtype"),
+            "batch_size": cfg.get("batch_size"), "seed": cfg.get("seed"), "samples": total, "parsed": parsed,
+            "parse_rate": parsed / total, "label_counts": dict(zip(labels, counts.tolist())),
+            "label_shares": dict(zip(labels, (counts / max(parsed, 1)).round(4).tolist())),
+            "unparseable_reasons": reasons, "hypothesis_words_mean": float(np.mean(hyp_len)),
+            "premise_words_mean": float(np.mean(prem_len)), "_hyp": hyp_len, "_prem": prem_len}
+
+
+def compare(ref: dict, run: dict) -> dict:
+    """Tests of ``run`` against ``ref`` (p-values; small ones say the distributions differ)."""
+    import numpy as np
+    from scipy import stats
+
+    labels = list(ref["label_counts"])
+    table = np.array([[ref["label_counts"][k] for k in labels], [run["label_counts"][k] for k in labels]])
+    chi2, p_labels, dof, _ = stats.chi2_contingency(table)
+    parse = np.array([[ref["parsed"], ref["samples"] - ref["parsed"]], [run["parsed"], run["samples"] - run["parsed"]]])
+    if parse.min() < 5:
+        p_parse = float(stats.fisher_exact(parse)[1])
+    else:
+        p_parse = float(stats.chi2_contingency(parse)[1])
+    ks_h = stats.ks_2samp(ref["_hyp"], run["_hyp"])
+    ks_p = stats.ks_2samp(ref["_prem"], run["_prem"])
+    # the difference of each label share with its 95% interval (normal approximation)
+    share_diff = {}
+    for k in labels:
+        a, n1 = ref["label_counts"][k], ref["parsed"]
+        b, n2 = run["label_counts"][k], run["parsed"]
+        p1, p2 = a / n1, b / n2
+        se = (p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2) ** 0.5
+        share_diff[k] = [round(p2 - p1, 4), round(p2 - p1 - 1.96 * se, 4), round(p2 - p1 + 1.96 * se, 4)]
+    return {"labels_chi2": round(float(chi2), 3), "labels_dof": int(dof), "labels_p": float(p_labels),
+            "label_share_diff_ci95": share_diff, "parse_p": p_parse,
+            "hypothesis_length_ks": round(float(ks_h.statistic), 4), "hypothesis_length_p": float(ks_h.pvalue),
+            "premise_length_ks": round(float(ks_p.statistic), 4), "premise_length_p": float(ks_p.pvalue)}
+
+
+def verdict(c: dict, alpha: float = 0.01) -> str:
+    bad = [name for name, key in (("label shares", "labels_p"), ("parse rate", "parse_p"),
+                                  ("hypothesis length", "hypothesis_length_p"), ("premise length", "premise_length_p"))
+           if c[key] < alpha]
+    return "same (no test below %g)" % alpha if not bad else "differs: " + ", ".join(bad)
 
 
 def run_arm(args, arm: str, seed: int, out: Path, threads: int) -> dict:
@@ -57,8 +134,6 @@ def run_arm(args, arm: str, seed: int, out: Path, threads: int) -> dict:
 def arm_rows(out: Path, tok, fmt, labels: list[str]) -> dict:
     """Parsed rows of one arm's run: label counts, lengths, parse counts and generated tokens."""
     import pyarrow.parquet as pq
-
-    from benchmarks.engine_parity import run_summary
 
     s, tokens, end = run_summary(str(out)), 0, tok.eos_token or ""
     for f in out.glob("*.parquet"):
@@ -89,7 +164,6 @@ def main(argv=None) -> int:
     args.loaded_threads = args.loaded_threads or max(1, args.threads - 1)
     import numpy as np
 
-    from benchmarks.engine_parity import compare, verdict
     from debiased_nli.data.tasks import get_task
     from debiased_nli.methods.generation.format import SequenceFormat
     from debiased_nli.methods.generation.models import load_generator, load_tokenizer

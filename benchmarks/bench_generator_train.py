@@ -31,10 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results" / "engines"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import RESULTS, ROOT, command, md_table, rotations, write_result  # noqa: E402
+
 ARMS = ("project", "trainer_same_loss", "trainer_mle")
 
 
@@ -142,16 +141,15 @@ def main(argv=None) -> int:
     passthrough = ["--model", args.model, "--rows", args.rows, "--steps", str(args.steps), "--batch-size",
                    str(args.batch_size), "--max-length", str(args.max_length), "--threads", str(args.threads)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
-    for r in range(args.repeats):
-        for arm in ARMS[r % 3:] + ARMS[:r % 3]:
-            p = subprocess.run([sys.executable, __file__, "--one", arm, *passthrough], env=env, capture_output=True, text=True)
-            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-            if p.returncode or not line:
-                raise SystemExit(f"{arm} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-            res = json.loads(line[-1][7:])
-            res.update(summarize(res), round=r)
-            runs.append(res)
-            print(arm, r, round(res["tokens_per_s"], 1), "tokens/s", flush=True)
+    for r, arm in rotations(list(ARMS), args.repeats):
+        p = subprocess.run([sys.executable, __file__, "--one", arm, *passthrough], env=env, capture_output=True, text=True)
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        if p.returncode or not line:
+            raise SystemExit(f"{arm} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+        res = json.loads(line[-1][7:])
+        res.update(summarize(res), round=r)
+        runs.append(res)
+        print(arm, r, round(res["tokens_per_s"], 1), "tokens/s", flush=True)
     summary = {}
     for arm in ARMS:
         mine = [x for x in runs if x["arm"] == arm]
@@ -159,26 +157,20 @@ def main(argv=None) -> int:
                         "per_round": [round(x["tokens_per_s"], 1) for x in mine],
                         "seconds_per_step": round(statistics.median(x["seconds_per_step"] for x in mine
                                                                     if x["seconds_per_step"] is not None), 2)}
-    base = summary["trainer_same_loss"]["tokens_per_s"]
     for arm in ARMS:
-        summary[arm]["ratio_to_trainer_same_loss"] = round(summary[arm]["tokens_per_s"] / base, 3)
-    command = "python benchmarks/bench_generator_train.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "train_generator.json").write_text(json.dumps({"command": command, "runs": runs, "summary": summary}, indent=2))
-    md = ["# Training the generator: the project's loop against peft + `transformers.Trainer`", "",
-          f"Command: `{command}`", "",
-          f"{args.steps} optimizer steps of {args.batch_size} SNLI rows (at most {args.max_length} tokens), LoRA r 8 on all "
-          "linear layers, bfloat16 autocast, CPU; tokens/s over the steps after the first, median of the rounds "
-          "(interleaved, each arm its own process).", "",
-          "| arm | objective | tokens/s | per round | s per step | ratio to Trainer (same loss) |", "|---|---|---|---|---|---|"]
+        summary[arm]["ratio_to_trainer_same_loss"] = round(summary[arm]["tokens_per_s"] /
+                                                           summary["trainer_same_loss"]["tokens_per_s"], 3)
+    cmd = command("bench_generator_train.py", argv)
     what = {"project": "MLE + 0.5 L_LC (2 passes)", "trainer_same_loss": "MLE + 0.5 L_LC (2 passes)",
             "trainer_mle": "MLE (1 pass)"}
-    for arm in ARMS:
-        s = summary[arm]
-        md.append(f"| {arm} | {what[arm]} | {s['tokens_per_s']} | {s['per_round']} | {s['seconds_per_step']} | "
-                  f"{s['ratio_to_trainer_same_loss']} |")
-    (OUT / "train_generator.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_result(RESULTS / "engines" / "train_generator", {"command": cmd, "runs": runs, "summary": summary}, [
+        "# Training the generator: the project's loop against peft + `transformers.Trainer`", "", f"Command: `{cmd}`", "",
+        f"{args.steps} optimizer steps of {args.batch_size} SNLI rows (at most {args.max_length} tokens), LoRA r 8 on all "
+        "linear layers, bfloat16 autocast, CPU; tokens/s over the steps after the first, median of the rounds "
+        "(interleaved, each arm its own process).", "",
+        *md_table(["arm", "objective", "tokens/s", "per round", "s per step", "ratio to Trainer (same loss)"],
+                  [[arm, what[arm], s["tokens_per_s"], s["per_round"], s["seconds_per_step"],
+                    s["ratio_to_trainer_same_loss"]] for arm, s in summary.items()])])
     return 0
 
 
