@@ -114,18 +114,17 @@ def roofline(threads: int, fresh: bool = True) -> dict:
     torch.set_num_threads(threads)
     a = np.ones(2**27)
     b = np.empty_like(a)
+    def timed(fn, *args) -> float:
+        t = time.perf_counter()
+        fn(*args)
+        return time.perf_counter() - t
+
     out = {"copy_gb_s": round(max(2 * a.nbytes / timed(np.copyto, b, a) / 1e9 for _ in range(5)), 1)}
     for dt in ("float32", "bfloat16"):
         x = torch.randn(2048, 2048).to(getattr(torch, dt))
         out[f"matmul_{dt}_gflop_s"] = round(max(4 * 2 * 2048**3 / timed(lambda: [x @ x for _ in range(4)]) / 1e9
                                                 for _ in range(5)), 1)
     return out
-
-
-def timed(fn, *args) -> float:
-    t = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t
 
 
 def md_table(header: list[str], rows: list[list], align: str = "") -> list[str]:

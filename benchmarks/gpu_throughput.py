@@ -1,6 +1,5 @@
-"""GPT-2 large's throughput on a GPU (issue 31), run by ``gpu_kit.py`` on a lent GPU (and in tiny form on the CPU
-by its dry run and tests): the paper's own models, built from their configs with random weights (a decoding step,
-a training step or a classifier's forward pass costs the same whatever the weights are).
+"""GPT-2 large's throughput (issue 31), run by ``gpu_kit.py`` on a lent GPU (tiny on the CPU by its dry run and
+tests): the paper's own models, from their configs with random weights (a step costs the same whatever they are).
 
 Sampling with the lengths forced to the SNLI training rows' length distribution: each length bucket L is sampled
 with ``min_new_tokens = max_new_tokens = L`` (the end marker cannot come before L tokens, and nothing goes on
@@ -11,8 +10,7 @@ sample whole rows); the hypothesis-only lengths are reported beside them. Gives 
 step reads all weights once plus the KV cache of every sequence so far, so ``bytes/s = sum over steps (weights +
 batch x context x KV bytes per token) / seconds``, against the card's peak (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
 Then a GPT-2 large *training* step (MLE + 0.5 label-consistency unlikelihood, Table 7's batch 24, bf16 autocast
-over float32 weights, AdamW) and RoBERTa-large's inference rows/s on SNLI-length pairs (the paper's M): the
-inputs of the pipeline projection (``gpu_kit.project``).
+over float32 weights, AdamW) and RoBERTa-large's inference rows/s on SNLI-length pairs (the paper's M).
 
     python benchmarks/gpu_throughput.py gpt2 --lengths lengths.json --out gpt2.json [--tiny] [--deadline S]
 """
@@ -46,10 +44,7 @@ def log(msg: str) -> None:
 
 
 def peak_bandwidth(device_name: str) -> float | None:
-    for key, bw in PEAK_BANDWIDTH:
-        if key in device_name:
-            return bw
-    return None
+    return next((bw for key, bw in PEAK_BANDWIDTH if key in device_name), None)
 
 
 def _sync(device) -> None:
@@ -112,10 +107,9 @@ def _memory(device) -> dict:
     import torch
     if not str(device).startswith("cuda"):
         return {}
-    free, total = torch.cuda.mem_get_info()
     return {"max_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "max_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
-            "device_total_gib": round(total / 2**30, 2)}
+            "device_total_gib": round(torch.cuda.mem_get_info()[1] / 2**30, 2)}
 
 
 def time_batch(model, batch: int, length: int, prompt_ids, *, eos_id, pad_id, device) -> float:
@@ -135,13 +129,10 @@ def bench_sampling(model, hist: dict, prompt_ids: list[int], *, eos_id: int, pad
     distribution-weighted samples/s, tokens/s and roofline fraction."""
     import torch
 
+    import numpy as np
+
     buckets = length_buckets(hist, width)
-    cum, median = 0.0, buckets[-1][0]
-    for b, share in buckets:
-        cum += share
-        if cum >= 0.5:
-            median = b
-            break
+    median = buckets[int(np.searchsorted(np.cumsum([s for _, s in buckets]), 0.5 - 1e-12))][0]
     wbytes, kvpt = _weight_bytes(model), kv_bytes_per_token(model.config, next(model.parameters()).element_size())
     p = len(prompt_ids)
     time_batch(model, min(batches), 4, prompt_ids, eos_id=eos_id, pad_id=pad_id, device=device)  # warm-up

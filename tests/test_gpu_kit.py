@@ -1,7 +1,7 @@
 """The GPU kit (benchmarks/gpu_kit.py, issues 31 and 47): the GGUF shipped in two parts (a call on a machine
 without part 1, or with another kit's, is refused with one line and exit code 2; a good pair joins to the
 original), a step stopped at its deadline, the run folder sent back in parts without the models' weights, the
-transfers' sizes from the committed tree, the slim worktree, GPT-2 large's forced-length benchmark, the projection,
+transfers' sizes from the committed tree, the slim worktree, GPT-2 large's forced-length benchmark,
 and (opt-in, minutes on 2 cores) the whole chain of calls on the CPU with a tiny model."""
 import hashlib
 import json
@@ -184,23 +184,6 @@ def test_length_buckets_round_up_and_decode_bytes_count_weights_and_kv():
     # 3 steps, batch 2, prompt 4: weights 3 times, KV of 4, 5 and 6 tokens per sequence
     assert gt.decode_bytes(100, 10, 2, 4, 3) == 3 * 100 + 2 * (4 + 5 + 6) * 10
     assert gt.peak_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12 and gt.peak_bandwidth("NVIDIA H200") == 4.8e12
-
-
-def test_projection_scales_the_measured_rates():
-    summary = {"gpt2": {"sampling": {"samples_per_s": 1000.0}, "training": {"seconds_per_step": 0.1},
-                        "classifier": {"rows_per_s": 5000.0}},
-               "reports": {"G": {"seconds_per_step": 0.05, "batch_size": 24},
-                           "sample": {"this_run": {"samples": 4000, "seconds": 2.0}}, "filter": {"rows": 1000}},
-               "records": {"filter": {"seconds": 0.1}}}
-    p = gk.project(summary, rows=2400, epochs=5, samples=3_600_000)
-    one, eight = p["paper_models"]["1_gpu"], p["paper_models"]["8_gpu"]
-    assert one["sample_h"] == pytest.approx(1.0) and eight["sample_h"] == pytest.approx(0.125)
-    assert one["train_g_h"] == pytest.approx(100 * 5 * 0.1 / 3600)  # 100 steps of 24 x 5 epochs
-    assert eight["train_g_h"] == pytest.approx(one["train_g_h"] / 8 / 0.9)
-    assert one["filter_h"] == pytest.approx(0.2) and one["x_paper"] == pytest.approx(59 / one["total_h"], rel=0.05)
-    mine = p["this_run_models"]["1_gpu"]
-    assert mine["train_g_h"] == pytest.approx(500 * 0.05 / 3600) and mine["sample_h"] == pytest.approx(0.5)
-    assert mine["filter_h"] == pytest.approx(3_600_000 / 10_000 / 3600)
 
 
 def test_dequantize_never_replaces_a_folder_it_did_not_write(tmp_path):
