@@ -231,8 +231,7 @@ def report(work: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = [json.loads((work / f"scale-{s}.json").read_text()) for s in SCALES if (work / f"scale-{s}.json").exists()]
-    same = sorted(work.glob("same-*.json"))
-    same_res = [json.loads(p.read_text()) for p in same]
+    same_res = [json.loads(p.read_text()) for p in sorted(work.glob("same-*.json"))]
     (RESULTS / "build_scale.json").write_text(json.dumps({"scales": runs, "same_as_in_memory": same_res}, indent=2) + "\n")
     if not runs:
         return
@@ -254,15 +253,11 @@ def report(work: Path) -> None:
               "", "Seconds per stage (from the release's manifest, `--timings`):", "",
               "| stage | " + " | ".join(f"{r['scale']}x" for r in runs) + " |", "|---|" + "---:|" * len(runs)]
     for name in names:
-        row = []
-        for r in runs:
-            st = next((x for x in r["stages"] if x["stage"] == name), None)
-            row.append("" if st is None or st.get("seconds") is None else f"{st['seconds']:.1f}")
-        lines.append(f"| {name.replace('|', chr(92) + '|')} | " + " | ".join(row) + " |")
-        parts = next((x.get("parts") for x in runs[-1]["stages"] if x["stage"] == name), None)
-        for part in parts or {}:
-            vals = [next((x.get("parts", {}).get(part) for x in r["stages"] if x["stage"] == name), None) for r in runs]
-            lines.append(f"| &nbsp;&nbsp;{part} | " + " | ".join("" if v is None else f"{v:.1f}" for v in vals) + " |")
+        st = [next((x for x in r["stages"] if x["stage"] == name), {}) for r in runs]
+        for label, vals in [(name.replace("|", "\\|"), [x.get("seconds") for x in st]), *(
+                (f"&nbsp;&nbsp;{part}", [(x.get("parts") or {}).get(part) for x in st])
+                for part in next((x.get("parts") for x in runs[-1]["stages"] if x["stage"] == name), None) or {})]:
+            lines.append(f"| {label} | " + " | ".join("" if v is None else f"{v:.1f}" for v in vals) + " |")
     for res in same_res:
         lines += ["", f"**Chunked == in memory ({res['rows']:,} rows: {res['base_rows']:,} D0 + {res['new_rows']:,} new):** "
                   f"{'every' if res['same_files'] else 'NOT every'} file under data/, rejected/ and images/ "
@@ -276,14 +271,11 @@ def report(work: Path) -> None:
     total = [(r["base_rows"] + r["new_rows"]) / 1e6 for r in runs]
     axes[0].plot(total, [r["wall_s"] for r in runs], "o-", label="wall")
     axes[0].plot(total, [r["cpu_s"] for r in runs], "s--", label="CPU (user + sys)")
-    axes[0].set_xlabel("rows (millions, D0 + new)")
-    axes[0].set_ylabel("seconds")
-    axes[0].legend(fontsize=8)
     axes[1].plot(total, [r["peak_pss_mb"] / 1024 for r in runs], "o-", label="peak PSS (process tree)")
     axes[1].axhline(8, color="C3", ls=":", lw=1, label="target 8 GB")
-    axes[1].set_xlabel("rows (millions, D0 + new)")
-    axes[1].set_ylabel("GB")
-    axes[1].legend(fontsize=8)
+    for ax, unit in zip(axes, ("seconds", "GB")):
+        ax.set(xlabel="rows (millions, D0 + new)", ylabel=unit)
+        ax.legend(fontsize=8)
     fig.suptitle("debiased-nli build builders/snli.yaml (all four configs)", fontsize=10)
     fig.tight_layout()
     fig.savefig(RESULTS / "build_scale.png", dpi=130)

@@ -39,8 +39,8 @@ from benchmarks.common import RESULTS, ROOT, command, md_table, roofline, rotati
 LOAD = "import numpy as np\na = np.random.rand(768, 768).astype(np.float32)\nwhile True:\n    a = (a @ a) / 768.0\n"
 
 
-def run_summary(folder: str, max_samples: int | None = None) -> dict:
-    """Counts and length arrays of a generate run folder (its complete shards, in order)."""
+def run_summary(folder: str) -> dict:
+    """Counts and length arrays of a generate run folder (its complete shards and their rejects)."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -48,35 +48,16 @@ def run_summary(folder: str, max_samples: int | None = None) -> dict:
     from debiased_nli.data.tasks import get_task
 
     folder = Path(folder)
-    shards = sorted(folder.glob("shard-*-of-*.parquet"))
-    if not shards:
-        raise SystemExit(f"{folder}: no complete shard")
-    cfg = json.loads((folder / "generate_config.json").read_text())
-    labels = list(get_task(cfg["task"]).labels)
-    counts = np.zeros(len(labels), dtype=np.int64)
-    parsed = rejected = 0
-    hyp_len, prem_len, reasons = [], [], {}
-    for shard in shards:
-        rej_path = shard.with_name(shard.name.replace("shard-", "rejects-"))
-        rows = pq.read_table(shard).to_pydict()
-        rej = pq.read_table(rej_path).to_pydict() if rej_path.exists() else {"reason": []}
-        n = len(rows["hypothesis"]) + len(rej["reason"])
-        if max_samples is not None and parsed + rejected + n > max_samples:
-            break
-        parsed += len(rows["hypothesis"])
-        rejected += len(rej["reason"])
-        for r in rej["reason"]:
-            reasons[r] = reasons.get(r, 0) + 1
+    labels = list(get_task(json.loads((folder / "generate_config.json").read_text())["task"]).labels)
+    counts, parsed, rejected, hyp_len, prem_len = np.zeros(len(labels), dtype=np.int64), 0, 0, [], []
+    for shard in sorted(folder.glob("shard-*-of-*.parquet")):
+        rows, rej = pq.read_table(shard).to_pydict(), shard.with_name(shard.name.replace("shard-", "rejects-"))
+        parsed, rejected = parsed + len(rows["hypothesis"]), rejected + (pq.read_metadata(rej).num_rows if rej.exists() else 0)
         counts += np.bincount(np.asarray(rows["label"], dtype=np.int64), minlength=len(labels))
         hyp_len += [len(tokenize(h)) for h in rows["hypothesis"]]
         prem_len += [len(tokenize(p)) for p in rows["premise"]]
-    total = parsed + rejected
-    return {"folder": str(folder), "engine": cfg.get("engine", "generate"), "dtype": cfg.get("dtype"),
-            "batch_size": cfg.get("batch_size"), "seed": cfg.get("seed"), "samples": total, "parsed": parsed,
-            "parse_rate": parsed / total, "label_counts": dict(zip(labels, counts.tolist())),
-            "label_shares": dict(zip(labels, (counts / max(parsed, 1)).round(4).tolist())),
-            "unparseable_reasons": reasons, "hypothesis_words_mean": float(np.mean(hyp_len)),
-            "premise_words_mean": float(np.mean(prem_len)), "_hyp": hyp_len, "_prem": prem_len}
+    return {"samples": parsed + rejected, "parsed": parsed, "label_counts": dict(zip(labels, counts.tolist())),
+            "_hyp": hyp_len, "_prem": prem_len}
 
 
 def compare(ref: dict, run: dict) -> dict:

