@@ -30,16 +30,15 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
-import platform
-import resource
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("DEBIASED_NLI_SHARED", ROOT.parent / "shared"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import RESULTS, SHARED_DATA, machine, md_table, peak_rss_mb, write_result  # noqa: E402
+
 #: the CPU-sized warm-up of the real run (benchmarks/results/aflite_snli.md)
 REAL_RUN = {"share": 0.1, "seed": 0, "epochs": 1.0, "lr": 5e-5, "eps": 1e-8, "batch_size": 16, "max_length": 64}
 
@@ -52,15 +51,11 @@ def real_embeddings(encoder: str, path: str | None = None):
         return data["X"], data["y"].astype(np.int64)
     from debiased_nli.data.loading import load_task
     from debiased_nli.methods.embeddings import WarmUpParams, compute_embeddings, warm_up_encoder
-    ds = load_task("snli", data_files=str(SHARED / "data/snli/train_sample.parquet")).dataset
+    ds = load_task("snli", data_files=str(SHARED_DATA / "snli/train_sample.parquet")).dataset
     wu = warm_up_encoder(ds, encoder, num_labels=3, params=WarmUpParams(**REAL_RUN))
     rest = ds.select(wu.rest(len(ds)))
     emb = compute_embeddings(rest, wu.model_dir, max_length=REAL_RUN["max_length"], pooling="cls")
     return emb, np.asarray(rest["label"], dtype=np.int64)
-
-
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
 def problem(args):
@@ -79,7 +74,7 @@ def _child(unit, args, queue):
     X, Y, train = problem(args)
     held = ~train
     work = Path(args["work"])
-    base = _peak_mb()
+    base = peak_rss_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     if unit == "ours":
         from debiased_nli.methods.aflite.ensemble import LinearSolver, fit_linear_ensemble
@@ -114,7 +109,7 @@ def _child(unit, args, queue):
         out = {"models": [a, b], "n_iter": n_iter, "grad_max": gmax, "dtype": str(coefs[0].dtype),
                "heldout_correct": int(correct.sum()), "heldout_total": int(held[a:b].sum())}
     out.update({"unit": unit, "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
-                "peak_rss_mb": _peak_mb(), "rss_before_mb": base, "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+                "peak_rss_mb": peak_rss_mb(), "rss_before_mb": base, "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
     queue.put(out)
 
 
@@ -170,9 +165,8 @@ def report(args, work: Path, out_dir: Path, cmd: str, stem: str = "aflite_bench"
     sdiff = np.abs(corr_o[ok] - corr_s[ok]) / n_held[ok]
     result = {
         "args": args, "command": cmd,
-        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "torch": torch.__version__, "sklearn": __import__("sklearn").__version__,
-                    "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+        "machine": machine(torch=torch.__version__, sklearn=__import__("sklearn").__version__,
+                           gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None),
         "units": res,
         "summary": {
             "ours": {"seconds": ours["seconds"], "cpu_seconds": ours["cpu_seconds"],
@@ -192,9 +186,7 @@ def report(args, work: Path, out_dir: Path, cmd: str, stem: str = "aflite_bench"
                                "share_within_1.5_over_m": float((sdiff <= 1.5 / args["m"]).mean())},
         },
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out_dir / f"{stem}.md").write_text(render(result))
+    write_result(out_dir / stem, result, render(result), quiet=True)
 
 
 def overlapping(units: dict) -> int:
@@ -213,7 +205,7 @@ def render(r) -> str:
     o, k = s["ours"], s["sklearn"]
     L = ["# AFLite: one round of m linear models, batched vs sequential scikit-learn", "",
          f"Command: `{r['command']}`", "",
-         f"Machine: {r['machine']['cpu_count']} CPU cores"
+         f"Machine: {r['machine']['cpus']} CPU cores"
          + (f" and one {r['machine']['gpu']}" if r["machine"].get("gpu") else " shared with other jobs")
          + f", torch {r['machine']['torch']}, "
          f"scikit-learn {r['machine']['sklearn']}, {a['threads']} thread(s) on each side (OMP_NUM_THREADS=1), "
@@ -223,14 +215,14 @@ def render(r) -> str:
          f"the same parts on both sides; C = 1; tol = {a['tol']:g} on max|∇| for both; iteration cap {a['max_iter']:,} "
          f"(not reached). Each unit ran in a fresh process; the sklearn fits ran in {len(u) - 1} units of "
          f"{a['per_unit']} (the times are summed).", "",
-         "| | wall s | CPU s | L-BFGS iterations, median (max) | converged | largest max\\|∇\\| | held-out accuracy | peak RSS MB |",
-         "|---|---|---|---|---|---|---|---|",
-         f"| ours: `fit_linear_ensemble` (one pass of 2 GEMMs per iteration for all {a['m']}, preconditioned L-BFGS) "
-         f"| {o['seconds']:.1f} | {o['cpu_seconds']:.1f} | {o['iter_median']:.0f} ({o['iter_max']}) | "
-         f"{o['converged']}/{a['m']} | {o['grad_max']:.1e} | {o['heldout_accuracy']:.4f} | {o['peak_rss_mb']:.0f} |",
-         f"| {a['m']} x scikit-learn `LogisticRegression(lbfgs)`, one after the other ({k['dtype']}) "
-         f"| {k['seconds']:.1f} | {k['cpu_seconds']:.1f} | {k['iter_median']:.0f} ({k['iter_max']}) | "
-         f"{k['converged']}/{a['m']} | {k['grad_max']:.1e} | {k['heldout_accuracy']:.4f} | {k['peak_rss_mb']:.0f} |",
+         *md_table(["", "wall s", "CPU s", "L-BFGS iterations, median (max)", "converged", "largest max\\|∇\\|",
+                    "held-out accuracy", "peak RSS MB"],
+                   [[what, f"{x['seconds']:.1f}", f"{x['cpu_seconds']:.1f}", f"{x['iter_median']:.0f} ({x['iter_max']})",
+                     f"{x['converged']}/{a['m']}", f"{x['grad_max']:.1e}", f"{x['heldout_accuracy']:.4f}",
+                     f"{x['peak_rss_mb']:.0f}"] for what, x in (
+                       (f"ours: `fit_linear_ensemble` (one pass of 2 GEMMs per iteration for all {a['m']}, preconditioned "
+                        "L-BFGS)", o),
+                       (f"{a['m']} x scikit-learn `LogisticRegression(lbfgs)`, one after the other ({k['dtype']})", k))]),
          "",
          f"**Speed-up (scikit-learn / ours): {s['speedup_wall']:.1f}x wall, {s['speedup_cpu']:.1f}x CPU time.** "
          f"Ours: {o['fit_seconds']:.1f} s of the {o['seconds']:.1f} s are the fit, the rest the held-out scores.",
@@ -244,8 +236,8 @@ def render(r) -> str:
          ("Units (finish times show they ran back to back):" if (n := overlapping(u)) == 1 else
           f"Units (up to {n} ran at the same time, each in its own process on its own cores; the sklearn "
           f"total is the sum of their wall times, as if run one after the other):"), "",
-         "| unit | wall s | CPU s | finished |", "|---|---|---|---|"]
-    L += [f"| {name} | {v['seconds']:.1f} | {v['cpu_seconds']:.1f} | {v['finished']} |" for name, v in u.items()]
+         *md_table(["unit", "wall s", "CPU s", "finished"],
+                   [[name, f"{v['seconds']:.1f}", f"{v['cpu_seconds']:.1f}", v["finished"]] for name, v in u.items()])]
     return "\n".join(L) + "\n"
 
 
@@ -266,7 +258,7 @@ def main(argv=None):
     ap.add_argument("--units", nargs="*", default=None,
                     help="units to run now: ours, sklearn-A-B, all (default: every missing unit), report")
     ap.add_argument("--work", help="folder of the per-unit results (default: <cache>/bench-aflite-<rows>-<t>-<m>)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--stem", default="aflite_bench", help="name of the result files in --out (default aflite_bench)")
     a = ap.parse_args(argv)
     from debiased_nli.utils.cache import default_cache_dir

@@ -26,7 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import RESULTS, machine, peak_rss_mb, real_nli_rows, run_stage  # noqa: E402
+from benchmarks.common import (RESULTS, command, machine, md_table, peak_rss_mb, real_nli_rows,  # noqa: E402
+                               run_stage, write_result)
 
 LEXICAL = ["unigram_v1", "bigram_v1", "hypo_len_v1", "len_ratio_v1", "overlap_v1", "null_v1"]
 LABELS = ["entailment", "neutral", "contradiction"]
@@ -35,20 +36,15 @@ LABELS = ["entailment", "neutral", "contradiction"]
 def resampled(n: int, seed: int = 0):
     import numpy as np
 
-    from debiased_nli.data.loading import labels_of
-
     pool = real_nli_rows()
     idx = np.random.default_rng(seed).integers(0, len(pool), size=n)
     return pool.select(idx).flatten_indices(), len(pool)
 
 
 def stage_lexical(rows: int, num_proc: int) -> dict:
-    import numpy as np
-
-    from debiased_nli.data.loading import labels_of
-
     from debiased_nli.bias.features import add_feature_columns, build_feature_matrix
     from debiased_nli.bias.zstats import compute_zstats
+    from debiased_nli.data.loading import labels_of
 
     ds, pool = resampled(rows)
     base = peak_rss_mb()
@@ -70,12 +66,9 @@ def stage_lexical(rows: int, num_proc: int) -> dict:
 
 
 def stage_hypothesis_only(rows: int) -> dict:
-    import numpy as np
-
-    from debiased_nli.data.loading import labels_of
-
     from debiased_nli.bias.features import add_feature_columns, build_feature_matrix
     from debiased_nli.bias.hypothesis_only import out_of_fold_tfidf
+    from debiased_nli.data.loading import labels_of
 
     ds, _ = resampled(rows)
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,69 +122,40 @@ def main() -> None:
     ap.add_argument("--num-proc", type=int, default=2)
     ap.add_argument("--stage")
     args = ap.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if not args.stage:
-        import tempfile
-        os.environ["DEBIASED_NLI_CACHE"] = tempfile.mkdtemp(prefix="bench-features-cache-")
-    if args.stage == "lexical":
-        print(json.dumps(stage_lexical(args.rows, args.num_proc)))
+    if args.stage:
+        print(json.dumps({"lexical": lambda: stage_lexical(args.rows, args.num_proc), "baseline": lambda: stage_baseline(
+            args.rows), "hypothesis_only": lambda: stage_hypothesis_only(args.rows)}[args.stage]()))
         return
-    if args.stage == "hypothesis_only":
-        print(json.dumps(stage_hypothesis_only(args.rows)))
-        return
-    if args.stage == "baseline":
-        print(json.dumps(stage_baseline(args.rows)))
-        return
+    os.environ["DEBIASED_NLI_CACHE"] = tempfile.mkdtemp(prefix="bench-features-cache-")
     script = Path(__file__).resolve()
-    results = {"machine": machine(), "command": "python benchmarks/bench_features.py " + " ".join(sys.argv[1:])}
-    results["baseline"] = run_stage(script, "baseline", "--rows", str(args.baseline_rows))
-    print("baseline", results["baseline"], file=sys.stderr)
-    results["lexical_1proc"] = run_stage(script, "lexical", "--rows", str(args.rows), "--num-proc", "1")
-    print("lexical 1 proc", results["lexical_1proc"], file=sys.stderr)
-    if args.num_proc > 1:
-        results["lexical"] = run_stage(script, "lexical", "--rows", str(args.rows), "--num-proc", str(args.num_proc))
-        print("lexical", results["lexical"], file=sys.stderr)
-    else:
-        results["lexical"] = results["lexical_1proc"]
-    results["hypothesis_only"] = run_stage(script, "hypothesis_only", "--rows", str(args.hypothesis_only_rows))
-    print("hypothesis-only", results["hypothesis_only"], file=sys.stderr)
-    lex = results["lexical"]
-    results["speedup_vs_baseline_per_row"] = lex["rows_per_s"] / results["baseline"]["rows_per_s"]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "features_bench.json").write_text(json.dumps(results, indent=2) + "\n")
-    one = results["lexical_1proc"]
-    md = [
-        "# Feature mapping + z-statistics at 1M rows",
-        "",
-        f"Command: `{results['command']}` ({results['machine']['cpus']} CPUs). Rows are resampled (with "
-        f"replacement, seed 0) from the {lex['pool_unique_rows']:,} real NLI rows of ../shared/data "
-        "(SNLI train sample, dev, test; MNLI dev matched and mismatched). Each stage ran in its own process.",
-        "",
-        "| stage | rows | wall (s) | rows/s | peak RSS (MB) |",
-        "|---|---:|---:|---:|---:|",
-        f"| lexical features + matrix + z-statistics, num_proc={lex['num_proc']} | {lex['rows']:,} | "
-        f"{lex['total_s']:.1f} | {lex['rows_per_s']:,.0f} | {lex['peak_rss_mb']:,.0f} |",
-        f"| the same, 1 process | {one['rows']:,} | {one['total_s']:.1f} | {one['rows_per_s']:,.0f} | "
-        f"{one['peak_rss_mb']:,.0f} |",
-        f"| hypothesis-only model (5-fold out-of-fold TF-IDF + LR) | {results['hypothesis_only']['rows']:,} | "
-        f"{results['hypothesis_only']['seconds']:.1f} | {results['hypothesis_only']['rows_per_s']:,.0f} | "
-        f"{results['hypothesis_only']['peak_rss_mb']:,.0f} |",
-        f"| baseline: per-row Python, dict counts | {results['baseline']['rows']:,} | "
-        f"{results['baseline']['seconds']:.1f} | {results['baseline']['rows_per_s']:,.0f} | |",
-        "",
+    r = {"machine": machine(), "command": command("bench_features.py")}
+    r["baseline"] = run_stage(script, "baseline", "--rows", str(args.baseline_rows))
+    r["lexical_1proc"] = run_stage(script, "lexical", "--rows", str(args.rows), "--num-proc", "1")
+    r["lexical"] = run_stage(script, "lexical", "--rows", str(args.rows), "--num-proc", str(args.num_proc)) \
+        if args.num_proc > 1 else r["lexical_1proc"]
+    r["hypothesis_only"] = run_stage(script, "hypothesis_only", "--rows", str(args.hypothesis_only_rows))
+    lex, one, hyp, base = r["lexical"], r["lexical_1proc"], r["hypothesis_only"], r["baseline"]
+    r["speedup_vs_baseline_per_row"] = lex["rows_per_s"] / base["rows_per_s"]
+    write_result(RESULTS / "features_bench", r, [
+        "# Feature mapping + z-statistics at 1M rows", "",
+        f"Command: `{r['command']}` ({r['machine']['cpus']} CPUs). Rows are resampled (with replacement, seed 0) from "
+        f"the {lex['pool_unique_rows']:,} real NLI rows of ../shared/data (SNLI train sample, dev, test; MNLI dev "
+        "matched and mismatched). Each stage ran in its own process.", "",
+        *md_table(["stage", "rows", "wall (s)", "rows/s", "peak RSS (MB)"], [
+            [f"lexical features + matrix + z-statistics, num_proc={lex['num_proc']}", f"{lex['rows']:,}",
+             f"{lex['total_s']:.1f}", f"{lex['rows_per_s']:,.0f}", f"{lex['peak_rss_mb']:,.0f}"],
+            ["the same, 1 process", f"{one['rows']:,}", f"{one['total_s']:.1f}", f"{one['rows_per_s']:,.0f}",
+             f"{one['peak_rss_mb']:,.0f}"],
+            ["hypothesis-only model (5-fold out-of-fold TF-IDF + LR)", f"{hyp['rows']:,}", f"{hyp['seconds']:.1f}",
+             f"{hyp['rows_per_s']:,.0f}", f"{hyp['peak_rss_mb']:,.0f}"],
+            ["baseline: per-row Python, dict counts", f"{base['rows']:,}", f"{base['seconds']:.1f}",
+             f"{base['rows_per_s']:,.0f}", ""]], "lrrrr"), "",
         f"Split of the lexical stage: features {lex['features_s']:.1f} s, feature matrix {lex['matrix_s']:.1f} s, "
-        f"z-statistics {lex['zstats_s']:.2f} s; {lex['n_features']:,} features, {lex['entries']:,} (row, feature) "
-        "entries.",
-        "",
-        f"**Speed-up over the per-row baseline (rows/s ratio, same run): "
-        f"{results['speedup_vs_baseline_per_row']:.1f}x.** Target: lexical features and z-statistics of 1M rows "
-        "in under 60 s and 4 GB on 2 cores.",
-        "",
-        f"Peak RSS includes the resampled 1M-row dataset held in memory "
-        f"(the process was at {lex['rss_before_mb']:,.0f} MB before features).",
-    ]
-    (RESULTS / "features_bench.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+        f"z-statistics {lex['zstats_s']:.2f} s; {lex['n_features']:,} features, {lex['entries']:,} (row, feature) entries.",
+        "", f"**Speed-up over the per-row baseline (rows/s ratio, same run): {r['speedup_vs_baseline_per_row']:.1f}x.** "
+        "Target: lexical features and z-statistics of 1M rows in under 60 s and 4 GB on 2 cores.", "",
+        f"Peak RSS includes the resampled 1M-row dataset held in memory (the process was at {lex['rss_before_mb']:,.0f} MB "
+        "before features)."])
 
 
 if __name__ == "__main__":

@@ -20,21 +20,14 @@ reported, with the ratio to the first configuration measured in the same run.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import MODELS, RESULTS, SHARED_DATA, command, machine, md_table, write_result  # noqa: E402
 
 
 def plain_trainer(model_path, task, train, *, pad_max_length: bool, args, out_dir):
@@ -71,8 +64,8 @@ def harness(model_path, task, train, *, args, out_dir):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(Path.home() / ".cache/debiased-nli/models/all-minilm-l6-v2"))
-    p.add_argument("--data", default=str(ROOT.parent / "shared/data/snli/train_sample.parquet"))
+    p.add_argument("--model", default=str(MODELS / "all-minilm-l6-v2"))
+    p.add_argument("--data", default=str(SHARED_DATA / "snli/train_sample.parquet"))
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=128)
@@ -80,12 +73,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/train_bench"))
+    p.add_argument("--out", default=str(RESULTS / "train_bench"))
     args = p.parse_args()
-
     import numpy as np
     import torch
     import transformers
+    from transformers import AutoTokenizer
 
     from debiased_nli.data.loading import load_task
     from debiased_nli.data.tasks import get_task
@@ -98,59 +91,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for c in configs:
-                out = Path(tmp) / f"{c}-{rep}"
-                start = time.perf_counter()
-                if c == "debiased_nli_train":
-                    m = harness(args.model, task, train, args=args, out_dir=out)
-                else:
-                    m = plain_trainer(args.model, task, train, pad_max_length=c == "trainer_pad_max_length",
-                                      args=args, out_dir=out)
+                out, start = Path(tmp) / f"{c}-{rep}", time.perf_counter()
+                m = harness(args.model, task, train, args=args, out_dir=out) if c == "debiased_nli_train" else \
+                    plain_trainer(args.model, task, train, pad_max_length=c == "trainer_pad_max_length", args=args,
+                                  out_dir=out)
                 runs[c].append({"examples_per_second": float(m["train_samples_per_second"]),
                                 "train_seconds": float(m["train_runtime"]),
                                 "wall_seconds_incl_setup": round(time.perf_counter() - start, 2)})
                 print(c, rep, runs[c][-1], flush=True)
-    base = statistics.median(r["examples_per_second"] for r in runs[configs[0]])
-    summary = {c: {"median_examples_per_second": statistics.median(r["examples_per_second"] for r in runs[c]),
-                   "ratio_vs_trainer_pad_max_length": statistics.median(r["examples_per_second"] for r in runs[c]) / base,
+    med = {c: statistics.median(r["examples_per_second"] for r in runs[c]) for c in configs}
+    summary = {c: {"median_examples_per_second": med[c], "ratio_vs_trainer_pad_max_length": med[c] / med[configs[0]],
                    "runs": runs[c]} for c in configs}
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(args.model)(list(train["premise"]), list(train["hypothesis"]),
-                                                    truncation=True, max_length=args.max_length)["input_ids"]
-    lengths = [len(x) for x in ids]
+    lengths = [len(x) for x in AutoTokenizer.from_pretrained(args.model)(
+        list(train["premise"]), list(train["hypothesis"]), truncation=True, max_length=args.max_length)["input_ids"]]
     tok_len = {"mean": float(np.mean(lengths)), "p90": float(np.percentile(lengths, 90)), "max": int(max(lengths))}
-    record = {"command": "python benchmarks/bench_train.py " + " ".join(sys.argv[1:]), "args": vars(args),
-              "results": summary, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                                              "torch_threads": torch.get_num_threads(), "shared_cpu": True},
+    record = {"command": command("bench_train.py"), "args": vars(args), "results": summary,
+              "machine": machine(torch_threads=torch.get_num_threads(), shared_cpu=True),
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
               "data": {"rows": args.rows, "pair_word_pieces": tok_len}}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
-    lines = [f"# Training throughput: `debiased-nli train` vs plain `Trainer`", "",
-             f"Command: `{record['command']}`", "",
-             f"{args.rows} SNLI rows, batch {args.batch_size}, max length {args.max_length}, lr {args.lr}, one epoch, "
-             f"model `{Path(args.model).name}`, CPU ({os.cpu_count()} cores, torch threads {args.threads}; the cores "
-             f"are shared with other jobs, so absolute figures are noisy: compare the ratios). Median of "
-             f"{args.repeats} interleaved runs.", "",
-             "| configuration | examples/s (median) | ratio vs Trainer padded to max length | runs |",
-             "|---|---:|---:|---|"]
-    for c in configs:
-        s = summary[c]
-        lines.append(f"| {c} | {s['median_examples_per_second']:.2f} | {s['ratio_vs_trainer_pad_max_length']:.2f} | "
-                     + ", ".join(f"{r['examples_per_second']:.2f}" for r in s["runs"]) + " |")
-    lines += ["", "Notes:",
-              "- `debiased_nli_train`'s time includes what `debiased-nli train` does inside `Trainer.train()`: "
-              "writing the end-of-epoch checkpoint (model + optimizer state); the plain Trainer runs use "
-              "`save_strategy=\"no\"`, so the comparison is slightly unfavourable to the harness.",
-              "- The padding to max length costs most where rows are much shorter than the limit (on these SNLI rows "
-              f"a pair is {tok_len['mean']:.0f} word pieces on average, {tok_len['p90']:.0f} at the 90th percentile, "
-              f"{tok_len['max']} at most, against {args.max_length}). Length-grouped batches (the harness) save a little more "
-              "than dynamic padding alone.",
-              "- Each run is one epoch of rows/batch steps including the first (slow) step; with few steps and "
-              "shared cores, single runs vary by about 30%: read the medians and ratios, not single figures."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_result(args.out, record, [
+        "# Training throughput: `debiased-nli train` vs plain `Trainer`", "", f"Command: `{record['command']}`", "",
+        f"{args.rows} SNLI rows, batch {args.batch_size}, max length {args.max_length}, lr {args.lr}, one epoch, model "
+        f"`{Path(args.model).name}`, CPU ({record['machine']['cpus']} cores, torch threads {args.threads}; the cores are "
+        f"shared with other jobs, so absolute figures are noisy: compare the ratios). Median of {args.repeats} "
+        "interleaved runs.", "",
+        *md_table(["configuration", "examples/s (median)", "ratio vs Trainer padded to max length", "runs"],
+                  [[c, f"{summary[c]['median_examples_per_second']:.2f}",
+                    f"{summary[c]['ratio_vs_trainer_pad_max_length']:.2f}",
+                    ", ".join(f"{r['examples_per_second']:.2f}" for r in runs[c])] for c in configs], "lrrl"), "",
+        "Notes:", "- `debiased_nli_train`'s time includes what `debiased-nli train` does inside `Trainer.train()`: writing "
+        "the end-of-epoch checkpoint (model + optimizer state); the plain Trainer runs use `save_strategy=\"no\"`, so the "
+        "comparison is slightly unfavourable to the harness.",
+        "- The padding to max length costs most where rows are much shorter than the limit (on these SNLI rows a pair "
+        f"is {tok_len['mean']:.0f} word pieces on average, {tok_len['p90']:.0f} at the 90th percentile, {tok_len['max']} "
+        f"at most, against {args.max_length}). Length-grouped batches (the harness) save a little more than dynamic "
+        "padding alone.",
+        "- Each run is one epoch of rows/batch steps including the first (slow) step; with few steps and shared cores, "
+        "single runs vary by about 30%: read the medians and ratios, not single figures."])
 
 
 if __name__ == "__main__":

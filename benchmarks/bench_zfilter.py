@@ -18,20 +18,19 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import RESULTS, machine, peak_rss_mb, real_nli_rows, run_stage  # noqa: E402
+from benchmarks.common import (RESULTS, command, machine, md_table, peak_rss_mb, real_nli_rows,  # noqa: E402
+                               run_stage, write_result)
 
 
 def _pool():
-    import numpy as np
-
-    from debiased_nli.data.loading import labels_of
-
     from debiased_nli.bias.features import build_feature_matrix
     from debiased_nli.bias.featurize import add_features
+    from debiased_nli.data.loading import labels_of
 
     t0 = time.perf_counter()
     ds, hyp = add_features(real_nli_rows(), "snli", progress=False)
@@ -41,8 +40,6 @@ def _pool():
 
 def stage_seq_z(base: int, new: int) -> dict:
     import numpy as np
-
-    from debiased_nli.data.loading import labels_of
 
     from debiased_nli.bias.zfilter import z_filter_matrix
 
@@ -70,8 +67,6 @@ def stage_seq_z(base: int, new: int) -> dict:
 def stage_baseline(rows: int) -> dict:
     import numpy as np
 
-    from debiased_nli.data.loading import labels_of
-
     from debiased_nli.bias.zfilter import reference_z_filter, z_filter_matrix
 
     fm, labels, feat_s, _ = _pool()  # the first stage: the feature cache is cold here
@@ -98,59 +93,39 @@ def main() -> None:
     ap.add_argument("--slice", type=int, default=20_000)
     ap.add_argument("--stage")
     args = ap.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if not args.stage:  # a fresh feature cache: the featurisation time is measured, not read back
-        import tempfile
-        os.environ["DEBIASED_NLI_CACHE"] = tempfile.mkdtemp(prefix="bench-zfilter-cache-")
-    if args.stage == "seq_z":
-        print(json.dumps(stage_seq_z(args.base, args.new)))
+    if args.stage:
+        print(json.dumps(stage_seq_z(args.base, args.new) if args.stage == "seq_z" else stage_baseline(args.slice)))
         return
-    if args.stage == "baseline":
-        print(json.dumps(stage_baseline(args.slice)))
-        return
+    os.environ["DEBIASED_NLI_CACHE"] = tempfile.mkdtemp(prefix="bench-zfilter-cache-")  # featurising is measured
     script = Path(__file__).resolve()
-    res = {"machine": machine(), "command": "python benchmarks/bench_zfilter.py " + " ".join(sys.argv[1:])}
-    res["baseline"] = run_stage(script, "baseline", "--slice", str(args.slice))
-    print("baseline", res["baseline"], file=sys.stderr)
-    res["seq_z"] = run_stage(script, "seq_z", "--base", str(args.base), "--new", str(args.new))
-    print("seq_z", res["seq_z"], file=sys.stderr)
-    b, s = res["baseline"], res["seq_z"]
-    res["speedup_same_slice"] = b["reference_s"] / b["vectorised_s"]
-    res["speedup_per_row_full_run"] = s["rows_per_s"] / b["reference_rows_per_s"]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "zfilter_bench.json").write_text(json.dumps(res, indent=2) + "\n")
-    md = [
-        "# Seq-Z at scale",
-        "",
-        f"Command: `{res['command']}` ({res['machine']['cpus']} CPUs). Rows are resampled (with replacement, "
-        f"seed 0) from the {s['pool_unique_rows']:,} real NLI rows of ../shared/data (SNLI train sample, dev, "
-        "test; MNLI dev matched and mismatched), with their features (lexical + out-of-fold hypothesis-only, "
-        f"{s['n_features']:,} features) computed once on the unique rows ({b['featurise_pool_cold_s']:.1f} s with a "
-        "cold cache, not included below).",
-        "",
-        "| what | rows | wall (s) | rows/s | peak RSS (MB) |",
-        "|---|---:|---:|---:|---:|",
-        f"| Z(D0) | {s['base_rows']:,} | {s['z_d0_s']:.1f} | {s['base_rows'] / s['z_d0_s']:,.0f} | |",
-        f"| Z(D_G \\| Z(D0)) | {s['new_rows']:,} | {s['z_dg_given_z_d0_s']:.1f} | "
-        f"{s['new_rows'] / s['z_dg_given_z_d0_s']:,.0f} | |",
-        f"| **Seq-Z total** | {s['base_rows'] + s['new_rows']:,} | **{s['seq_z_total_s']:.1f}** | "
-        f"{s['rows_per_s']:,.0f} | **{s['peak_rss_mb']:,.0f}** |",
-        f"| dictionary-and-loop Algorithm 1, slice | {b['rows']:,} | {b['reference_s']:.1f} | "
-        f"{b['reference_rows_per_s']:,.0f} | |",
-        f"| vectorised, same slice | {b['rows']:,} | {b['vectorised_s']:.2f} | {b['vectorised_rows_per_s']:,.0f} | |",
-        "",
-        f"Seq-Z kept {s['kept_d0']:,} base rows and {s['kept_new']:,} new rows ({s['seq_z_rows']:,} in all). "
-        f"The vectorised filter kept exactly the reference's rows on the slice.",
-        "",
-        f"**Per-row speed-up over the dictionary-and-loop implementation: {res['speedup_per_row_full_run']:.0f}x "
-        f"(full Seq-Z run vs the slice), {res['speedup_same_slice']:.0f}x on the same slice.** Targets: whole run "
-        "under 3 minutes and 6 GB on 2 cores, at least 50x per row.",
-        "",
-        f"Peak RSS includes the 5.55M-row resampled feature matrices held in memory "
-        f"({s['rss_with_inputs_mb']:,.0f} MB before filtering began).",
-    ]
-    (RESULTS / "zfilter_bench.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    r = {"machine": machine(), "command": command("bench_zfilter.py")}
+    r["baseline"] = b = run_stage(script, "baseline", "--slice", str(args.slice))
+    r["seq_z"] = s = run_stage(script, "seq_z", "--base", str(args.base), "--new", str(args.new))
+    r["speedup_same_slice"] = b["reference_s"] / b["vectorised_s"]
+    r["speedup_per_row_full_run"] = s["rows_per_s"] / b["reference_rows_per_s"]
+    write_result(RESULTS / "zfilter_bench", r, [
+        "# Seq-Z at scale", "",
+        f"Command: `{r['command']}` ({r['machine']['cpus']} CPUs). Rows are resampled (with replacement, seed 0) from "
+        f"the {s['pool_unique_rows']:,} real NLI rows of ../shared/data (SNLI train sample, dev, test; MNLI dev matched "
+        f"and mismatched), with their features (lexical + out-of-fold hypothesis-only, {s['n_features']:,} features) "
+        f"computed once on the unique rows ({b['featurise_pool_cold_s']:.1f} s with a cold cache, not included below).",
+        "", *md_table(["what", "rows", "wall (s)", "rows/s", "peak RSS (MB)"], [
+            ["Z(D0)", f"{s['base_rows']:,}", f"{s['z_d0_s']:.1f}", f"{s['base_rows'] / s['z_d0_s']:,.0f}", ""],
+            ["Z(D_G \\| Z(D0))", f"{s['new_rows']:,}", f"{s['z_dg_given_z_d0_s']:.1f}",
+             f"{s['new_rows'] / s['z_dg_given_z_d0_s']:,.0f}", ""],
+            ["**Seq-Z total**", f"{s['base_rows'] + s['new_rows']:,}", f"**{s['seq_z_total_s']:.1f}**",
+             f"{s['rows_per_s']:,.0f}", f"**{s['peak_rss_mb']:,.0f}**"],
+            ["dictionary-and-loop Algorithm 1, slice", f"{b['rows']:,}", f"{b['reference_s']:.1f}",
+             f"{b['reference_rows_per_s']:,.0f}", ""],
+            ["vectorised, same slice", f"{b['rows']:,}", f"{b['vectorised_s']:.2f}", f"{b['vectorised_rows_per_s']:,.0f}",
+             ""]], "lrrrr"), "",
+        f"Seq-Z kept {s['kept_d0']:,} base rows and {s['kept_new']:,} new rows ({s['seq_z_rows']:,} in all). The "
+        "vectorised filter kept exactly the reference's rows on the slice.", "",
+        f"**Per-row speed-up over the dictionary-and-loop implementation: {r['speedup_per_row_full_run']:.0f}x (full "
+        f"Seq-Z run vs the slice), {r['speedup_same_slice']:.0f}x on the same slice.** Targets: whole run under 3 "
+        "minutes and 6 GB on 2 cores, at least 50x per row.", "",
+        f"Peak RSS includes the 5.55M-row resampled feature matrices held in memory ({s['rss_with_inputs_mb']:,.0f} MB "
+        "before filtering began)."])
 
 
 if __name__ == "__main__":

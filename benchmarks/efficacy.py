@@ -5,7 +5,8 @@ A thin plan over ``debiased-nli compare`` (:mod:`debiased_nli.evaluation.compare
 size) train the same model and are scored on every challenge set in full; each (row, seed) is one unit whose
 result file (and, for units run since issue 34, predictions file) lands in ``benchmarks/results/efficacy/``.
 Relative paths in the plan are relative to the repository root. This script adds the project's defaults (the
-plan, the results of ``EFFICACY_RUNS``, the report's title) and ``speed`` (evaluation speed by batch size).
+plan, the results of ``EFFICACY_RUNS``, the report's title). (``speed``, which chose the plan's batch:
+``git show b65411f:benchmarks/efficacy.py``.)
 
     python benchmarks/efficacy.py status
     nohup python benchmarks/efficacy.py run --lock /tmp/debiased-heavy.lock > efficacy.log 2>&1 &
@@ -18,7 +19,6 @@ plan, the results of ``EFFICACY_RUNS``, the report's title) and ``speed`` (evalu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -107,74 +107,11 @@ def report(plan: Plan, out_stem: Path | None = None) -> dict:
                                  share_sets=SHARE_SETS, times_note=TIMES_NOTE)
 
 
-# ------------------------------------------------------------------------------------------ speed
-
-# (rows per batch, padded tokens per batch, dtype)
-SPEED_GRID = [(64, None, "float32"), (64, None, "bfloat16"), (16, None, "float32"), (32, None, "float32"),
-              (128, None, "float32"), (256, 8192, "float32"), (32, None, "bfloat16"), (128, None, "bfloat16")]
-
-
-def speed(plan: Plan, model: str | None = None, rows_per_set: int = 150, threads: int = 2,
-          grid: list[tuple[int, int | None, str]] = SPEED_GRID) -> dict:
-    """Examples/s of ``predict_probabilities`` for batch sizes / token budgets / dtypes, on the same seeded
-    rows of every set of the plan (so the mix of short Dasgupta and long MNLI rows is the table's). The first
-    setting (64 rows per batch, no token budget, float32) is the default; ratios are against it, and so
-    are the largest probability difference and the share of rows whose argmax is unchanged (meaningful
-    with a trained ``model``; the default is the pretrained encoder with a fresh head)."""
-    import numpy as np
-    import torch
-
-    from debiased_nli.models.challenge import load_challenge_set, resolve_sets
-    from debiased_nli.models.classifier import load_classifier, predict_probabilities
-    from debiased_nli.evaluation.scores import sample_rows
-    from debiased_nli.data.tasks import get_task
-    from debiased_nli.models.training import load_model_for_task
-
-    torch.set_num_threads(threads)
-    if model is None:  # the pretrained encoder with a fresh head: the same cost as a trained one
-        folder = plan.runs_dir / "speed_model"
-        if not (folder / "config.json").exists():
-            tok, m = load_model_for_task(plan.model, get_task(plan.task))
-            m.save_pretrained(folder)
-            tok.save_pretrained(folder)
-        model = str(folder)
-    clf = load_classifier(model, "cpu")
-    prem, hyp, counts = [], [], {}
-    for spec in resolve_sets(sets=plan.evaluate["sets"]):
-        ds = sample_rows(load_challenge_set(spec), rows_per_set, 0)
-        prem += ds["premise"]
-        hyp += ds["hypothesis"]
-        counts[spec.name] = len(ds)
-    max_length = int(plan.evaluate.get("max_length", 128))
-    from debiased_nli.utils.precision import cpu_description
-
-    out = {"rows": len(prem), "rows_per_set": counts, "threads": threads, "max_length": max_length,
-           "cpu": cpu_description(), "runs": []}
-    predict_probabilities(clf, prem[:256], hyp[:256], batch_size=64, max_length=max_length, progress=False)  # warm-up
-    out["model"] = show(model)
-    ref = None
-    for bs, mt, dtype in grid:
-        t0 = time.perf_counter()
-        probs = predict_probabilities(clf, prem, hyp, batch_size=bs, max_length=max_length, max_tokens=mt,
-                                      progress=False, dtype=dtype)
-        sec = time.perf_counter() - t0
-        ref = probs if ref is None else ref
-        out["runs"].append({"batch_size": bs, "max_tokens": mt, "dtype": dtype, "seconds": round(sec, 2),
-                            "examples_per_second": round(len(prem) / sec, 1),
-                            "max_abs_prob_diff_vs_first": float(np.abs(probs - ref).max()),
-                            "same_argmax_vs_first": float((probs.argmax(1) == ref.argmax(1)).mean())})
-        log(f"speed: batch {bs}, max_tokens {mt}, {dtype}: {len(prem) / sec:.0f} ex/s")
-    base = out["runs"][0]["examples_per_second"]
-    for r in out["runs"]:
-        r["ratio_vs_first"] = round(r["examples_per_second"] / base, 2)
-    return out
-
-
 # ------------------------------------------------------------------------------------------ CLI
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["status", "run", "report", "speed"])
+    ap.add_argument("command", choices=["status", "run", "report"])
     ap.add_argument("--plan", default=str(DEFAULT_PLAN), help="the rows YAML (default benchmarks/efficacy.yaml)")
     ap.add_argument("--rows", nargs="+", help="only these rows, in this order")
     ap.add_argument("--seeds", nargs="+", type=int, help="only these seeds")
@@ -189,17 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "other has claimed (parallel workers on one GPU or several)")
     ap.add_argument("--seed-major", action="store_true",
                     help="`run`: every row's seed 0 first, then seed 1, ... (a run stopped early has whole seeds)")
-    ap.add_argument("--rows-per-set", type=int, default=150, help="`speed`: rows timed per set (seeded sample)")
-    ap.add_argument("--model", help="`speed`: a trained classifier folder (default: the encoder with a fresh head)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     a = ap.parse_args(argv)
     plan = load_plan(a.plan, runs_dir=a.runs_dir, results_dir=a.results_dir)
-    if a.command == "speed":
-        with heavy_lock(a.lock, "speed"):
-            res = speed(plan, model=a.model, rows_per_set=a.rows_per_set)
-        write_json_atomic(plan.results_dir.parent / "efficacy_speed.json", res)
-        print(json.dumps(res, indent=2))
-        return 0
     if a.command == "status":
         for s in unit_states(plan, a.rows, a.seeds):
             print(f"{s['row']:16s} seed {s['seed']}  {s['state']:8s} {s['reason'] or ''}")

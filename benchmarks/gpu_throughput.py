@@ -1,33 +1,22 @@
-"""Throughput benchmarks of the generator pipeline's models (issue 31), run by ``gpu_generator.py`` on a
-lent GPU (and in tiny form on the CPU by its dry run and tests).
+"""GPT-2 large's throughput (issue 31), run by ``gpu_kit.py`` on a lent GPU (tiny on the CPU by its dry run and
+tests): the paper's own models, from their configs with random weights (a step costs the same whatever they are).
 
-The paper's own models, built from their configs with random weights (a decoding step, a training
-step or a classifier's forward pass costs the same whatever the weights are):
+Sampling with the lengths forced to the SNLI training rows' length distribution: each length bucket L is sampled
+with ``min_new_tokens = max_new_tokens = L`` (the end marker cannot come before L tokens, and nothing goes on
+after), in bfloat16 with a KV cache, at the best batch size of a sweep. The lengths are those of the *whole row*
+the generator writes after its prompt (``premise: P\\nlabel: l\\nhypothesis: H<end>`` in GPT-2 tokens: Wu et al.
+sample whole rows); the hypothesis-only lengths are reported beside them. Gives samples/s against the paper's ~40
+(5M samples in 35 h on an A100), tokens/s, and the fraction of the GPU's memory-bandwidth roofline: every decoding
+step reads all weights once plus the KV cache of every sequence so far, so ``bytes/s = sum over steps (weights +
+batch x context x KV bytes per token) / seconds``, against the card's peak (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
+Then a GPT-2 large *training* step (MLE + 0.5 label-consistency unlikelihood, Table 7's batch 24, bf16 autocast
+over float32 weights, AdamW) and RoBERTa-large's inference rows/s on SNLI-length pairs (the paper's M).
 
-* ``gpt2``  GPT-2 large (774M) sampling with the lengths forced to the SNLI training rows' length
-  distribution: each length bucket L is sampled with ``min_new_tokens = max_new_tokens = L`` (the end
-  marker cannot come before L tokens, and nothing goes on after), in bfloat16 with a KV cache, at the
-  best batch size of a sweep. The lengths are those of the *whole row* the generator writes after its
-  prompt (``premise: P\\nlabel: l\\nhypothesis: H<end>`` in GPT-2 tokens: Wu et al. sample whole rows,
-  so that is the work per sample); the hypothesis-only lengths are reported beside them. Gives
-  samples/s against the paper's ~40 (5M samples in 35 h on an A100), tokens/s, and the fraction of
-  the GPU's memory-bandwidth roofline: every decoding step reads all weights once plus the KV cache
-  of every sequence so far, so ``bytes/s = sum over steps (weights + batch x context x KV bytes per
-  token) / seconds``, against the card's peak (H100 SXM 3.35 TB/s, H200 4.8 TB/s).
-  Also a GPT-2 large *training* step (MLE + 0.5 label-consistency unlikelihood, Table 7's batch 24,
-  bf16 autocast over float32 weights, AdamW) and RoBERTa-large's inference rows/s on SNLI-length
-  pairs (the paper's M): the inputs of the pipeline projection.
-* ``sweep`` the trained generator G: one batch per batch size with the library's own sampling call
-  (plain sampling, up to 128 new tokens, stop at the end marker), samples/s and tokens/s each; the
-  best batch size is what ``debiased-nli generate`` is then run with.
-
-    python benchmarks/gpu_throughput.py gpt2 --lengths lengths.json --out gpt2.json [--tiny]
-    python benchmarks/gpu_throughput.py sweep --generator G/ --out sweep.json --batches 256 512 1024
+    python benchmarks/gpu_throughput.py gpt2 --lengths lengths.json --out gpt2.json [--tiny] [--deadline S]
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -35,9 +24,12 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 # peak HBM bandwidth (bytes/s) by device name, most specific first
 PEAK_BANDWIDTH = [("H200", 4.8e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12),
                   ("A100-SXM4-80GB", 2.039e12), ("A100 80GB PCIe", 1.935e12), ("A100", 1.555e12)]
+LABELS = ("entailment", "neutral", "contradiction")
 PAPER_SAMPLES_PER_S = 40.0  # Wu et al. 2022: 5M samples in ~35 h on one A100 (issue 31)
 GPT2_LARGE = dict(n_embd=1280, n_layer=36, n_head=20, n_positions=1024, vocab_size=50257)
 GPT2_TINY = dict(n_embd=32, n_layer=2, n_head=2, n_positions=256, vocab_size=50257)
@@ -52,10 +44,7 @@ def log(msg: str) -> None:
 
 
 def peak_bandwidth(device_name: str) -> float | None:
-    for key, bw in PEAK_BANDWIDTH:
-        if key in device_name:
-            return bw
-    return None
+    return next((bw for key, bw in PEAK_BANDWIDTH if key in device_name), None)
 
 
 def _sync(device) -> None:
@@ -118,10 +107,9 @@ def _memory(device) -> dict:
     import torch
     if not str(device).startswith("cuda"):
         return {}
-    free, total = torch.cuda.mem_get_info()
     return {"max_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "max_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
-            "device_total_gib": round(total / 2**30, 2)}
+            "device_total_gib": round(torch.cuda.mem_get_info()[1] / 2**30, 2)}
 
 
 def time_batch(model, batch: int, length: int, prompt_ids, *, eos_id, pad_id, device) -> float:
@@ -141,13 +129,10 @@ def bench_sampling(model, hist: dict, prompt_ids: list[int], *, eos_id: int, pad
     distribution-weighted samples/s, tokens/s and roofline fraction."""
     import torch
 
+    import numpy as np
+
     buckets = length_buckets(hist, width)
-    cum, median = 0.0, buckets[-1][0]
-    for b, share in buckets:
-        cum += share
-        if cum >= 0.5:
-            median = b
-            break
+    median = buckets[int(np.searchsorted(np.cumsum([s for _, s in buckets]), 0.5 - 1e-12))][0]
     wbytes, kvpt = _weight_bytes(model), kv_bytes_per_token(model.config, next(model.parameters()).element_size())
     p = len(prompt_ids)
     time_batch(model, min(batches), 4, prompt_ids, eos_id=eos_id, pad_id=pad_id, device=device)  # warm-up
@@ -222,44 +207,37 @@ def summarise_sampling(buckets: list[dict], *, weight_bytes: int, kv_bytes_per_t
 
 
 def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8, warmup: int = 3,
-                   lam: float = 0.5, seed: int = 0, cpu_bf16: bool = False, micro_batch: int | None = None) -> dict:
-    """Optimizer steps of the generator objective (MLE + lam * label-consistency unlikelihood) on
-    random rows of the SNLI length distribution: seconds per step and tokens/s (one copy of each row;
-    the perturbed-label copy doubles the forward tokens). ``micro_batch``: the step's ``batch`` rows in
-    gradient-accumulated chunks of this many (one optimizer step per ``batch`` rows, the same arithmetic
-    in less memory: GPT-2 large's batch of 24 with AdamW does not fit 24 GB of CPU memory at once)."""
+                   lam: float = 0.5, seed: int = 0) -> dict:
+    """Optimizer steps of the generator objective (MLE + lam * label-consistency unlikelihood, bf16 autocast on a
+    GPU) on random rows of the SNLI length distribution: seconds per step and tokens/s (one copy of each row; the
+    perturbed-label copy doubles the forward tokens)."""
     import numpy as np
     import torch
 
-    losses = importlib.import_module("debiased_nli.methods.generation.losses")
+    from debiased_nli.methods.generation.losses import generator_loss
+
     rng = np.random.default_rng(seed)
     lengths, counts = zip(*sorted((int(k), int(v)) for k, v in hist.items()))
     probs = np.asarray(counts, dtype=float) / sum(counts)
-    vocab = model.config.vocab_size
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=1e-6, weight_decay=0.0)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else \
-        torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_bf16)
+    autocast = torch.autocast("cuda" if str(device).startswith("cuda") else "cpu", dtype=torch.bfloat16,
+                              enabled=str(device).startswith("cuda"))
     times, tokens = [], 0
-    chunk = micro_batch or batch
     for i in range(warmup + steps):
         ls = rng.choice(lengths, size=batch, p=probs) + 3  # + the prompt
         n = int(ls.max())
-        ids = torch.tensor(rng.integers(0, vocab, size=(batch, n)), device=device)
-        mask = (torch.arange(n, device=device)[None, :] < torch.tensor(ls, device=device)[:, None]).long()
-        hyp = ((torch.arange(n, device=device)[None, :] >= torch.tensor((ls * 0.7).astype(int), device=device)[:, None])
-               & mask.bool()).long()
-        p_ids = ids.clone()
+        ids = torch.tensor(rng.integers(0, model.config.vocab_size, size=(batch, n)), device=device)
+        pos = torch.arange(n, device=device)[None, :]
+        mask = (pos < torch.tensor(ls, device=device)[:, None]).long()
+        hyp = ((pos >= torch.tensor((ls * 0.7).astype(int), device=device)[:, None]) & mask.bool()).long()
         _sync(device)
         t = time.perf_counter()
-        for a in range(0, batch, chunk):
-            sl = slice(a, a + chunk)
-            with autocast:
-                logits = model(input_ids=ids[sl], attention_mask=mask[sl]).logits
-                p_logits = model(input_ids=p_ids[sl], attention_mask=mask[sl]).logits
-                loss, _ = losses.generator_loss(logits, ids[sl], mask[sl], p_logits, p_ids[sl], hyp[sl], lam=lam)
-            (loss * (len(ids[sl]) / batch)).backward()
-            del logits, p_logits, loss
+        with autocast:
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            p_logits = model(input_ids=ids.clone(), attention_mask=mask).logits
+            loss, _ = generator_loss(logits, ids, mask, p_logits, ids.clone(), hyp, lam=lam)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         _sync(device)
@@ -267,7 +245,7 @@ def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8
             times.append(time.perf_counter() - t)
             tokens += int(mask.sum())
     sec = float(np.mean(times))
-    return {"batch": batch, "micro_batch": chunk, "steps_timed": steps, "seconds_per_step": round(sec, 4),
+    return {"batch": batch, "steps_timed": steps, "seconds_per_step": round(sec, 4),
             "tokens_per_s": round(tokens / sum(times), 1), "forward_tokens_per_s": round(2 * tokens / sum(times), 1),
             "rows_per_s": round(batch / sec, 1), **_memory(device)}
 
@@ -300,178 +278,91 @@ def bench_classifier(model, hist: dict, *, device, batch: int = 512, batches: in
     return {"batch": batch, "batches_timed": batches, "rows_per_s": round(rows / sum(times), 1), **_memory(device)}
 
 
-
-def copy_bandwidth(gib: float = 0.5, repeats: int = 5) -> float:
-    """This machine's measured memory bandwidth in bytes/s (a STREAM-like copy: ``b.copy_(a)`` of ``gib``
-    GiB, which reads and writes each byte once; best of ``repeats``). The CPU roofline's ceiling: there is
-    no datasheet figure for a shared virtual machine's share of its host's memory system."""
-    import torch
-
-    n = int(gib * 2**30) // 4
-    a, b = torch.ones(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32)
-    b.copy_(a)
-    best = min(_timed(lambda: b.copy_(a)) for _ in range(repeats))
-    return 2 * n * 4 / best
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float | None = None,
-             batches: list[int] | None = None, cpu_full: bool = False, cpu_dtype: str = "bfloat16",
-             train_steps: int | None = None, classifier_batch: int | None = None, reserve_s: float = 0.0,
-             resume: bool = False) -> dict:
-    """GPT-2 large sampling (and a training step, and RoBERTa-large inference) on the GPU; ``tiny``: tiny
-    configs on the CPU (dry run); ``cpu_full``: the full-size models on the CPU in ``cpu_dtype`` (issue 31's
-    CPU fallback), the roofline against this machine's measured copy bandwidth (:func:`copy_bandwidth`).
-
-    ``reserve_s``: seconds of ``deadline_s`` kept for the training step and RoBERTa after sampling (sampling
-    scales its untimed length buckets from the timed ones when its share runs out). ``resume``: when ``out``
-    already holds a sampling result of the same model, dtype, device kind and batches (a run cut short after
-    sampling), keep it and measure only what it lacks."""
+             batches: list[int] | None = None) -> dict:
+    """GPT-2 large sampling, then (if time is left) its training step and RoBERTa-large's inference, on the GPU;
+    ``tiny``: tiny configs on the CPU (the dry run, the tests). ``out`` is written after each part: a run cut at
+    its deadline keeps what it measured."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, RobertaConfig, RobertaForSequenceClassification
 
-    if tiny and cpu_full:
-        raise ValueError("tiny and cpu_full exclude each other")
     t0 = time.monotonic()
     deadline = t0 + deadline_s if deadline_s else None
-    cuda = torch.cuda.is_available() and not tiny and not cpu_full
-    device = "cuda" if cuda else "cpu"
-    dtype = torch.bfloat16 if cuda else getattr(torch, cpu_dtype) if cpu_full else torch.float32
-    batches = batches or ([128, 256, 512, 1024, 2048, 4096] if cuda else [16, 32, 64] if cpu_full else [2, 4])
-    eos = int(lengths["eos_id_gpt2"])
-    prompt = [int(x) for x in lengths["prompt_ids_gpt2"]]
+    cuda = torch.cuda.is_available() and not tiny
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    eos, prompt = int(lengths["eos_id_gpt2"]), [int(x) for x in lengths["prompt_ids_gpt2"]]
     result = {"model": "gpt2-large (random weights, GPT2Config)" if not tiny else "gpt2-tiny (CPU dry run)",
-              "device_kind": "cuda" if cuda else "cpu (full-size models)" if cpu_full else "cpu (tiny dry run)",
               "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": len(prompt),
               "lengths": "whole row after the prompt (premise, label, hypothesis, end marker), GPT-2 tokens"}
-    prior = json.loads(Path(out).read_text()) if resume and Path(out).is_file() else {}
-    same = ("sampling" in prior and all(prior.get(k) == result[k] for k in ("model", "device_kind", "dtype"))
-            and [b.get("batch") for b in prior["sampling"].get("batch_sweep", [])] == list(batches))
-    prior = prior if same else {}
-    peak = None
-    if cpu_full and not prior:
-        peak = copy_bandwidth()
-        log(f"copy bandwidth of this machine: {peak / 1e9:.1f} GB/s")
     cfg = GPT2Config(**(GPT2_TINY if tiny else GPT2_LARGE))
-    if prior:
-        log(f"sampling: kept from {out} (written {time.strftime('%H:%M:%S', time.localtime(Path(out).stat().st_mtime))})")
-        for k in ("parameters", "sampling", "sampling_hypothesis_lengths_only", "sampling_measured_at"):
-            if k in prior:
-                result[k] = prior[k]
-        result.setdefault("sampling_measured_at", time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                time.gmtime(Path(out).stat().st_mtime)))
-        result["sampling_resumed"] = True
-    else:
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = GPT2LMHeadModel(cfg).to(dtype).eval()
-        result["parameters"] = sum(p.numel() for p in model.parameters())
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        sample_deadline = deadline and deadline - reserve_s
-        result["sampling"] = bench_sampling(model, lengths["row_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos,
-                                            device=device, batches=batches, peak=peak,
-                                            deadline=sample_deadline and sample_deadline - (30 if cuda else 0))
-        result["sampling"].update(_memory(device))
-        hyp = bench_sampling(model, lengths["hypothesis_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos, device=device,
-                             batches=[result["sampling"]["best_batch"]], peak=peak,
-                             deadline=sample_deadline and sample_deadline - 25) \
-            if not sample_deadline or time.monotonic() < sample_deadline - 40 else None
-        if hyp:
-            result["sampling_hypothesis_lengths_only"] = {k: hyp[k] for k in ("mean_length", "samples_per_s",
-                                                                              "tokens_per_s", "roofline_fraction")}
-        result["sampling_measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        _write(out, result)
-        del model
-        if cuda:
-            torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = GPT2LMHeadModel(cfg).to(dtype).eval()
+    result["parameters"] = sum(p.numel() for p in model.parameters())
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    result["sampling"] = bench_sampling(model, lengths["row_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos,
+                                        device=device, batches=batches or ([128, 256, 512, 1024, 2048, 4096] if cuda
+                                                                           else [2, 4]),
+                                        deadline=deadline and deadline - (30 if cuda else 0))
+    result["sampling"].update(_memory(device))
+    if not deadline or time.monotonic() < deadline - 40:
+        hyp = bench_sampling(model, lengths["hypothesis_lengths_gpt2"], prompt, eos_id=eos, pad_id=eos,
+                             device=device, batches=[result["sampling"]["best_batch"]], deadline=deadline and deadline - 25)
+        result["sampling_hypothesis_lengths_only"] = {k: hyp[k] for k in ("mean_length", "samples_per_s",
+                                                                          "tokens_per_s", "roofline_fraction")}
+    _write(out, result)
+    del model
     if not deadline or time.monotonic() < deadline - 15:
         torch.manual_seed(0)
         with torch.device(device):
             model = GPT2LMHeadModel(cfg)  # float32 weights, bf16 autocast: how the generator is trained
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
         result["training"] = bench_training(model, lengths["row_lengths_gpt2"], device=device,
-                                            steps=train_steps or (8 if cuda else 2), warmup=3 if cuda else 1,
-                                            cpu_bf16=cpu_full and dtype == torch.bfloat16,
-                                            micro_batch=6 if cpu_full else None)  # 24 GB of CPU memory: project's choice
+                                            steps=8 if cuda else 2, warmup=3 if cuda else 1)
         del model
-        if cuda:
-            torch.cuda.empty_cache()
         _write(out, result)
     if not deadline or time.monotonic() < deadline - 8:
-        rcfg = RobertaConfig(**(ROBERTA_TINY if tiny else ROBERTA_LARGE), num_labels=3, pad_token_id=1)
         with torch.device(device):
-            clf = RobertaForSequenceClassification(rcfg).to(dtype)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
+            clf = RobertaForSequenceClassification(RobertaConfig(**(ROBERTA_TINY if tiny else ROBERTA_LARGE),
+                                                                 num_labels=3, pad_token_id=1)).to(dtype)
         result["classifier"] = {"model": "roberta-large (random weights)" if not tiny else "roberta-tiny",
-                                "dtype": str(dtype).replace("torch.", ""),
-                                **bench_classifier(clf, lengths["pair_lengths_gpt2"], device=device,
-                                                   batch=classifier_batch or (512 if cuda else 8),
-                                                   batches=8 if cuda else 3 if cpu_full else 2,
-                                                   warmup=2 if cuda else 1)}
+                                "dtype": result["dtype"], **bench_classifier(clf, lengths["pair_lengths_gpt2"], device=device,
+                                                                             batch=512 if cuda else 8, batches=8 if cuda else 2,
+                                                                             warmup=2 if cuda else 1)}
     result["seconds"] = round(time.monotonic() - t0, 1)
     _write(out, result)
     return result
 
 
-def run_sweep(generator: str, out: Path, batches: list[int], *, max_new_tokens: int = 128, cpu: bool = False,
-              deadline_s: float | None = None) -> dict:
-    """G's samples/s and tokens/s per batch size, with the library's sampling call (plain sampling,
-    stop at the end marker), in bfloat16 on a GPU."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def length_tables(train: Path, tokenizer: Path) -> dict:
+    """The SNLI training rows' lengths in GPT-2 tokens: ``row_lengths_gpt2`` (what a generator writes after its
+    prompt: premise, label, hypothesis and the end marker), ``hypothesis_lengths_gpt2`` (the hypothesis and the end
+    marker) and ``pair_lengths_gpt2`` (premise + hypothesis + RoBERTa's 4 special tokens), as histograms."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
 
-    t0 = time.monotonic()
-    cuda = torch.cuda.is_available() and not cpu
-    device = "cuda" if cuda else "cpu"
-    tok = AutoTokenizer.from_pretrained(generator)
-    model = AutoModelForCausalLM.from_pretrained(generator, dtype=torch.bfloat16 if cuda else torch.float32).to(device).eval()
-    fmt = importlib.import_module("debiased_nli.methods.generation.format").SequenceFormat
-    labels = ("entailment", "neutral", "contradiction")
-    prompt = fmt.for_tokenizer(tok, labels).prompt()
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    rows = []
-    torch.manual_seed(0)
-    for i, bs in enumerate([min(batches)] + list(batches)):  # the first: warm-up
-        if deadline_s and time.monotonic() - t0 > deadline_s:
-            break
-        enc = tok([prompt] * bs, return_tensors="pt", add_special_tokens=False).to(device)
-        _sync(device)
-        t = time.perf_counter()
-        try:
-            with torch.no_grad():
-                gen = model.generate(**enc, do_sample=True, top_p=1.0, temperature=1.0, top_k=0,
-                                     max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=tok.eos_token_id)
-        except torch.OutOfMemoryError:
-            rows.append({"batch": bs, "error": "out of memory"})
-            break
-        _sync(device)
-        dt = time.perf_counter() - t
-        new = gen[:, enc["input_ids"].shape[1]:]
-        # tokens a sample really has: up to and with its end marker (the rest is padding)
-        ended = (new == tok.eos_token_id)
-        first = torch.where(ended.any(1), ended.float().argmax(1) + 1, torch.full_like(ended[:, 0], new.shape[1], dtype=torch.long))
-        if i == 0:
-            continue
-        rows.append({"batch": bs, "seconds": round(dt, 3), "steps": int(new.shape[1]),
-                     "samples_per_s": round(bs / dt, 1), "tokens_per_s": round(float(first.sum()) / dt, 1),
-                     "mean_tokens": round(float(first.float().mean()), 1),
-                     "ended": round(float(ended.any(1).float().mean()), 3)})
-        log(f"G sampling sweep: batch {bs}: {bs / dt:,.0f} samples/s, {int(new.shape[1])} steps")
-    ok = [r for r in rows if "samples_per_s" in r]
-    result = {"generator": str(generator), "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-              "dtype": "bfloat16" if cuda else "float32", "max_new_tokens": max_new_tokens, "sweep": rows,
-              "best_batch": max(ok, key=lambda r: r["samples_per_s"])["batch"] if ok else min(batches),
-              "seconds": round(time.monotonic() - t0, 1), **_memory(device)}
-    _write(out, result)
-    return result
+    from debiased_nli.methods.generation.format import SequenceFormat
+
+    t = pq.read_table(train, columns=["premise", "hypothesis", "label"]).to_pydict()
+    rows = [(p, LABELS[l] if isinstance(l, int) else l, h) for p, h, l in zip(t["premise"], t["hypothesis"], t["label"])
+            if l in LABELS or l in range(3)]
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    fmt = SequenceFormat.for_tokenizer(tok, LABELS)
+    prompt = tok(fmt.prompt(), add_special_tokens=False).input_ids
+    full = tok([fmt.text(p, l, h) for p, l, h in rows], add_special_tokens=False).input_ids
+    hyps = tok([" " + " ".join(h.split()) for _, _, h in rows], add_special_tokens=False).input_ids
+    prem = tok([p for p, _, _ in rows], add_special_tokens=False).input_ids
+
+    def hist(values) -> dict:
+        out: dict[int, int] = {}
+        for v in values:
+            out[int(v)] = out.get(int(v), 0) + 1
+        return dict(sorted(out.items()))
+
+    return {"rows": len(rows), "eos_id_gpt2": tok.eos_token_id, "prompt_ids_gpt2": prompt,
+            "row_lengths_gpt2": hist(len(x) - len(prompt) for x in full),
+            "hypothesis_lengths_gpt2": hist(len(x) + 1 for x in hyps),
+            "pair_lengths_gpt2": hist(len(a) + len(b) + 4 for a, b in zip(prem, hyps))}
 
 
 def _write(path: Path, obj: dict) -> None:
@@ -484,25 +375,18 @@ def _write(path: Path, obj: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["gpt2", "sweep"])
-    ap.add_argument("--lengths", help="gpt2: the kit's lengths.json (SNLI length distributions, GPT-2 tokens)")
-    ap.add_argument("--generator", help="sweep: the trained generator folder")
+    ap.add_argument("what", choices=["gpt2"])
+    ap.add_argument("--lengths", required=True, help="the kit's lengths.json (SNLI length distributions, GPT-2 tokens)")
     ap.add_argument("--batches", type=int, nargs="+")
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="sweep: as `generate --max-new-tokens` (default 128)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU (dry run, tests)")
     ap.add_argument("--deadline", type=float, help="seconds this benchmark may take (it cuts its later parts)")
     a = ap.parse_args(argv)
-    if a.what == "gpt2":
-        r = run_gpt2(json.loads(Path(a.lengths).read_text()), Path(a.out), tiny=a.tiny, deadline_s=a.deadline,
-                     batches=a.batches)
-        s = r["sampling"]
-        print(f"gpt2: {s['samples_per_s']:,.0f} samples/s at batch {s['best_batch']} ({s['x_paper']}x the paper's "
-              f"{PAPER_SAMPLES_PER_S:.0f}), roofline fraction {s['roofline_fraction']}", flush=True)
-    else:
-        r = run_sweep(a.generator, Path(a.out), a.batches or [256, 512, 1024, 2048], cpu=a.tiny,
-                      deadline_s=a.deadline, max_new_tokens=a.max_new_tokens)
-        print(f"sweep: best batch {r['best_batch']}", flush=True)
+    r = run_gpt2(json.loads(Path(a.lengths).read_text()), Path(a.out), tiny=a.tiny, deadline_s=a.deadline,
+                 batches=a.batches)
+    s = r["sampling"]
+    print(f"gpt2: {s['samples_per_s']:,.0f} samples/s at batch {s['best_batch']} ({s['x_paper']}x the paper's "
+          f"{PAPER_SAMPLES_PER_S:.0f}), roofline fraction {s['roofline_fraction']}", flush=True)
     return 0
 
 

@@ -171,36 +171,34 @@ def run(reps: int = 4000, old_reps: int = 1000, boot_replicates: int = 400, seed
 
 
 def markdown(res: dict) -> str:
+    from benchmarks.common import md_table
+
     se = lambda p, n: 100 * np.sqrt(p * (1 - p) / n)  # noqa: E731 - the simulation's own standard error
-    L = ["# Coverage of the comparison intervals (simulated)", "",
-         "`python benchmarks/interval_coverage.py` (the scenarios: its docstring). Coverage: the share of simulated "
-         "comparisons whose 95% interval holds the true difference (± its simulation standard error).", "",
-         "| seeds a side | seed-row t interval | mean width (points) | nested bootstrap (old) | seeds' share of the "
-         "variance |", "|---:|---:|---:|---:|---:|"]
-    for r in res["seeds"]:
-        L.append(f"| {r['seeds']} | {100 * r['coverage']:.1f}% ± {se(r['coverage'], r['reps']):.1f} | {r['width']:.2f} | "
-                 f"{100 * r['bootstrap_coverage']:.1f}% ± {se(r['bootstrap_coverage'], r['bootstrap_reps']):.1f} | "
-                 f"{100 * r['seed_share']:.0f}% |")
-    L += ["", f"({res['seeds'][0]['reps']:,} comparisons per line for the t interval, "
-              f"{res['seeds'][0]['bootstrap_reps']:,} for the bootstrap with {res['seeds'][0]['bootstrap_replicates']} "
-              f"replicates each.)", "",
-          "Rows carrying more of the variance (`rows`: a seed spread of about 0.3 points):", "",
-          "| seeds a side | seed-row t interval | mean width | nested bootstrap (old) | mean width | seeds' share |",
-          "|---:|---:|---:|---:|---:|---:|"]
-    for r in res["rows"]:
-        L.append(f"| {r['seeds']} | {100 * r['coverage']:.1f}% ± {se(r['coverage'], r['reps']):.1f} | {r['width']:.2f} | "
-                 f"{100 * r['bootstrap_coverage']:.1f}% ± {se(r['bootstrap_coverage'], r['bootstrap_reps']):.1f} | "
-                 f"{r['bootstrap_width']:.2f} | {100 * r['seed_share']:.0f}% |")
-    L += ["",
-          f"| seeds a side | {CLUSTERS} clusters declared | rows taken as independent |", "|---:|---:|---:|"]
-    for r in res["clusters"]:
-        L.append(f"| {r['seeds']} | {100 * r['coverage']:.1f}% | {100 * r['coverage_rows_independent']:.1f}% |")
-    L += ["", "| seeds per machine | stratified by machine | width | not stratified | width |", "|---|---:|---:|---:|---:|"]
-    for r in res["machines"]:
-        L.append(f"| {' + '.join(map(str, r['split']))} | {100 * r['coverage']:.1f}% | {r['width']:.2f} | "
-                 f"{100 * r['coverage_unstratified']:.1f}% | {r['width_unstratified']:.2f} |")
-    L += ["", f"{res['seconds']:.0f} s on one core.", ""]
-    return "\n".join(L)
+    cov = lambda r, k="coverage", n="reps": f"{100 * r[k]:.1f}% ± {se(r[k], r[n]):.1f}"  # noqa: E731
+    s0 = res["seeds"][0]
+    return "\n".join([
+        "# Coverage of the comparison intervals (simulated)", "",
+        "`python benchmarks/interval_coverage.py` (the scenarios: its docstring). Coverage: the share of simulated "
+        "comparisons whose 95% interval holds the true difference (± its simulation standard error).", "",
+        *md_table(["seeds a side", "seed-row t interval", "mean width (points)", "nested bootstrap (old)",
+                   "seeds' share of the variance"],
+                  [[r["seeds"], cov(r), f"{r['width']:.2f}", cov(r, "bootstrap_coverage", "bootstrap_reps"),
+                    f"{100 * r['seed_share']:.0f}%"] for r in res["seeds"]], "rrrrr"), "",
+        f"({s0['reps']:,} comparisons per line for the t interval, {s0['bootstrap_reps']:,} for the bootstrap with "
+        f"{s0['bootstrap_replicates']} replicates each.)", "",
+        "Rows carrying more of the variance (`rows`: a seed spread of about 0.3 points):", "",
+        *md_table(["seeds a side", "seed-row t interval", "mean width", "nested bootstrap (old)", "mean width",
+                   "seeds' share"],
+                  [[r["seeds"], cov(r), f"{r['width']:.2f}", cov(r, "bootstrap_coverage", "bootstrap_reps"),
+                    f"{r['bootstrap_width']:.2f}", f"{100 * r['seed_share']:.0f}%"] for r in res["rows"]], "rrrrrr"), "",
+        *md_table(["seeds a side", f"{CLUSTERS} clusters declared", "rows taken as independent"],
+                  [[r["seeds"], f"{100 * r['coverage']:.1f}%", f"{100 * r['coverage_rows_independent']:.1f}%"]
+                   for r in res["clusters"]], "rrr"), "",
+        *md_table(["seeds per machine", "stratified by machine", "width", "not stratified", "width"],
+                  [[" + ".join(map(str, r["split"])), f"{100 * r['coverage']:.1f}%", f"{r['width']:.2f}",
+                    f"{100 * r['coverage_unstratified']:.1f}%", f"{r['width_unstratified']:.2f}"]
+                   for r in res["machines"]], "lrrrr"), "",
+        f"{res['seconds']:.0f} s on one core.", ""])
 
 
 def main(argv=None) -> int:

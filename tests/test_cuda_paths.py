@@ -1,6 +1,6 @@
 """The CUDA code paths of the generator pipeline: the fast sampling engine in bfloat16, bf16 mixed-precision
 training of G with a resume, and the (calibrated) confidence filter. Skipped without a CUDA GPU (CI has
-none); benchmarks/gpu_generator.py runs this file on a lent GPU (its ``cuda_tests`` stage) and keeps the
+none); benchmarks/gpu_kit.py runs this file on a lent GPU (its ``cuda_tests`` step) and keeps the
 output in its logs."""
 import numpy as np
 import pytest

@@ -140,6 +140,24 @@ def test_the_run_folder_is_checked_before_any_work(tiny, tmp_path):
         Pipeline(rec, tmp_path / "r", samples_from=tmp_path / "absent")
 
 
+def test_until_leaves_the_later_stages_and_a_deadline_stops_the_stage_in_progress(tiny, tmp_path):
+    """`until` ends the run after a stage; with a `deadline` each stage runs in a process of its own, stopped when
+    the time is up (nothing recorded for it; the next run starts or continues it)."""
+    rec = tiny_recipe(tiny, tmp_path / "outs")
+    run = tmp_path / "run"
+    said: list[str] = []
+    pipe = Pipeline(rec, run, data_files=[f"train={tiny['d0']}"], progress=False, echo=said.append)
+    states = {s.stage: s.state for s in pipe.run(deadline=2)}  # less than the stage's process takes to start
+    assert states["train_g"] == "pending" and said[-1].startswith("train_g: ") and "deadline" in said[-1]
+    assert not (run / "stages").exists()
+    states = {s.stage: s.state for s in pipe.run(until="train_m", deadline=600)}
+    assert [s for s in STAGES if states[s] == "done"] == ["train_g", "train_m"] and states["sample"] == "pending"
+    record = json.loads((run / "stages" / "train_m.json").read_text())
+    assert record["command"].endswith("--stages train_m") and record["params"] == pipe.params("train_m")
+    with pytest.raises(ConfigError, match="deadline must be a positive"):
+        pipe.run(deadline=0)
+
+
 def test_the_cli_continues_a_run_started_elsewhere(tiny, tmp_path, capsys):
     """Finished shards of the same sampling run are copied in (--samples-from), the others sampled, and `status`
     counts them."""
@@ -170,8 +188,9 @@ def test_the_gpu_profile_samples_from_g_star_with_m_calibrated_first(tiny, tmp_p
     """`--profile gpu`: G, then G* on Z(D0) / Z-(D0), M, samples of G*, M calibrated on held-out rows (a file)."""
     rec = copy.deepcopy(load_recipe(ROOT / "builders" / "seqz.yaml", "gpu"))
     step = rec["new_rows"][0]
-    step["train"].update(model=tiny["generator"], max_steps=1, batch_size=4, lr=1e-9)
-    step["debias"].update(max_steps=1, batch_size=4, lr=1e-9, z_batch_size=100, cpu=True, progress=False)
+    step["train"].update(model=tiny["generator"], max_steps=1, batch_size=4, lr=1e-9, mixed_precision=None)
+    step["debias"].update(max_steps=1, batch_size=4, lr=1e-9, z_batch_size=100, cpu=True, progress=False,
+                          mixed_precision=None)
     step["train"].update(cpu=True, progress=False)
     step["train_m"].update(model=tiny["classifier"], epochs=1, batch_size=8, max_length=32, dev_files=None, cpu=True,
                            progress=False)

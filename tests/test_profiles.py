@@ -84,7 +84,8 @@ def _tiny_generator(spec, m, run, task):
     spec["train"].update(model=m["generator"], out=str(run / "G"), max_steps=1, batch_size=4, lr=1e-9, cpu=True,
                          mixed_precision=None)
     if "debias" in spec:
-        spec["debias"].update(out=str(run / "G_star"), max_steps=1, batch_size=4, lr=1e-9, cpu=True, z_batch_size=100)
+        spec["debias"].update(out=str(run / "G_star"), max_steps=1, batch_size=4, lr=1e-9, cpu=True, z_batch_size=100,
+                              mixed_precision=None)
     # a random model cannot write a whole row: given the premise and the label, about half its samples parse
     spec["generate"].update(out=str(run / "samples"), num_samples=8, num_shards=1, batch_size=4, max_new_tokens=6,
                             condition="premise+label", cpu=True, progress=False)

@@ -282,14 +282,16 @@ class Pipeline:
                 out[cfg] = files
         return out
 
-    def command(self, stages: Sequence[str] | None = None) -> str:
-        """The command line that runs these stages of this pipeline again."""
-        parts = ["debiased-nli", "pipeline", "run", self.recipe_ref or "<recipe>"]
+    def argv(self, stages: Sequence[str] | None = None, recipe: str | None = None) -> list[str]:
+        """``pipeline run``'s arguments for these stages of this pipeline (``recipe``: in place of its name)."""
+        parts = ["pipeline", "run", recipe or self.recipe_ref or "<recipe>"]
         if self.profile:
             parts += ["--profile", self.profile]
         if self.data_files is not None:
-            files = self.data_files if isinstance(self.data_files, (list, tuple)) else [self.data_files]
-            parts += ["--data-files", *map(str, files)]
+            files = self.data_files
+            if isinstance(files, Mapping):
+                files = [f"{k}={f}" for k, v in files.items() for f in ([v] if isinstance(v, (str, os.PathLike)) else v)]
+            parts += ["--data-files", *map(str, [files] if isinstance(files, (str, os.PathLike)) else files)]
         if self.samples_from:
             parts += ["--samples-from", str(self.samples_from)]
         if self.probabilities_from:
@@ -297,6 +299,11 @@ class Pipeline:
         parts += ["--run", str(self.run_dir)]
         if stages:
             parts += ["--stages", *stages]
+        return parts
+
+    def command(self, stages: Sequence[str] | None = None) -> str:
+        """The command line that runs these stages of this pipeline again."""
+        parts = ["debiased-nli", *self.argv(stages)]
         # a recipe handed over as a mapping has no name to rerun it by: `<recipe>` says so, unquoted
         return " ".join(p if p == "<recipe>" and not self.recipe_ref else shlex.quote(p) for p in parts)
 
@@ -390,29 +397,48 @@ class Pipeline:
         return {"recipe": self.recipe["name"], "profile": self.profile, "task": self.task.name,
                 "generator_step": _plain(self.spec), "data_files": _plain(self.data_files)}
 
-    def run(self, stages: Sequence[str] | None = None, *, units: int | None = None) -> list[StageState]:
+    def run(self, stages: Sequence[str] | None = None, *, units: int | None = None, until: str | None = None,
+            deadline: float | None = None) -> list[StageState]:
         """Run the stages that are not done, in order (``stages``: only these, each whatever its state but
         skipped ones). Without ``stages``, a stage that ends unfinished (``units``: sampling stops after that many
-        new shards) ends the run there. Returns the status afterwards."""
+        new shards) ends the run there. ``until``: the last stage to run (the later ones are left to another run,
+        e.g. on another machine). ``deadline``: seconds from now; each stage then runs in a process of its own
+        (``pipeline run ... --stages STAGE``), stopped when the time is up, and the run ends there: what the stage
+        finished stays (the trainers' checkpoints, whole sample shards) and the next run continues it. Returns the
+        status afterwards."""
         from ..utils.outputs import lock_target
 
-        for s in stages or ():
+        for s in [*(stages or ()), *([until] if until is not None else [])]:
             if s not in STAGES:
                 raise ConfigError(f"unknown stage {s!r}; the stages are {list(STAGES)}")
         if units is not None and (not isinstance(units, int) or isinstance(units, bool) or units < 1):
             raise ConfigError(f"units must be a positive integer, got {units!r}")
+        if deadline is not None and not (isinstance(deadline, (int, float)) and deadline > 0):
+            raise ConfigError(f"deadline must be a positive number of seconds, got {deadline!r}")
+        end = None if deadline is None else time.monotonic() + deadline
         target = self.check_run_folder()
         self.run_dir = target  # absolute from here on: sampling runs inside it
+        order = [s for s in (stages or STAGES) if until is None or STAGES.index(s) <= STAGES.index(until)]
         unlock = lock_target(target)
         try:
             target.mkdir(parents=True, exist_ok=True)
             _write_json(target / PLAN_FILE, self.plan())
-            for stage in (stages or STAGES):
+            if end is not None:  # each stage's process takes the lock itself
+                unlock()
+                unlock = lambda: None  # noqa: E731
+            for stage in order:
                 st = self.state(stage)
                 if st.state == "skipped" or (st.state == "done" and not stages):
                     self.echo(f"{stage}: {st.state}{' (' + st.detail + ')' if st.detail else ''}")
                     continue
+                if end is not None and end <= time.monotonic():
+                    self.echo(f"{stage}: not started, the deadline has come; run again to continue")
+                    break
                 self.echo(f"{stage}: running ({st.state}{': ' + st.detail if st.detail else ''})")
+                if end is not None:
+                    if not self._run_process(stage, units, end) and not stages:
+                        break
+                    continue
                 t0 = time.perf_counter()
                 finished, summary, outputs = getattr(self, f"_run_{stage}")(units)
                 if not finished:
@@ -429,6 +455,46 @@ class Pipeline:
         finally:
             unlock()
         return self.status()
+
+    def _run_process(self, stage: str, units: int | None, end: float, grace: float = 15.0) -> bool:
+        """``stage`` in a process of its own (this package's CLI, the same working folder), stopped at ``end``
+        (``time.monotonic()``): SIGTERM to its process group, SIGKILL ``grace`` seconds later. Returns whether the
+        stage is done afterwards; a process that failed raises."""
+        import signal
+        import subprocess
+        import sys
+
+        recipe = self.recipe_ref
+        if recipe is None:  # a recipe given as a mapping: the process reads it from the run folder
+            import yaml
+
+            recipe = str(self.run_dir / ".pipeline-recipe.yaml")
+            Path(recipe).write_text(yaml.safe_dump(_plain(self.recipe_path), sort_keys=False))
+        cmd = [sys.executable, "-m", "debiased_nli.cli", *([] if self.progress else ["-q"]),
+               *self.argv([stage], recipe), *(["--units", str(units)] if units else [])]
+        root = str(Path(__file__).resolve().parents[2])  # this package, also where it is not installed
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        try:
+            code = proc.wait(max(end - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+                if proc.poll() is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(wait)
+        st = self.state(stage)
+        if code not in (0, None):
+            raise ConfigError(f"{stage}: its process exited with {code} (its output is above); "
+                              f"{st.state}{': ' + st.detail if st.detail else ''}")
+        if st.state != "done":
+            self.echo(f"{stage}: {'stopped at the deadline' if code is None else 'unfinished'} "
+                      f"({st.state}{': ' + st.detail if st.detail else ''}); run again to continue")
+        return st.state == "done"
 
     def _require(self, stage: str, *needed: str) -> None:
         for n in needed:

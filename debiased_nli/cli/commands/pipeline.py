@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import POSITIVE_INT
+from ._common import POSITIVE_FLOAT, POSITIVE_INT
 
 DESCRIPTION = """\
 Run a recipe (or its --profile) with a `generator` step (Wu et al. 2022: train G, fine-tune G*, sample, confidence-filter)
@@ -31,6 +31,8 @@ examples:
   debiased-nli pipeline run seqz --data-files train=... --run runs/seqz-cpu --units 4
                                                 # sample 4 more shards and stop
   debiased-nli pipeline run seqz --profile gpu --data-files train=... --run runs/seqz-gpu   # the GPU kit's values
+  debiased-nli pipeline run seqz --profile gpu --data-files train=... --run runs/seqz-gpu --until filter --deadline 500
+                                                # at most 500 s, no build or audit (the GPU kit's call)
 """
 
 
@@ -60,6 +62,12 @@ def register(sub) -> None:
     r.add_argument("--stages", nargs="+", choices=STAGES, metavar="STAGE",
                    help=f"run only these stages, whatever their state ({', '.join(STAGES)})")
     r.add_argument("--units", type=POSITIVE_INT, help="sample at most this many more shards, then stop")
+    r.add_argument("--until", choices=STAGES, metavar="STAGE",
+                   help="the last stage to run; the later ones are left to another run (e.g. `--until filter` on a "
+                        "GPU machine, then build and audit here)")
+    r.add_argument("--deadline", type=POSITIVE_FLOAT, metavar="SECONDS",
+                   help="stop the stage in progress after this many seconds (each stage then runs in a process of "
+                        "its own): what it finished stays (checkpoints, whole shards) and the next run continues it")
     r.set_defaults(func=run)
     s = actions.add_parser("status", help="each stage: done, stale, partial, pending or skipped")
     _common(s)
@@ -82,7 +90,7 @@ def _print(states) -> None:
 
 def run(args) -> int:
     pipe = _pipeline(args)
-    states = pipe.run(args.stages, units=args.units)
+    states = pipe.run(args.stages, units=args.units, until=args.until, deadline=args.deadline)
     print(f"{pipe.run_dir}:")
     _print(states)
     return 0
