@@ -28,17 +28,17 @@ def checklist() -> list[str]:
 def test_the_checklist_names_the_files_of_a_method():
     assert checklist() == [
         "debiased_nli/methods/<name>/__init__.py", "debiased_nli/methods/<name>/params.py",
-        "debiased_nli/methods/<name>/step.py", "debiased_nli/release/steps.py", "debiased_nli/cli/commands/<name>.py",
-        "pyproject.toml", "tests/test_<name>*.py", "docs/methods/<name>.md"]
+        "debiased_nli/methods/<name>/step.py", "debiased_nli/release/step_registry.py",
+        "debiased_nli/cli/commands/<name>.py", "pyproject.toml", "tests/test_<name>*.py", "docs/methods/<name>.md"]
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_the_built_in_methods_have_every_file_of_the_checklist(name):
-    from debiased_nli.release.steps import _STEPS
+    from debiased_nli.release.step_registry import _STEPS
 
     for item in checklist():
         path = item.replace("<name>", name)
-        if path == "debiased_nli/release/steps.py":  # a step of the method is declared there, with its parameters
+        if path == "debiased_nli/release/step_registry.py":  # the method's step is declared there, with its params
             steps = [s for s in _STEPS.values() if isinstance(s.function, str)
                      and s.function.startswith(f"debiased_nli.methods.{name}.step:")]
             assert steps and all(s.params == f"debiased_nli.methods.{name}.params:PARAMS" for s in steps), name
@@ -130,10 +130,10 @@ def test_a_toy_method_added_by_the_checklist_builds_and_has_its_command(tmp_path
     for rel, text in TOY.items():  # items 1, 2, 3 and 5
         (copy / rel).parent.mkdir(parents=True, exist_ok=True)
         (copy / rel).write_text(textwrap.dedent(text).lstrip())
-    steps = copy / "debiased_nli" / "release" / "steps.py"  # item 4: one Step among the built-in ones
-    text = steps.read_text()
+    registry = copy / "debiased_nli" / "release" / "step_registry.py"  # item 4: one Step among the built-in ones
+    text = registry.read_text()
     assert text.count("):\n    declare(_step)") == 1
-    steps.write_text(text.replace("):\n    declare(_step)", STEP + "):\n    declare(_step)"))
+    registry.write_text(text.replace("):\n    declare(_step)", STEP + "):\n    declare(_step)"))
     env = {**os.environ, "PYTHONPATH": str(copy), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
     def python(code: str) -> str:

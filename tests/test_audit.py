@@ -71,7 +71,7 @@ def test_the_threshold_curves_are_drawn_over_sorted_n(tmp_path, monkeypatch):
     from debiased_nli.data.loading import load_task
 
     ds = load_task("demo", max_rows=600).dataset
-    from debiased_nli.bias.featurize import add_features
+    from debiased_nli.bias.task_features import add_features
     ds, _ = add_features(ds, "demo", hypothesis_only=None, progress=False)
     zs = compute_zstats(build_feature_matrix(ds), np.asarray(ds["label"]), ["entailment", "neutral", "contradiction"])
     lines = []

@@ -12,10 +12,10 @@ import yaml
 
 from debiased_nli.cli import main
 from debiased_nli.data.loading import new_rows
-from debiased_nli.release import steps
+from debiased_nli.release import step_registry
 from debiased_nli.release.decisions import Replay, params_sha256
 from debiased_nli.release.recipe import build
-from debiased_nli.release.steps import Rejects, Step, declare
+from debiased_nli.release.step_registry import Rejects, Step, declare
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = yaml.safe_load((ROOT / "builders/demo.yaml").read_text())
@@ -24,7 +24,7 @@ CALLS = {"n": 0, "noise": 0.0}
 
 @pytest.fixture(autouse=True)
 def registry(monkeypatch):
-    monkeypatch.setattr(steps, "_STEPS", dict(steps._STEPS))
+    monkeypatch.setattr(step_registry, "_STEPS", dict(step_registry._STEPS))
     CALLS.update(n=0, noise=0.0)
     declare(Step("noisy", "filter", noisy_filter, rejects=Rejects(extra=("noisy_score",))))
     declare(Step("noisy_rows", "source", noisy_rows))

@@ -6,7 +6,7 @@ import pytest
 from debiased_nli.utils.errors import ConfigError
 from debiased_nli.bias.features import (OVERLAP_NAMES, FeatureMatrix, add_feature_columns, build_feature_matrices,
                                         build_feature_matrix, extract_table, register_extractor, tokenize)
-from debiased_nli.bias.featurize import add_features
+from debiased_nli.bias.task_features import add_features
 
 LEXICAL = ["unigram_v1", "bigram_v1", "hypo_len_v1", "len_ratio_v1", "overlap_v1", "low_overlap_v1", "null_v1"]
 

@@ -56,7 +56,7 @@ def test_the_tfidf_models_logistic_regressions_converge(shared_data):
     # Newton-CG runs to a gradient far below the decision margin (1e-10) in a few Newton steps, well
     # before its step cap; the out-of-fold accuracy is that of the 20k sample's model
     from debiased_nli.data.loading import labels_of, load_task
-    from debiased_nli.bias.featurize import featurize_build
+    from debiased_nli.bias.task_features import featurize_build
     from debiased_nli.bias.hypothesis_only import LOGREG_SOLVER, out_of_fold_tfidf
 
     d0 = load_task("snli", data_files=str(shared_data / "snli/train_sample.parquet"), max_rows=6000).dataset

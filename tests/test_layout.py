@@ -153,7 +153,7 @@ TASK_EDGES = {
     "debiased_nli.models.challenge": "a challenge set's spec names its task",
     "debiased_nli.models.card": "a training record names its task",
     "debiased_nli.data.loading": "the public API (load_task, new_rows)",
-    "debiased_nli.bias.featurize": "the public API (add_features)",
+    "debiased_nli.bias.task_features": "the public API (add_features)",
     "debiased_nli.bias.zfilter": "the public API (z_filter)",
     "debiased_nli.bias.audit": "the public API (audit_dataset)",
     "debiased_nli.models.training": "the public API (train_classifier)",

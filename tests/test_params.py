@@ -7,7 +7,7 @@ import pytest
 
 from debiased_nli.cli import build_parser
 from debiased_nli.release.recipe import load_recipe
-from debiased_nli.release.steps import get_step, known_steps
+from debiased_nli.release.step_registry import get_step, known_steps
 from debiased_nli.utils.errors import ConfigError
 from debiased_nli.utils.params import NOT_GIVEN, Param, Params
 

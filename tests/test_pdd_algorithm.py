@@ -9,7 +9,7 @@ from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError
 from debiased_nli.bias.hypothesis_only import out_of_fold_tfidf
 from debiased_nli.bias.features import build_feature_matrix
-from debiased_nli.bias.featurize import add_features
+from debiased_nli.bias.task_features import add_features
 from debiased_nli.methods.pdd.algorithm import (LOST_X, NO_SURVIVOR, SAME_AS_SOURCE, STILL_HAS_X, Algorithm1,
                                                 PairFeaturizer, PDDConfig, PDDState, Perturber, PerturbRequest,
                                                 ResultCache, reference_reduce_feature)

@@ -1,4 +1,4 @@
-"""The recipe steps' contract (release/steps.py): a step is declared once, gets exactly the context it
+"""The recipe steps' contract (release/step_registry.py): a step is declared once, gets exactly the context it
 declares, has its card section found through the registry, and hands its dropped rows, with their reason,
 to the build, which alone writes them."""
 import importlib
@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from debiased_nli.data.loading import new_rows
-from debiased_nli.release import steps
+from debiased_nli.release import step_registry
 from debiased_nli.release.recipe import build, known_steps, register_filter_step, register_source_step
-from debiased_nli.release.steps import CONTEXT, Rejects, Step, declare, get_step
+from debiased_nli.release.step_registry import CONTEXT, Rejects, Step, declare, get_step
 from debiased_nli.utils.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ DEMO = yaml.safe_load((ROOT / "builders/demo.yaml").read_text())
 @pytest.fixture(autouse=True)
 def registry(monkeypatch):
     """The steps a test declares are gone after it."""
-    monkeypatch.setattr(steps, "_STEPS", dict(steps._STEPS))
+    monkeypatch.setattr(step_registry, "_STEPS", dict(step_registry._STEPS))
 
 
 def _keep_all(ds, task, params, ctx):

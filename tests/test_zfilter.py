@@ -6,7 +6,7 @@ from debiased_nli.data.loading import load_task
 from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError, EmptyResultError
 from debiased_nli.bias.features import build_feature_matrices, build_feature_matrix
-from debiased_nli.bias.featurize import add_features
+from debiased_nli.bias.task_features import add_features
 from debiased_nli.bias.zfilter import reference_z_filter, z_filter, z_filter_matrix
 from debiased_nli.bias.zstats import compute_zstats, z_from_counts
 

@@ -15,7 +15,7 @@ from .. import __version__
 from ..data.loading import column_numpy, labels_of
 from ..data.tasks import TaskSpec, get_task
 from .features import NULL_FEATURE, build_feature_matrix
-from .featurize import add_features
+from .task_features import add_features
 from .zstats import ZStats, bonferroni_threshold, compute_zstats
 
 

@@ -22,7 +22,7 @@ def compose(d0, dg, task: TaskSpec, *, top_k: int = 20, batch_size: int = 1000, 
     """The z-filtering compositions available for D0 (and D_G when given), keyed by config name.
 
     ``features``: the feature matrices of D0 and D_G over one vocabulary (e.g. from
-    :func:`~debiased_nli.bias.featurize.featurize_build`); otherwise both inputs must carry feature columns
+    :func:`~debiased_nli.bias.task_features.featurize_build`); otherwise both inputs must carry feature columns
     computed together (same extractors, one hypothesis-only model), and their matrices are built
     here, once. Every composition is z-filtered from these matrices: Z-Aug is seeded with D0's
     rows, Seq-Z with Z(D0)'s (the counts of a seed set do not depend on its order). Z(D0) is walked
@@ -162,7 +162,7 @@ def z_filtered_original(d0, task: TaskSpec, *, hypothesis_only="tfidf", folds: i
     ``features`` and ``z_filter`` settings and this seed (the hypothesis-only model's folds and the
     walk both use ``seed``). Z(D0) depends on D0 alone, so this is also the Z(D0) of a build with new
     rows; the generator's G* step uses it."""
-    from ..bias.featurize import featurize_build
+    from ..bias.task_features import featurize_build
 
     feats = featurize_build(d0, None, task, hypothesis_only=hypothesis_only, folds=folds, seed=seed, progress=progress)
     r = compose(d0, None, task, top_k=top_k, batch_size=batch_size, seed=seed, p0=p0, configs=["z_filtered"],

@@ -9,14 +9,14 @@ import numpy as np
 
 from ..data.tasks import TaskSpec
 from ..utils.errors import ConfigError
-from .featurize import add_features
+from .task_features import add_features
 
 
 def bias_log_probabilities(ds, task: TaskSpec, bias_model: str = "tfidf", *, seed: int = 0,
                            progress: bool = True) -> tuple[np.ndarray, dict]:
     """Per-row log-probabilities of the hypothesis-only bias model, rows x K, in the task's label order.
 
-    ``"tfidf"``: the out-of-fold predictions of :func:`debiased_nli.bias.featurize.add_features` (no row is
+    ``"tfidf"``: the out-of-fold predictions of :func:`debiased_nli.bias.task_features.add_features` (no row is
     scored by a model that saw it); otherwise a fine-tuned classifier folder run on the hypothesis.
     Probabilities are clipped at 1e-6 before the log, so a confident bias model cannot give -inf.
     """

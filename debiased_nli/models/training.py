@@ -34,7 +34,7 @@ and at test time only ``p`` is used. Three bias models:
   on the hypothesis (no gradient), its pooled output (or first token when it has no pooler), dropout,
   and a linear head (Wu et al.'s script's default, ``nonlinear_h_classifier=None``). Only ``p`` is saved.
 * ``tfidf``: the out-of-fold TF-IDF + logistic-regression hypothesis-only predictions of
-  :func:`debiased_nli.bias.featurize.add_features`, fixed.
+  :func:`debiased_nli.bias.task_features.add_features`, fixed.
 * a folder: a trained hypothesis-only classifier, fixed.
 
 With a fixed bias model ``gamma * CE(b, y)`` is a constant: it is computed and logged but changes no

@@ -38,7 +38,7 @@ class ConfigData:
     name: str
     splits: dict[str, Any]
     # the rows its stage dropped, in the columns written to rejected/<config>/ (the canonical ones, the reason,
-    # the step's own: see release.steps.Rejects, the one place that shapes them)
+    # the step's own: see release.step_registry.Rejects, the one place that shapes them)
     rejected: Any = None
     description: str = ""
     stages: list[dict] = dataclasses.field(default_factory=list)

@@ -213,7 +213,7 @@ def self_audit_configs(run, configs: list, feats) -> list:
     import datasets
 
     from ..bias.self_audit import self_audit_fixed_point
-    from .steps import Rejects
+    from .step_registry import Rejects
 
     z_rejects = Rejects(reason="rejected_by")  # as the build writes the z-filter's dropped rows (recipe.Z_REJECTS)
 

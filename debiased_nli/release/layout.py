@@ -279,7 +279,7 @@ def _write_config(tmp: Path, c: ConfigData, task: TaskSpec, new_rows: dict) -> t
             f["sha256"] = file_sha256(tmp / f["path"])
         written[split] = files
         labels[split] = label_distribution(ds, task.labels)
-    if c.rejected is not None and len(c.rejected):  # already in its columns (release.steps.Rejects)
+    if c.rejected is not None and len(c.rejected):  # already in its columns (release.step_registry.Rejects)
         _write_parquet(c.rejected, tmp / "rejected" / c.name, "train")
     return written, labels
 

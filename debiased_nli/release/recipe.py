@@ -32,7 +32,7 @@ from ..data.tasks import get_task
 from ..utils.errors import ConfigError, EmptyResultError, did_you_mean, excerpt
 from ..utils.provenance import library_versions
 from ..utils.safe_yaml import read_yaml_input
-from .steps import Rejects, StepResult, get_step, known_steps, register_filter_step, register_source_step
+from .step_registry import Rejects, StepResult, get_step, known_steps, register_filter_step, register_source_step
 
 __all__ = ["DEFAULTS", "SCHEMA", "Z_CONFIGS", "BuildResult", "build", "check_recipe_types", "known_steps",
            "load_recipe", "register_filter_step", "register_source_step"]
@@ -567,7 +567,7 @@ class _Features:
 def _compute_features(run: _Run, d0, dg) -> _Features:
     """Features of D0 and D_G over one vocabulary, a chunk of rows at a time; the hypothesis-only model is
     fitted on D0 alone (out of fold) and predicts D_G, so Z(D0) depends on D0 alone."""
-    from ..bias.featurize import add_features_pair, featurize_build
+    from ..bias.task_features import add_features_pair, featurize_build
     from ..data.loading import contiguous, labels_of
     from ..utils.processes import return_free_memory
 
@@ -650,7 +650,7 @@ def _run_filter_steps(run: _Run, d0, eval_splits: dict) -> list:
     """One config per filter step of ``filters`` (those ``configs`` names, unless it is ``auto``): the rows the
     step keeps of D0, the rows it drops (written as its :class:`~.steps.Rejects` says) and its card section."""
     from ..bias.features import FEATURE_PREFIX
-    from ..bias.featurize import add_features
+    from ..bias.task_features import add_features
     from .configs import ConfigData
     from .decisions import record as decision_record
 

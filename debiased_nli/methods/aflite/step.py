@@ -68,7 +68,7 @@ def aflite_step(ds, task: TaskSpec, params: Mapping[str, Any] | None = None, ctx
     source (``protocol``), the sizes per round, and (``audit``) the bias audit of the input, of the
     kept rows and of a random subset of the same size (the paper's control). ``warmup_share: 0``
     skips the warm-up (then the encoder is used as it is and t defaults to a tenth of the rows).
-    ``ctx``: what a recipe build gives the step (it needs nothing from it; see ``release.steps``).
+    ``ctx``: what a recipe build gives the step (it needs nothing from it; see ``release.step_registry``).
     """
     import datasets
 

@@ -52,7 +52,7 @@ def ibadr_step(ds, task: TaskSpec, params: Mapping[str, Any], ctx: Mapping[str, 
     so the release's z-statistics describe it); the report has the audit of D0 and of S. ``ctx``: what a
     recipe build gives the step (it needs nothing from it)."""
     from ...bias.audit import audit_dataset
-    from ...bias.featurize import add_features
+    from ...bias.task_features import add_features
 
     res = _run(ds, task, params)
     pool, _ = add_features(res.pool, task, seed=params.get("seed", 0), progress=params.get("progress", True))

@@ -12,7 +12,7 @@ import yaml
 from debiased_nli.data.loading import labels_of, load_task, materialize
 from debiased_nli.data.tasks import get_task
 from debiased_nli.bias.features import build_feature_matrices
-from debiased_nli.bias.featurize import add_features, add_features_pair, featurize_build
+from debiased_nli.bias.task_features import add_features, add_features_pair, featurize_build
 from debiased_nli.bias.hypothesis_only import fit_tfidf, out_of_fold_transformer
 from debiased_nli.release.recipe import build, load_recipe
 from test_training import make_tiny_bert
