@@ -128,3 +128,39 @@ def test_a_notebook_builds_pushes_trains_evaluates_and_compares_with_the_top_lev
     assert [f.suffix for f in done.files][:2] == [".md", ".json"]
     assert all(s["state"] == "done" for s in dn.compare("plan.yaml", "status").states)
     assert time.perf_counter() - start < 60
+
+
+def test_an_unknown_option_is_refused_with_the_closest_name_before_any_work(tmp_path, monkeypatch):
+    import debiased_nli as dn
+    from debiased_nli.utils.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    for call, name, close in (
+            (lambda: dn.train("snli", model="m", out="runs/t", epoch=3), "epoch", "epochs"),
+            (lambda: dn.train("snli", model="m", out="runs/t", learningrate=1e-5), "learningrate", "learning_rate"),
+            (lambda: dn.evaluate("m", sutie="nli"), "sutie", "suite"),
+            (lambda: dn.compare("plan.yaml", "status", worker=2), "worker", "workers"),
+            (lambda: dn.build("demo", "out", max_row=5), "max_row", "max_rows"),
+            (lambda: dn.audit("demo", topk=3), "topk", "top_k")):
+        with pytest.raises(ConfigError, match=rf"\(\) got an unknown option '{name}'\. Did you mean '{close}'\?"):
+            call()
+    with pytest.raises(TypeError, match="unknown option 'xyz'"):  # as Python's own unexpected keyword
+        dn.audit("demo", xyz=1)
+    with pytest.raises(ConfigError, match="`options` must be a BuildOptions, got TrainOptions"):
+        dn.build("demo", "out", options=dn.TrainOptions())
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing loaded
+
+
+def test_options_come_as_keywords_as_an_object_or_both():
+    import debiased_nli as dn
+    from debiased_nli.models.training import HYPER_PARAMETERS
+
+    opts = dn.AuditOptions(max_rows=120, hypothesis_only=None, top_k=3)
+    by_object = dn.audit("demo", options=opts)
+    by_keywords = dn.audit("demo", max_rows=120, hypothesis_only=None, top_k=3)
+    assert by_object.report["n_rows"] == by_keywords.report["n_rows"] == 120
+    assert by_object.report["features"] == by_keywords.report["features"]
+    both = dn.audit("demo", options=opts, max_rows=80)  # a keyword replaces the object's field
+    assert both.report["n_rows"] == 80 and both.report["top_k"] == 3 and opts.max_rows == 120
+    assert list(dn.TrainOptions(epochs=2).hyper_parameters()) == list(HYPER_PARAMETERS)
+    assert dn.TrainOptions(epochs=2).hyper_parameters()["epochs"] == 2

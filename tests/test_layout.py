@@ -159,7 +159,6 @@ TASK_EDGES = {
     "debiased_nli.models.training": "the public API (train_classifier)",
     # not yet: modules other work held while the rest moved (issue 47 item 3); each takes a name or a TaskSpec
     "debiased_nli.methods.confidence": "not yet (held by other work)",
-    "debiased_nli.bias.self_audit": "not yet (held by other work)",
 }
 
 

@@ -6,6 +6,7 @@ import pytest
 from debiased_nli.bias.audit import audit_dataset
 from debiased_nli.bias.self_audit import self_audit_fixed_point
 from debiased_nli.data.loading import load_task, new_rows
+from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError
 
 
@@ -28,7 +29,7 @@ def test_the_fixed_point_ends_under_the_configs_own_audit_threshold(planted):
     assert before["max_abs_z"] > before["z_threshold"]
     assert any("zorbly" in f["feature"] and f["label"] == "contradiction" and f["z"] == before["max_abs_z"]
                for f in before["features"])  # the planted artifact is the largest
-    r = self_audit_fixed_point(planted, "snli", progress=False)
+    r = self_audit_fixed_point(planted, get_task("snli"), progress=False)
     assert r.converged and r.rounds and r.rounds[0]["before"]["max_abs_z"] == before["max_abs_z"]
     after = audit_dataset(r.kept, "snli", progress=False)  # the command's own audit, recomputed here
     assert after["max_abs_z"] <= after["z_threshold"] and after["max_abs_z"] == r.final_audit["max_abs_z"]
@@ -40,12 +41,12 @@ def test_the_fixed_point_ends_under_the_configs_own_audit_threshold(planted):
 
 
 def test_a_config_already_under_its_threshold_is_left_as_it_is(planted):
-    r = self_audit_fixed_point(planted, "snli", z_threshold=1e6, progress=False)
+    r = self_audit_fixed_point(planted, get_task("snli"), z_threshold=1e6, progress=False)
     assert r.converged and r.rounds == [] and r.rejected is None and len(r.kept) == len(planted)
 
 
 def test_rounds_are_bounded(planted):
-    r = self_audit_fixed_point(planted, "snli", z_threshold=0.5, max_rounds=1, progress=False)
+    r = self_audit_fixed_point(planted, get_task("snli"), z_threshold=0.5, max_rounds=1, progress=False)
     assert len(r.rounds) == 1 and not r.converged
     with pytest.raises(ConfigError, match="max_rounds"):
-        self_audit_fixed_point(planted, "snli", max_rounds=0, progress=False)
+        self_audit_fixed_point(planted, get_task("snli"), max_rounds=0, progress=False)

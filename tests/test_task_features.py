@@ -12,8 +12,9 @@ import yaml
 from debiased_nli.data.loading import labels_of, load_task, materialize
 from debiased_nli.data.tasks import get_task
 from debiased_nli.bias.features import build_feature_matrices
-from debiased_nli.bias.task_features import add_features, add_features_pair, featurize_build
+from debiased_nli.bias.task_features import FeatureWork, add_features, add_features_pair, featurize_build
 from debiased_nli.bias.hypothesis_only import fit_tfidf, out_of_fold_transformer
+from debiased_nli.bias.zfilter import ZFilterParams
 from debiased_nli.release.recipe import build, load_recipe
 from test_training import make_tiny_bert
 
@@ -33,7 +34,7 @@ def _rows(fm):
 
 def test_chunked_features_are_the_in_memory_columns_row_for_row(d0_dg):
     d0, dg = d0_dg
-    feats = featurize_build(d0, dg, get_task("snli"), chunk_rows=600, progress=False)  # several chunks of each input
+    feats = featurize_build(d0, dg, get_task("snli"), work=FeatureWork(chunk_rows=600), progress=False)  # several chunks of each input
     d0_f, dg_f, hyp = add_features_pair(d0, dg, get_task("snli"), progress=False)
     fm0, fmg = build_feature_matrices([d0_f, dg_f])
     # the same features, in the same order inside each row, and ids in the strings' order
@@ -41,7 +42,7 @@ def test_chunked_features_are_the_in_memory_columns_row_for_row(d0_dg):
     assert list(feats.d0.vocab) == sorted(feats.d0.vocab)
     np.testing.assert_array_equal(feats.hypothesis_only.predictions, hyp.predictions)
     # worker processes and another chunk size change nothing
-    again = featurize_build(d0, dg, get_task("snli"), chunk_rows=1000, num_proc=2, progress=False)
+    again = featurize_build(d0, dg, get_task("snli"), work=FeatureWork(chunk_rows=1000, num_proc=2), progress=False)
     for a, b in ((feats.d0, again.d0), (feats.dg, again.dg)):
         np.testing.assert_array_equal(a.indptr, b.indptr)
         np.testing.assert_array_equal(a.indices, b.indices)
@@ -92,14 +93,15 @@ def test_fits_started_on_d0s_own_vocabulary_are_the_fits_on_the_final_one(d0_dg)
     assert _rows(local) == _rows(fm0)
     # the build (fits in 2 processes, started before D_G's chunks) against fits on the final vocabulary
     ref, model = out_of_fold_tfidf(fm0, labels_of(d0), 3, seed=3, full_model=True, progress=False)
-    built = featurize_build(d0, dg, get_task("snli"), seed=3, chunk_rows=600, num_proc=2, n_jobs=2, progress=False)
+    built = featurize_build(d0, dg, get_task("snli"), seed=3, work=FeatureWork(chunk_rows=600, num_proc=2, n_jobs=2),
+                            progress=False)
     assert "hypothesis-only model: start" in built.seconds
     np.testing.assert_array_equal(built.hypothesis_only.probabilities, ref.probabilities)
     pred_g = model.predict_proba(fmg).argmax(axis=1)
     assert [r[-1] for r in _rows(built.dg)] == [f"hypo-only-pred={['entailment', 'neutral', 'contradiction'][p]}"
                                                  for p in pred_g]
     # and the same as the sequential build
-    again = featurize_build(d0, dg, get_task("snli"), seed=3, chunk_rows=600, progress=False)
+    again = featurize_build(d0, dg, get_task("snli"), seed=3, work=FeatureWork(chunk_rows=600), progress=False)
     assert _rows(again.dg) == _rows(built.dg)
 
 
@@ -228,7 +230,7 @@ def test_the_walks_over_the_new_rows_give_the_same_configs_in_processes_or_one_a
 
     d0, dg = d0_dg
     feats = featurize_build(d0, dg, get_task("snli"), progress=False)
-    kw = dict(features=(feats.d0, feats.dg), batch_size=100, seed=4, progress=False)
+    kw = dict(features=(feats.d0, feats.dg), params=ZFilterParams(batch_size=100), seed=4, progress=False)
     seconds = {}
     alone = compose(d0, dg, get_task("snli"), num_proc=1, **kw)
     together = compose(d0, dg, get_task("snli"), num_proc=3, seconds=seconds, **kw)  # three forked walks at once
@@ -263,4 +265,5 @@ def test_a_walk_process_that_dies_stops_the_build_with_an_error(d0_dg, monkeypat
     feats = featurize_build(d0, dg, get_task("snli"), progress=False)
     monkeypatch.setattr(release, "_walk", _dies_in_a_forked_process)  # the forked processes inherit it
     with pytest.raises(RuntimeError, match="z-filtering process ended without its result"):
-        release.compose(d0, dg, get_task("snli"), features=(feats.d0, feats.dg), batch_size=100, progress=False, num_proc=2)
+        release.compose(d0, dg, get_task("snli"), features=(feats.d0, feats.dg), params=ZFilterParams(batch_size=100),
+                        progress=False, num_proc=2)

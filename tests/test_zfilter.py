@@ -7,7 +7,7 @@ from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError, EmptyResultError
 from debiased_nli.bias.features import build_feature_matrices, build_feature_matrix
 from debiased_nli.bias.task_features import add_features
-from debiased_nli.bias.zfilter import reference_z_filter, z_filter, z_filter_matrix
+from debiased_nli.bias.zfilter import ZFilterParams, reference_z_filter, z_filter, z_filter_matrix
 from debiased_nli.bias.zstats import compute_zstats, z_from_counts
 
 LABELS = ["entailment", "neutral", "contradiction"]
@@ -173,7 +173,7 @@ def test_compose_and_z_filter_resolve_the_small_input_rule_alike(snli):
         warnings.simplefilter("always")
         alone = z_filter(d0, "snli", batch_size=1000, progress=False)
         new_alone = z_filter(dg, "snli", batch_size=1000, progress=False)
-        composed = compose(d0, dg, get_task("snli"), batch_size=1000, progress=False)
+        composed = compose(d0, dg, get_task("snli"), params=ZFilterParams(batch_size=1000), progress=False)
     assert alone.params["batch_size_used"] == composed["z_filtered"].params["batch_size_used"] == 30
     assert alone.params["batch_size_note"] == composed["z_filtered"].params["batch_size_note"]
     assert new_alone.params["batch_size_note"] == composed["par_z_new"].params["batch_size_note"]

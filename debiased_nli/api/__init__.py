@@ -11,6 +11,10 @@
     e = dn.evaluate("runs/zf", suite="nli", out="eval/zf", push_to="org/bert-snli-zf")  # debiased-nli evaluate
     c = dn.compare("plan.yaml", "report")                                 # debiased-nli compare
 
+Each takes its few essential arguments by name and every other option as a keyword, or as one object of its
+options class (:mod:`.options`: ``BuildOptions``, ``AuditOptions``, ``TrainOptions``, ``EvaluateOptions``,
+``CompareOptions``), or both; an unknown keyword is refused with the closest name.
+
 Each command of the CLI is a thin wrapper over its function here: the same checks before any work (never a file
 of the user's replaced, every Hub call within its deadline), the same files, and a bad input raises
 :class:`debiased_nli.utils.errors.ConfigError` with the one line the command prints. ``import debiased_nli`` stays
@@ -19,7 +23,9 @@ light: this package is imported on first use of one of its names, and torch only
 from __future__ import annotations
 
 from .classifiers import CompareOutcome, EvaluateOutcome, TrainOutcome, compare, evaluate, train
+from .options import AuditOptions, BuildOptions, CompareOptions, EvaluateOptions, TrainOptions
 from .releases import AuditResult, PushResult, audit, build, diff, push
 
 __all__ = ["build", "push", "diff", "audit", "train", "evaluate", "compare", "AuditResult", "PushResult",
-           "TrainOutcome", "EvaluateOutcome", "CompareOutcome"]
+           "TrainOutcome", "EvaluateOutcome", "CompareOutcome", "BuildOptions", "AuditOptions", "TrainOptions",
+           "EvaluateOptions", "CompareOptions"]

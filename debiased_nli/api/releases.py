@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..utils.params import options_of
+from .options import AuditOptions, BuildOptions
 
 if TYPE_CHECKING:  # the heavy modules are imported when a function runs, not with the package
     from ..bias.zstats import ZStats
@@ -16,48 +19,38 @@ if TYPE_CHECKING:  # the heavy modules are imported when a function runs, not wi
 
 
 def build(recipe: "str | os.PathLike[str] | Mapping[str, Any]", out: "str | os.PathLike[str]", *,
-          data_files: "str | Sequence[str] | Mapping[str, Any] | None" = None,
-          new_rows: "Sequence[str] | None" = None, profile: str | None = None, max_rows: int | None = None,
-          seed: int | None = None, overwrite: bool = False, efficacy: "str | os.PathLike[str] | None" = None,
-          replay: "str | os.PathLike[str] | None" = None, timings: bool = False, progress: bool = False,
-          prune_cache: bool = True, quality: "Sequence[str] | None" = None) -> "BuildResult":
+          options: BuildOptions | None = None, **values: Any) -> "BuildResult":
     """Build a release folder from a recipe (``debiased-nli build``).
+
+        dn.build("snli", "out/snli", data_files=["train=train.parquet"], profile="paper")
 
     Args:
         recipe: a recipe YAML file, the name of a packaged recipe (``"demo"``, ``"snli"``: ``builders/<name>.yaml``)
             or the recipe itself as a mapping.
         out: the release folder to write: new, or (with ``overwrite``) a release this tool wrote; written under a
             temporary name and renamed when complete.
-        data_files: local files for D0 (and evaluation splits: ``["train=a.parquet", "validation=b.parquet"]``)
-            instead of the recipe's source.
-        new_rows: files of new rows D_G (generated or perturbed) to compose ``z_aug``, ``par_z`` and ``seq_z``.
-        profile: one of the recipe's profiles (e.g. ``"paper"``).
-        max_rows: use at most this many rows of D0.
-        seed: the recipe's seed, overridden.
-        overwrite: replace ``out`` when it is a release of this tool.
-        efficacy: an efficacy table (the JSON ``compare report`` writes) for the card.
-        replay: an earlier release whose recorded filter decisions are reused where they fit.
-        timings: record each stage's seconds in the manifest.
-        progress: show progress bars.
-        prune_cache: afterwards, delete the oldest feature-cache entries beyond ``$DEBIASED_NLI_CACHE_MAX_MB``
-            (the result's ``pruned``).
-        quality: reports of ``debiased-nli quality`` (``quality.json`` files or their folders) on this release's
-            generated rows: shown in the card, recorded in the manifest; one that measured other rows is refused.
+        options: every other option at once, a :class:`~debiased_nli.api.options.BuildOptions`.
+        **values: any option of :class:`~debiased_nli.api.options.BuildOptions` by name (``data_files``,
+            ``new_rows``, ``profile``, ``max_rows``, ``seed``, ``overwrite``, ...), replacing that field of
+            ``options``. An unknown name is refused with the closest one.
 
     Returns:
         The :class:`~debiased_nli.release.recipe.BuildResult`: ``out_dir``, the train rows of each config, the
         manifest, each step's report; ``load_dataset(str(result.out_dir), config)`` opens a config.
     """
+    o = options_of(BuildOptions, options, values, "build()")
+
     from ..release.recipe import build as build_release
     from ..release.recipe import is_main_rank
     from ..utils.resources import find_recipe
 
     path = recipe if isinstance(recipe, Mapping) else find_recipe(recipe)
-    result = build_release(path, out, data_files=data_files, new_rows_files=new_rows, overwrite=overwrite, seed=seed,
-                           progress=progress and is_main_rank(), max_rows=max_rows, profile=profile,
-                           efficacy=efficacy, timings=timings, replay=replay, quality=quality)
+    result = build_release(path, out, data_files=o.data_files, new_rows_files=o.new_rows, overwrite=o.overwrite,
+                           seed=o.seed, progress=o.progress and is_main_rank(), max_rows=o.max_rows,
+                           profile=o.profile, efficacy=o.efficacy, timings=o.timings, replay=o.replay,
+                           quality=o.quality)
     result.recipe_path = None if isinstance(path, Mapping) else Path(path)
-    if prune_cache and is_main_rank():
+    if o.prune_cache and is_main_rank():
         from ..utils.cache import prune_cache as prune
 
         result.pruned = prune()
@@ -158,50 +151,43 @@ class AuditResult:
         return [r["feature"] for r in self.report["features"] if r["label"] == label][:k]
 
 
-def audit(task: "str | TaskSpec", *, out: "str | os.PathLike[str] | None" = None,
-          data_files: "str | Sequence[str] | Mapping[str, Any] | None" = None, split: str = "train",
-          revision: str | None = None, max_rows: int | None = None, on_invalid: str = "error", top_k: int = 20,
-          z_threshold: float | None = None, alpha: float = 0.01, p0: "str | float" = "uniform",
-          hypothesis_only: str | None = "tfidf", seed: int = 0, progress: bool = False) -> AuditResult:
+def audit(task: "str | TaskSpec", *, out: "str | os.PathLike[str] | None" = None, options: AuditOptions | None = None,
+          **values: Any) -> AuditResult:
     """Audit a dataset for spurious feature-label correlations (``debiased-nli audit``; Gardner et al. 2021).
+
+        dn.audit("snli", data_files="train.parquet", out="audit/")
 
     Args:
         task: a registered task (``"snli"``, ``"mnli"``, ...), a task YAML file or a
             :class:`~debiased_nli.data.tasks.TaskSpec`.
         out: write ``audit.json``, ``audit.md`` and ``zstats.png`` there (an audit folder of this tool, new or
             replaced whole); None writes nothing.
-        data_files: local files instead of the task's Hub source (``"a.parquet"`` or ``["train=a.parquet"]``).
-        split: the split to audit.
-        revision: the Hub revision of the task's dataset.
-        max_rows: read at most this many rows.
-        on_invalid: ``"error"`` (stop at a bad row, naming it) or ``"set_aside"``.
-        top_k: features reported per label.
-        z_threshold: the |z| threshold (default: Bonferroni-corrected at ``alpha``).
-        alpha: the significance level of the default threshold.
-        p0: ``"uniform"`` (1/K), ``"prior"`` or a number.
-        hypothesis_only: ``"tfidf"`` (out of fold), a classifier folder or Hub id, or None.
-        seed: the seed of the hypothesis-only model's folds.
-        progress: show progress bars.
+        options: every other option at once, an :class:`~debiased_nli.api.options.AuditOptions`.
+        **values: any option of :class:`~debiased_nli.api.options.AuditOptions` by name (``data_files``,
+            ``split``, ``max_rows``, ``top_k``, ``z_threshold``, ``hypothesis_only``, ...), replacing that field of
+            ``options``. An unknown name is refused with the closest one.
     """
-    from ..bias.audit import audit_dataset, write_audit
+    o = options_of(AuditOptions, options, values, "audit()")
+
+    from ..bias.audit import audit_zstats, write_audit
     from ..data.loading import load_task, parse_data_files, require_two_labels
     from ..data.tasks import get_task
     from ..utils.outputs import check_target, is_audit_folder
 
     task = get_task(task)
-    inputs = [f for files in (parse_data_files(data_files) or {}).values() for f in files]
+    inputs = [f for files in (parse_data_files(o.data_files) or {}).values() for f in files]
     if out is not None:
         check_target(out, overwrite=True, must_be_new=False, is_ours=is_audit_folder, what="audit", inputs=inputs)
-    loaded = load_task(task, split, data_files=data_files, on_invalid=on_invalid, revision=revision,
-                       max_rows=max_rows)
-    hyp = None if hypothesis_only is None or str(hypothesis_only).lower() == "none" else hypothesis_only
+    loaded = load_task(task, o.split, data_files=o.data_files, on_invalid=o.on_invalid, revision=o.revision,
+                       max_rows=o.max_rows)
+    hyp = None if o.hypothesis_only is None or str(o.hypothesis_only).lower() == "none" else o.hypothesis_only
     if hyp not in (None, "tfidf"):
         from ..utils.paths import check_model_reference
 
         check_model_reference(hyp, "--hypothesis-only")
-    require_two_labels(loaded.dataset, task, f"{task.name} split {split!r}")
-    report, zs = audit_dataset(loaded.dataset, task, top_k=top_k, p0=p0, z_threshold=z_threshold, alpha=alpha,
-                               hypothesis_only=hyp, seed=seed, return_zstats=True, progress=progress)
+    require_two_labels(loaded.dataset, task, f"{task.name} split {o.split!r}")
+    report, zs = audit_zstats(loaded.dataset, task, top_k=o.top_k, p0=o.p0, z_threshold=o.z_threshold, alpha=o.alpha,
+                              hypothesis_only=hyp, seed=o.seed, progress=o.progress)
     report["source"] = loaded.source
     report["counts"] = loaded.counts
     paths = write_audit(report, out, zs, set_aside=loaded.set_aside, inputs=inputs) if out is not None else {}

@@ -21,12 +21,21 @@ from .zstats import ZStats, bonferroni_threshold, compute_zstats
 
 def audit_dataset(ds, task: "str | TaskSpec", *, top_k: int = 20, p0="uniform", z_threshold: float | None = None,
                   alpha: float = 0.01, hypothesis_only: str | None = "tfidf", seed: int = 0,
-                  features_ready: bool = False, progress: bool = True, return_zstats: bool = False):
-    """Audit a canonical dataset. Returns the ``audit.json`` dict (and the :class:`ZStats` if asked).
+                  features_ready: bool = False, progress: bool = True) -> dict:
+    """Audit a canonical dataset: the ``audit.json`` dict (:func:`audit_zstats` also returns the z-statistics).
 
     ``z_threshold`` defaults to the Bonferroni-corrected two-sided threshold at ``alpha`` over every
     (feature, label) test, as in Gardner et al. (2021).
     """
+    return audit_zstats(ds, task, top_k=top_k, p0=p0, z_threshold=z_threshold, alpha=alpha,
+                        hypothesis_only=hypothesis_only, seed=seed, features_ready=features_ready,
+                        progress=progress)[0]
+
+
+def audit_zstats(ds, task: "str | TaskSpec", *, top_k: int = 20, p0="uniform", z_threshold: float | None = None,
+                 alpha: float = 0.01, hypothesis_only: str | None = "tfidf", seed: int = 0,
+                 features_ready: bool = False, progress: bool = True) -> tuple[dict, ZStats]:
+    """:func:`audit_dataset`'s report and the :class:`ZStats` it was made from (for the audit's figure)."""
     task = get_task(task)
     hyp = None
     if not features_ready:
@@ -58,7 +67,7 @@ def audit_dataset(ds, task: "str | TaskSpec", *, top_k: int = 20, p0="uniform", 
         "features": zs.top_records(top_k),
         "version": __version__,
     }
-    return (report, zs) if return_zstats else report
+    return report, zs
 
 
 def _md_table(rows: list[dict], cols: Sequence[str]) -> str:

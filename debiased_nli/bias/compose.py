@@ -12,27 +12,34 @@ from ..data.loading import labels_of, materialize
 from ..data.tasks import TaskSpec
 from ..utils.processes import can_fork, freeze_gc, return_free_memory, unfreeze_gc, usable_cpus
 from .features import FeatureMatrix, build_feature_matrices, build_feature_matrix
-from .zfilter import MIN_BATCHES, ZFilterResult, walk_batch_size, z_filter_matrix, z_filter_result
+from .zfilter import (
+    MIN_BATCHES,
+    ZFilterOutcome,
+    ZFilterParams,
+    ZFilterResult,
+    walk_batch_size,
+    z_filter_matrix,
+    z_filter_result,
+)
 
 
-def compose(d0, dg, task: TaskSpec, *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
-            p0="uniform", configs: Sequence[str] | None = None, progress: bool = True,
+def compose(d0, dg, task: TaskSpec, *, params: ZFilterParams | None = None, seed: int = 0,
+            configs: Sequence[str] | None = None, progress: bool = True,
             features: "tuple[FeatureMatrix, FeatureMatrix | None] | None" = None,
             seconds: dict | None = None, num_proc: "int | str | None" = None) -> dict[str, ZFilterResult]:
     """The z-filtering compositions available for D0 (and D_G when given), keyed by config name.
 
-    ``features``: the feature matrices of D0 and D_G over one vocabulary (e.g. from
-    :func:`~debiased_nli.bias.task_features.featurize_build`); otherwise both inputs must carry feature columns
-    computed together (same extractors, one hypothesis-only model), and their matrices are built
-    here, once. Every composition is z-filtered from these matrices: Z-Aug is seeded with D0's
+    ``params``: Algorithm 1's settings (:class:`~debiased_nli.bias.zfilter.ZFilterParams`; default: its
+    defaults); ``seed`` shuffles every walk. ``features``: the feature matrices of D0 and D_G over one
+    vocabulary (e.g. from :func:`~debiased_nli.bias.task_features.featurize_build`); otherwise both inputs must
+    carry feature columns computed together (same extractors, one hypothesis-only model), and their matrices
+    are built here, once. Every composition is z-filtered from these matrices: Z-Aug is seeded with D0's
     rows, Seq-Z with Z(D0)'s (the counts of a seed set do not depend on its order). Z(D0) is walked
     first; the walks over D_G (Z-Aug, Par-Z's Z(D_G), Seq-Z) do not depend on each other and run at once
     in ``num_proc`` processes (``"auto"``: see :func:`worker_processes`; ``None`` or 1: one after the other, in
     this process); the result is the same either way. ``seconds``, when given, receives each
     composition's wall time (the walks' overlap when they run at once).
     """
-    from tqdm.auto import tqdm
-
     wanted = set(configs) if configs else None
     has_new = dg is not None and len(dg) > 0
     if features is None:
@@ -40,64 +47,79 @@ def compose(d0, dg, task: TaskSpec, *, top_k: int = 20, batch_size: int = 1000, 
     else:
         fm0, fmg = features
     labels0 = labels_of(d0)
-    labels_g = labels_of(dg) if has_new else None
-    vocab = fm0.vocab_array()  # once, for every composition's rejected_by
-    params = {"top_k": top_k, "batch_size": batch_size, "seed": seed, "p0": p0, "min_z": 0.0,
-              "min_batches": MIN_BATCHES}
-    out: dict[str, ZFilterResult] = {}
-    # name -> (input dataset, seed dataset or None, allow_empty, batch size used, its note, walk arguments)
-    walks: dict[str, tuple] = {}
+    walks = _Walks(task, params or ZFilterParams(), seed, fm0.vocab_array(), seconds)
+    if wanted is None or wanted & {"z_filtered", "par_z", "seq_z"}:
+        walks.plan("z_filtered", d0, fm0, labels0, allow_empty=False)
+        walks.run(["z_filtered"], 1, progress)
+    if has_new:
+        labels_g = labels_of(dg)
+        if wanted is None or "z_aug" in wanted:
+            walks.plan("z_aug", dg, fmg, labels_g, seed_set=(d0, fm0, labels0))
+        if wanted is None or "par_z" in wanted:
+            walks.plan("par_z_new", dg, fmg, labels_g)
+        if wanted is None or "seq_z" in wanted:
+            z0 = walks.out["z_filtered"]
+            kept0 = z0.outcome.kept
+            walks.plan("seq_z", dg, fmg, labels_g, seed_set=(z0.kept, fm0.select(kept0), labels0[kept0]))
+        later = [name for name in walks.planned if name not in walks.out]
+        walks.run(later, worker_processes(num_proc, len(later), len(labels_g)), progress)
+    return walks.out
 
-    def plan(name, ds, fm, labels, seed_ds=None, seed_fm=None, seed_labels=None, allow_empty=True):
+
+class _Walks:
+    """The walks of :func:`compose`: each planned (its input, seed set and batch size), then walked, here or in
+    forked processes, and made into its :class:`ZFilterResult`."""
+
+    def __init__(self, task: TaskSpec, params: ZFilterParams, seed: int, vocab, seconds: dict | None):
+        self.task, self.params, self.seed, self.vocab, self.seconds = task, params, seed, vocab, seconds
+        # recorded with every composition (the manifest's)
+        self.recorded = {"top_k": params.top_k, "batch_size": params.batch_size, "seed": seed, "p0": params.p0,
+                         "min_z": params.min_z, "min_batches": MIN_BATCHES}
+        # name -> (input dataset, seed dataset or None, allow_empty, batch size used, its note, walk arguments)
+        self.planned: dict[str, tuple] = {}
+        self.out: dict[str, ZFilterResult] = {}
+
+    def plan(self, name: str, ds, fm, labels, seed_set: tuple | None = None, allow_empty: bool = True) -> None:
+        """Plan the walk ``name`` over ``ds`` (matrix ``fm``, ``labels``), seeded with ``seed_set`` = (dataset,
+        matrix, labels) when given."""
+        seed_ds, seed_fm, seed_labels = seed_set or (None, None, None)
         # an unconditional walk of a small input goes in smaller batches (see zfilter.batch_size_for)
-        used, note = walk_batch_size(len(labels), batch_size, len(seed_ds) if seed_ds is not None else 0, task.name,
-                                     stacklevel=3)
-        walk = ((fm, labels, task.num_labels), dict(seed_fm=seed_fm, seed_labels=seed_labels, batch_size=used,
-                                                    top_k=top_k, seed=seed, p0=p0, keep_counts=False))
-        walks[name] = (ds, seed_ds, allow_empty, used, note, walk)
+        used, note = walk_batch_size(len(labels), self.params.batch_size,
+                                     len(seed_ds) if seed_ds is not None else 0, self.task.name, stacklevel=3)
+        walk = ((fm, labels, self.task.num_labels),
+                dict(seed_fm=seed_fm, seed_labels=seed_labels, seed=self.seed,
+                     params=dataclasses.replace(self.params, batch_size=used)))
+        self.planned[name] = (ds, seed_ds, allow_empty, used, note, walk)
 
-    def finish(name, outcome, walk_seconds):
+    def run(self, names: list[str], processes: int, progress: bool) -> None:
+        """Walk ``names``: one after the other here (``processes`` <= 1), else at once in forked processes."""
+        if processes <= 1:
+            for name in names:
+                fm_args, fm_kw = self.planned[name][-1]
+                start = time.perf_counter()
+                outcome = z_filter_matrix(*fm_args, **fm_kw, progress=progress)
+                self.finish(name, outcome, time.perf_counter() - start)
+            return
+        from tqdm.auto import tqdm
+
+        rows = len(self.planned[names[0]][0])
+        with tqdm(total=len(names) * rows, desc=f"z-filtering ({processes} walks at once)", unit="rows",
+                  disable=not progress) as bar:
+            for name, outcome, walk_seconds in _forked_walks({n: self.planned[n][-1] for n in names}, processes):
+                self.finish(name, outcome, walk_seconds)
+                bar.update(rows)
+
+    def finish(self, name: str, outcome: ZFilterOutcome, walk_seconds: float) -> None:
         start = time.perf_counter()
-        ds, seed_ds, allow_empty, used, note, _ = walks[name]
-        p = {**params, "batch_size_used": used, "conditional": seed_ds is not None}
+        ds, seed_ds, allow_empty, used, note, _ = self.planned[name]
+        p = {**self.recorded, "batch_size_used": used, "conditional": seed_ds is not None}
         if note:
             p["batch_size_note"] = note
-        out[name] = z_filter_result(ds, outcome, vocab, task, p, seed_dataset=seed_ds, allow_empty=allow_empty,
-                                    lazy=True)
-        if seconds is not None:
-            seconds[name] = walk_seconds + time.perf_counter() - start
-
-    need_z0 = wanted is None or wanted & {"z_filtered", "par_z", "seq_z"}
-    if need_z0:
-        plan("z_filtered", d0, fm0, labels0, allow_empty=False)
-        fm_args, fm_kw = walks["z_filtered"][-1]
-        start = time.perf_counter()
-        finish("z_filtered", z_filter_matrix(*fm_args, **fm_kw, progress=progress), time.perf_counter() - start)
-    if has_new:
-        later = []
-        if wanted is None or "z_aug" in wanted:
-            plan("z_aug", dg, fmg, labels_g, d0, fm0, labels0)
-            later.append("z_aug")
-        if wanted is None or "par_z" in wanted:
-            plan("par_z_new", dg, fmg, labels_g)
-            later.append("par_z_new")
-        if wanted is None or "seq_z" in wanted:
-            kept0 = out["z_filtered"].outcome.kept
-            plan("seq_z", dg, fmg, labels_g, out["z_filtered"].kept, fm0.select(kept0), labels0[kept0])
-            later.append("seq_z")
-        processes = worker_processes(num_proc, len(later), len(labels_g))
-        if processes <= 1:
-            for name in later:
-                fm_args, fm_kw = walks[name][-1]
-                start = time.perf_counter()
-                finish(name, z_filter_matrix(*fm_args, **fm_kw, progress=progress), time.perf_counter() - start)
-        else:
-            with tqdm(total=len(later) * len(labels_g), desc=f"z-filtering ({processes} walks at once)",
-                      unit="rows", disable=not progress) as bar:
-                for name, outcome, walk_seconds in _forked_walks({n: walks[n][-1] for n in later}, processes):
-                    finish(name, outcome, walk_seconds)
-                    bar.update(len(labels_g))
-    return out
+        outcome = dataclasses.replace(outcome, counts=None)  # features x labels: the build does not read them
+        self.out[name] = z_filter_result(ds, outcome, self.vocab, self.task, p, seed_dataset=seed_ds,
+                                         allow_empty=allow_empty, lazy=True)
+        if self.seconds is not None:
+            self.seconds[name] = walk_seconds + time.perf_counter() - start
 
 
 # what a walk job reads: set before the worker processes fork, so that they inherit it (nothing is pickled
@@ -125,7 +147,8 @@ def _walk(name: str):
     args, kwargs = _WALKS[name]
     start = time.perf_counter()
     outcome = z_filter_matrix(*args, **kwargs, progress=False)
-    return name, outcome, time.perf_counter() - start
+    # Z's final counts (features x labels: 84 MB for 3.5M features) are not sent back: the build does not read them
+    return name, dataclasses.replace(outcome, counts=None), time.perf_counter() - start
 
 
 def _forked_walks(jobs: Mapping[str, tuple], processes: int):
@@ -165,6 +188,6 @@ def z_filtered_original(d0, task: TaskSpec, *, hypothesis_only="tfidf", folds: i
     from ..bias.task_features import featurize_build
 
     feats = featurize_build(d0, None, task, hypothesis_only=hypothesis_only, folds=folds, seed=seed, progress=progress)
-    r = compose(d0, None, task, top_k=top_k, batch_size=batch_size, seed=seed, p0=p0, configs=["z_filtered"],
-                progress=progress, features=(feats.d0, None))["z_filtered"]
+    r = compose(d0, None, task, params=ZFilterParams(top_k=top_k, batch_size=batch_size, p0=p0), seed=seed,
+                configs=["z_filtered"], progress=progress, features=(feats.d0, None))["z_filtered"]
     return dataclasses.replace(r, kept=materialize(r.kept), rejected=materialize(r.rejected))

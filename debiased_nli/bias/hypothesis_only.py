@@ -137,22 +137,34 @@ class TfidfHypothesisOnly:
         return decide(self.logits(fm)) if fm.n_rows else np.zeros(0, np.int64)
 
 
+@dataclasses.dataclass(frozen=True)
+class TfidfSettings:
+    """The TF-IDF model's settings (the project's; the paper's model is a BERT-base, module docstring):
+    ``C``, the logistic regression's inverse L2 penalty; ``min_df``, the fewest rows of the training rows a
+    hypothesis n-gram must be in to be an input; ``max_iter``, the most Newton steps (None:
+    :data:`LOGREG_SOLVER`'s)."""
+
+    C: float = 1.0
+    min_df: int = 2
+    max_iter: int | None = None
+
+
 def out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, folds: int = 5,
-                      seed: int = 0, C: float = 1.0, min_df: int = 2, max_iter: int | None = None,
-                      progress: bool = True, full_model: bool = False, n_jobs: "int | str | None" = None
+                      seed: int = 0, settings: TfidfSettings | None = None, progress: bool = True,
+                      full_model: bool = False, n_jobs: "int | str | None" = None
                       ) -> "HypothesisOnlyResult | tuple[HypothesisOnlyResult, TfidfHypothesisOnly]":
     """Out-of-fold predictions of TF-IDF + logistic regression on the hypothesis n-grams.
 
     ``full_model``: also fit the model on every row (for rows outside ``fm``) and return it too.
     ``n_jobs`` fits the folds (and the full model) in that many processes; each fit is the same.
     """
-    return start_out_of_fold_tfidf(fm, labels, num_labels, folds=folds, seed=seed, C=C, min_df=min_df,
-                                   max_iter=max_iter, progress=progress, full_model=full_model, n_jobs=n_jobs)()
+    return start_out_of_fold_tfidf(fm, labels, num_labels, folds=folds, seed=seed, settings=settings,
+                                   progress=progress, full_model=full_model, n_jobs=n_jobs)()
 
 
 def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, folds: int = 5,
-                            seed: int = 0, C: float = 1.0, min_df: int = 2, max_iter: int | None = None,
-                            progress: bool = True, full_model: bool = False, n_jobs: "int | str | None" = None):
+                            seed: int = 0, settings: TfidfSettings | None = None, progress: bool = True,
+                            full_model: bool = False, n_jobs: "int | str | None" = None):
     """:func:`out_of_fold_tfidf` in two steps: this call starts the fits and returns a function that
     waits for them and returns what :func:`out_of_fold_tfidf` returns.
 
@@ -162,12 +174,13 @@ def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: i
     """
     from sklearn.model_selection import StratifiedKFold
 
+    s = settings or TfidfSettings()
     labels = np.asarray(labels, dtype=np.int64)
     n = len(labels)
     if n < folds * 2:
         raise ConfigError(f"the hypothesis-only model needs at least {folds * 2} rows for {folds}-fold "
                           f"prediction, got {n}")
-    columns = hypothesis_columns(fm, min_df)
+    columns = hypothesis_columns(fm, s.min_df)
     tfidf = tfidf_transformer()
     X = tfidf.fit_transform(hypothesis_matrix(fm, columns=columns))
     counts = np.bincount(labels, minlength=num_labels)
@@ -176,8 +189,8 @@ def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: i
     splitter = StratifiedKFold(n_splits=max(k, 2), shuffle=True, random_state=seed)
     splits = list(splitter.split(np.zeros(n), labels))
     jobs = [train for train, _ in splits] + ([np.arange(n)] if full_model else [])
-    collect = _fit_logregs(X, labels, jobs, C=C, max_iter=max_iter, seed=seed, n_jobs=n_jobs, progress=progress,
-                           background=True)
+    collect = _fit_logregs(X, labels, jobs, C=s.C, max_iter=s.max_iter, seed=seed, n_jobs=n_jobs,
+                           progress=progress, background=True)
 
     def finish():
         from .logreg import decide as _decide
@@ -192,7 +205,7 @@ def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: i
         pred, tie = _decide(logits.T, LOGREG_SOLVER["tie_margin"])
         oof = fitted[:len(splits)]
         result = HypothesisOnlyResult(pred, probs, float((pred == labels).mean()), "tfidf-logreg-oof",
-                                      {"folds": int(max(k, 2)), "seed": seed, "C": C, "min_df": min_df,
+                                      {"folds": int(max(k, 2)), "seed": seed, "C": s.C, "min_df": s.min_df,
                                        "n_inputs": int(X.shape[1]), "solver": LOGREG_SOLVER["solver"],
                                        "tol": LOGREG_SOLVER["tol"], "tie_margin": LOGREG_SOLVER["tie_margin"],
                                        "ties": int(tie.sum()),
@@ -205,14 +218,15 @@ def start_out_of_fold_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: i
     return finish
 
 
-def fit_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, seed: int = 0, C: float = 1.0,
-              min_df: int = 2, max_iter: int | None = None) -> TfidfHypothesisOnly:
+def fit_tfidf(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, seed: int = 0,
+              settings: TfidfSettings | None = None) -> TfidfHypothesisOnly:
     """The TF-IDF + logistic regression model fitted on every row of ``fm`` (as
     :func:`out_of_fold_tfidf` with ``full_model=True`` fits it, without the folds)."""
-    columns = hypothesis_columns(fm, min_df)
+    s = settings or TfidfSettings()
+    columns = hypothesis_columns(fm, s.min_df)
     tfidf = tfidf_transformer()
     X = tfidf.fit_transform(hypothesis_matrix(fm, columns=columns))
-    clf = logistic_regression(C, seed, max_iter).fit(X, np.asarray(labels, dtype=np.int64))
+    clf = logistic_regression(s.C, seed, s.max_iter).fit(X, np.asarray(labels, dtype=np.int64))
     return TfidfHypothesisOnly(columns, tfidf, clf, num_labels)
 
 

@@ -19,10 +19,13 @@ no such step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..data.tasks import TaskSpec, get_task
+from ..data.tasks import TaskSpec
 from ..utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from .zfilter import ZFilterParams
 
 MAX_ROUNDS = 5  # project's choice
 
@@ -43,19 +46,21 @@ def _audit_summary(report: dict) -> dict:
             "features_above_threshold": report["features_above_threshold"]}
 
 
-def self_audit_fixed_point(ds, task: "str | TaskSpec", *, z_threshold: float | None = None, alpha: float = 0.01,
+def self_audit_fixed_point(ds, task: TaskSpec, *, z_threshold: float | None = None, alpha: float = 0.01,
                            max_rounds: int = MAX_ROUNDS, hypothesis_only: str = "tfidf", folds: int = 5, seed: int = 0,
-                           top_k: int = 20, batch_size: int = 1000, p0="uniform",
-                           progress: bool = True) -> SelfAuditResult:
+                           zfilter: "ZFilterParams | None" = None, progress: bool = True) -> SelfAuditResult:
     """Rounds of (own audit, own z-filter) until the config's own max |z| is at most the threshold, no row is
-    dropped any more, or ``max_rounds`` rounds have run."""
+    dropped any more, or ``max_rounds`` rounds have run. ``zfilter``: the z-filter's settings (its ``top_k`` and
+    ``p0`` are the audit's too; default: :class:`~debiased_nli.bias.zfilter.ZFilterParams`'s)."""
     import datasets
 
     from ..data.loading import materialize
     from .audit import audit_dataset
     from .compose import z_filtered_original
+    from .zfilter import ZFilterParams
 
-    task = get_task(task)
+    zp = zfilter or ZFilterParams()
+    top_k, p0 = zp.top_k, zp.p0
     if max_rounds < 1:
         raise ConfigError(f"max_rounds must be at least 1, not {max_rounds}")
     current, dropped, rounds = ds, [], []
@@ -68,7 +73,7 @@ def self_audit_fixed_point(ds, task: "str | TaskSpec", *, z_threshold: float | N
         if report["max_abs_z"] <= report["z_threshold"]:
             break
         z = z_filtered_original(current, task, hypothesis_only=hypothesis_only, folds=folds, seed=seed, top_k=top_k,
-                                batch_size=batch_size, p0=p0, progress=progress)
+                                batch_size=zp.batch_size, p0=p0, progress=progress)
         n_out = len(z.rejected)
         rounds.append({"round": r, "before": _audit_summary(report), "dropped": n_out, "kept": len(z.kept)})
         if n_out == 0:

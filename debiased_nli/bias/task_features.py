@@ -232,66 +232,66 @@ def _map_chunks(jobs, num_proc: "int | str | None"):
         yield from pool.imap(_encode_chunk, jobs)  # in order; a worker's codes are pickled back
 
 
+@dataclasses.dataclass(frozen=True)
+class FeatureWork:
+    """How :func:`featurize_build` splits its work; none of it changes the result. ``chunk_rows``: rows per
+    chunk; ``num_proc``: processes that extract chunks (forked; each returns its chunk's codes;
+    ``"auto"``: the usable CPUs, at most 4); ``n_jobs``: processes that fit the TF-IDF model's folds."""
+
+    chunk_rows: int = 100_000
+    num_proc: "int | str | None" = None
+    n_jobs: "int | str | None" = None
+
+
+@dataclasses.dataclass
+class _Job:
+    """What the parts of one :func:`featurize_build` share."""
+
+    d0: object
+    dg: object
+    task: TaskSpec
+    spec: "str | dict"   # the hypothesis-only model: "tfidf", a transformer's settings, or a classifier
+    folds: int
+    seed: int
+    lexical: list        # the extractors that need no hypothesis-only model
+    cache: Path
+    n_jobs: "int | str | None"
+    progress: bool
+
+    def tfidf_cache(self) -> tuple[Path, Path | None]:
+        """Where the TF-IDF model's out-of-fold predictions on D0, and its predictions of D_G, are cached."""
+        params = {"folds": self.folds, "seed": self.seed, "solver": LOGREG_SOLVER}
+        key = _hash([self.d0._fingerprint, [e.name for e in self.lexical], params, __version__])
+        return (self.cache / f"hypo-only-{key}.npz",
+                self.cache / f"hypo-only-{key}-new-{_hash(self.dg._fingerprint)}.npz" if self.dg is not None else None)
+
+
 def featurize_build(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | None" = "tfidf",
-                    folds: int = 5, seed: int = 0, chunk_rows: int = 100_000, num_proc: int | None = None,
-                    n_jobs: "int | str | None" = None, cache_dir: "str | Path | None" = None,
-                    progress: bool = True) -> BuildFeatures:
+                    folds: int = 5, seed: int = 0, work: FeatureWork | None = None,
+                    cache_dir: "str | Path | None" = None, progress: bool = True) -> BuildFeatures:
     """The task's features of D0 and (optionally) D_G as integer-id matrices over one vocabulary.
 
     Same features, ids (lexicographic order of the strings), row layout and hypothesis-only model
     on D0 as :func:`add_features` followed by :func:`~debiased_nli.bias.features.build_feature_matrices`,
     but no row's feature strings outlive its chunk, and the hypothesis-only model is fitted on D0
-    only (out of fold for D0; on all of D0 for D_G). ``num_proc`` extracts chunks in that many
-    processes (forked; each returns its chunk's codes); ``n_jobs`` fits the TF-IDF model's folds in
-    that many processes. Neither changes the result.
+    only (out of fold for D0; on all of D0 for D_G). ``work``: how the work is split over chunks and
+    processes (:class:`FeatureWork`); it does not change the result.
     """
-    from tqdm.auto import tqdm
-
-    names = list(task.features)
-    exts = [get_extractor(n) for n in names]
+    work = work or FeatureWork()
+    exts = [get_extractor(n) for n in task.features]
     lexical = [e for e in exts if HYPO_ONLY_COLUMN not in e.requires]
     hypo = [e for e in exts if HYPO_ONLY_COLUMN in e.requires]
     use_hypo = bool(hypo) and hypothesis_only is not None
-    lexical_cols = [e.column for e in lexical]
     # the row layout of add_features: the lexical columns in the task's order, then the hypothesis-only one
-    columns = lexical_cols + ([hypo[0].column] if use_hypo else [])
-    needs = ["premise", "hypothesis"] + sorted({c for e in lexical for c in e.requires} - {"premise", "hypothesis"})
+    columns = [e.column for e in lexical] + ([hypo[0].column] if use_hypo else [])
+    cf = ChunkedFeatures(columns)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
+    job = _Job(d0, dg, task, hypothesis_only, folds, seed, lexical, cache, work.n_jobs, progress)
     seconds: dict[str, float] = {}
-
     t0 = time.perf_counter()
-    cf = ChunkedFeatures(columns)
-    parts: dict[str, list[int]] = {"d0": [], "dg": []}
-    sources = {"d0": d0, "dg": dg}
-    jobs = [(key, start, min(start + chunk_rows, len(ds))) for key, ds in sources.items() if ds is not None
-            for start in range(0, len(ds), chunk_rows)]
-    total = len(d0) + (len(dg) if dg is not None else 0)
-    _WORK.update(views={k: ds.select_columns(needs).with_format("arrow") for k, ds in sources.items() if ds is not None},
-                 extractors=[e.name for e in lexical], labels=list(task.labels), columns=columns, present=lexical_cols)
-    # The TF-IDF hypothesis-only model reads D0 alone: its fits start as soon as D0's chunks are in, on
-    # D0's own vocabulary (same strings in the same order as in the final one, so the same fits), and
-    # run in their own processes while the new rows' features are extracted.
-    n_d0_jobs = sum(1 for key, _, _ in jobs if key == "d0")
-    started = None
-
-    def start_tfidf():
-        t = time.perf_counter()
-        out = _start_tfidf(cf, parts["d0"], d0, dg, task, folds, seed, lexical, cache, n_jobs, progress)
-        seconds["hypothesis-only model: start"] = time.perf_counter() - t
-        return out
-
-    try:
-        with tqdm(total=total, desc=f"features ({len(lexical)} extractors)", unit="rows", disable=not progress) as bar:
-            if use_hypo and hypothesis_only == "tfidf" and n_d0_jobs == 0:
-                started = start_tfidf()
-            for (key, start, stop), chunk in zip(jobs, _map_chunks(jobs, num_proc)):
-                parts[key].append(cf.append(chunk))
-                bar.update(stop - start)
-                if use_hypo and hypothesis_only == "tfidf" and key == "d0" and len(parts["d0"]) == n_d0_jobs:
-                    started = start_tfidf()
-    finally:
-        _WORK.clear()
+    parts, started = _extract_chunks(job, cf, columns, work, use_tfidf=use_hypo and hypothesis_only == "tfidf",
+                                     seconds=seconds)
     hypo_names = [f"hypo-only-pred={name}" for name in task.labels]
     cf.finalize(extra=hypo_names if use_hypo else ())
     seconds["lexical features"] = time.perf_counter() - t0 - seconds.get("hypothesis-only model: start", 0.0)
@@ -299,9 +299,7 @@ def featurize_build(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | No
     result, new_info = None, None
     if use_hypo:
         t1 = time.perf_counter()
-        labels0 = labels_of(d0)
-        pred0, pred_g, result, new_info = _hypothesis_only(cf, parts, d0, dg, labels0, task, hypothesis_only, folds,
-                                                            seed, lexical, cache, n_jobs, progress, started)
+        pred0, pred_g, result, new_info = _hypothesis_only(job, cf, parts, started)
         hypo_ids = np.array([cf.feature_id(n) for n in hypo_names], np.int32)
         for key, pred in (("d0", pred0), ("dg", pred_g)):
             start = 0
@@ -317,18 +315,55 @@ def featurize_build(d0, dg, task: TaskSpec, *, hypothesis_only: "str | dict | No
     return BuildFeatures(fm0, fmg, result, new_info, {k: round(v, 3) for k, v in seconds.items()})
 
 
-def _tfidf_cache(d0, dg, lexical, folds, seed, cache: Path) -> tuple[Path, Path | None]:
-    """Where the TF-IDF model's out-of-fold predictions on D0, and its predictions of D_G, are cached."""
-    params = {"folds": folds, "seed": seed, "solver": LOGREG_SOLVER}
-    key = _hash([d0._fingerprint, [e.name for e in lexical], params, __version__])
-    return (cache / f"hypo-only-{key}.npz",
-            cache / f"hypo-only-{key}-new-{_hash(dg._fingerprint)}.npz" if dg is not None else None)
+def _extract_chunks(job: _Job, cf: ChunkedFeatures, columns: list[str], work: FeatureWork, *, use_tfidf: bool,
+                    seconds: dict) -> tuple[dict[str, list[int]], dict | None]:
+    """Extract the lexical features of D0 and D_G a chunk at a time into ``cf`` (row layout ``columns``): the
+    chunk numbers of each input, and the TF-IDF model's fits (:func:`_start_tfidf`) when ``use_tfidf``,
+    started as soon as D0's chunks are in."""
+    from tqdm.auto import tqdm
+
+    d0, dg, lexical = job.d0, job.dg, job.lexical
+    needs = ["premise", "hypothesis"] + sorted({c for e in lexical for c in e.requires} - {"premise", "hypothesis"})
+    parts: dict[str, list[int]] = {"d0": [], "dg": []}
+    sources = {"d0": d0, "dg": dg}
+    jobs = [(key, start, min(start + work.chunk_rows, len(ds))) for key, ds in sources.items() if ds is not None
+            for start in range(0, len(ds), work.chunk_rows)]
+    total = len(d0) + (len(dg) if dg is not None else 0)
+    _WORK.update(views={k: ds.select_columns(needs).with_format("arrow") for k, ds in sources.items() if ds is not None},
+                 extractors=[e.name for e in lexical], labels=list(job.task.labels), columns=columns,
+                 present=[e.column for e in lexical])
+    # The TF-IDF hypothesis-only model reads D0 alone: its fits start as soon as D0's chunks are in, on
+    # D0's own vocabulary (same strings in the same order as in the final one, so the same fits), and
+    # run in their own processes while the new rows' features are extracted.
+    n_d0_jobs = sum(1 for key, _, _ in jobs if key == "d0")
+    started = None
+
+    def start_tfidf():
+        t = time.perf_counter()
+        out = _start_tfidf(job, cf, parts["d0"])
+        seconds["hypothesis-only model: start"] = time.perf_counter() - t
+        return out
+
+    try:
+        with tqdm(total=total, desc=f"features ({len(lexical)} extractors)", unit="rows",
+                  disable=not job.progress) as bar:
+            if use_tfidf and n_d0_jobs == 0:
+                started = start_tfidf()
+            for (key, start, stop), chunk in zip(jobs, _map_chunks(jobs, work.num_proc)):
+                parts[key].append(cf.append(chunk))
+                bar.update(stop - start)
+                if use_tfidf and key == "d0" and len(parts["d0"]) == n_d0_jobs:
+                    started = start_tfidf()
+    finally:
+        _WORK.clear()
+    return parts, started
 
 
-def _start_tfidf(cf: ChunkedFeatures, d0_chunks, d0, dg, task, folds, seed, lexical, cache, n_jobs, progress) -> dict:
+def _start_tfidf(job: _Job, cf: ChunkedFeatures, d0_chunks) -> dict:
     """Start the TF-IDF model's fits on D0 (before the vocabulary is final; see
     :meth:`ChunkedFeatures.local_matrix`): what is not cached already is fitted."""
-    oof_path, new_path = _tfidf_cache(d0, dg, lexical, folds, seed, cache)
+    d0, dg = job.d0, job.dg
+    oof_path, new_path = job.tfidf_cache()
     # read (and checked) now: an unreadable entry is a miss, recomputed like an absent one
     cached_oof = _read_tfidf_result(oof_path, len(d0))
     cached_new = load_npy_pred(new_path, len(dg)) if new_path is not None else None
@@ -336,12 +371,13 @@ def _start_tfidf(cf: ChunkedFeatures, d0_chunks, d0, dg, task, folds, seed, lexi
              "finish": None, "local_vocab": None, "oof": cached_oof, "new": cached_new}
     if state["need_oof"] or state["need_full"]:
         labels0 = labels_of(d0)
-        fm0 = cf.local_matrix(d0_chunks, columns=[e.column for e in lexical])
+        fm0 = cf.local_matrix(d0_chunks, columns=[e.column for e in job.lexical])
         if state["need_oof"]:
-            state["finish"] = start_out_of_fold_tfidf(fm0, labels0, task.num_labels, folds=folds, seed=seed,
-                                                      progress=progress, full_model=state["need_full"], n_jobs=n_jobs)
+            state["finish"] = start_out_of_fold_tfidf(fm0, labels0, job.task.num_labels, folds=job.folds,
+                                                      seed=job.seed, progress=job.progress,
+                                                      full_model=state["need_full"], n_jobs=job.n_jobs)
         else:
-            model = fit_tfidf(fm0, labels0, task.num_labels, seed=seed)
+            model = fit_tfidf(fm0, labels0, job.task.num_labels, seed=job.seed)
             state["finish"] = lambda: model
         state["local_vocab"] = fm0.vocab_array()
     return state
@@ -367,47 +403,27 @@ def _in_final_vocab(model: TfidfHypothesisOnly, local_vocab, vocab: np.ndarray) 
     return dataclasses.replace(model, columns=ids.astype(np.int64))
 
 
-def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, folds, seed, lexical, cache, n_jobs,
-                     progress, started: dict | None = None):
+def _hypothesis_only(job: _Job, cf: ChunkedFeatures, parts, started: dict | None = None):
     """(D0's out-of-fold predictions, D_G's predictions by the full-D0 model, D0's result, D_G's record).
 
     ``started``: the TF-IDF fits :func:`_start_tfidf` started while the features were extracted."""
-    lexical_cols = [e.column for e in lexical]
-    new_info = None
-    pred_g = None
+    d0, dg, task, spec = job.d0, job.dg, job.task, job.spec
+    labels0 = labels_of(d0)
     if spec == "tfidf":
-        if started is None:
-            raise RuntimeError("the TF-IDF hypothesis-only model was not started on D0's chunks")
-        oof_path, new_path = _tfidf_cache(d0, dg, lexical, folds, seed, cache)
-        model = None
-        if started["need_oof"]:
-            out = started["finish"]()
-            result, model = out if started["need_full"] else (out, None)
-            _save_tfidf_result(oof_path, result)
-        else:
-            result = started["oof"]
-            if started["need_full"]:
-                model = started["finish"]()
-        if dg is not None:
-            if started["need_full"]:
-                model = _in_final_vocab(model, started["local_vocab"], cf.vocab)
-                pred_g = np.concatenate([model.predict(cf.matrix([i], columns=lexical_cols))  # exact tie rule
-                                         for i in parts["dg"]]) if parts["dg"] else np.zeros(0, np.int64)
-                save_npz(new_path, pred=pred_g)
-            else:
-                pred_g = started["new"]
+        result, pred_g = _finish_tfidf(job, cf, parts, started)
     elif isinstance(spec, dict):
-        hyps0 = d0["hypothesis"]
-        result, probs_g = out_of_fold_transformer(hyps0, labels0, task, spec, seed=seed,
-                                                  work_dir=transformer_dir(cache, d0, spec, seed),
+        result, probs_g = out_of_fold_transformer(d0["hypothesis"], labels0, task, spec, seed=job.seed,
+                                                  work_dir=transformer_dir(job.cache, d0, spec, job.seed),
                                                   new_hypotheses=dg["hypothesis"] if dg is not None else None,
-                                                  progress=progress)
+                                                  progress=job.progress)
         pred_g = probs_g.argmax(axis=1) if probs_g is not None else (np.zeros(0, np.int64) if dg is not None else None)
     else:
-        result = transformer_predictions(spec, d0["hypothesis"], labels0, task.labels, progress=progress)
+        result = transformer_predictions(spec, d0["hypothesis"], labels0, task.labels, progress=job.progress)
+        pred_g = None
         if dg is not None:
             pred_g = transformer_predictions(spec, dg["hypothesis"], labels_of(dg), task.labels,
-                                             progress=progress).predictions
+                                             progress=job.progress).predictions
+    new_info = None
     if dg is not None:
         labels_g = labels_of(dg)
         new_info = {"rows": int(len(pred_g)), "fitted_on": "D0",
@@ -415,3 +431,31 @@ def _hypothesis_only(cf: ChunkedFeatures, parts, d0, dg, labels0, task, spec, fo
                     "predicted": {name: int(c) for name, c in
                                   zip(task.labels, np.bincount(pred_g, minlength=task.num_labels))}}
     return result.predictions.astype(np.int64), (pred_g.astype(np.int64) if pred_g is not None else None), result, new_info
+
+
+def _finish_tfidf(job: _Job, cf: ChunkedFeatures, parts, started: dict | None):
+    """The TF-IDF model's result on D0 and its predictions of D_G (None without D_G): from the fits
+    :func:`_start_tfidf` started, or from the cache; what was fitted is written to the cache."""
+    if started is None:
+        raise RuntimeError("the TF-IDF hypothesis-only model was not started on D0's chunks")
+    oof_path, new_path = job.tfidf_cache()
+    model = None
+    if started["need_oof"]:
+        out = started["finish"]()
+        result, model = out if started["need_full"] else (out, None)
+        _save_tfidf_result(oof_path, result)
+    else:
+        result = started["oof"]
+        if started["need_full"]:
+            model = started["finish"]()
+    pred_g = None
+    if job.dg is not None:
+        if started["need_full"]:
+            model = _in_final_vocab(model, started["local_vocab"], cf.vocab)
+            lexical_cols = [e.column for e in job.lexical]
+            pred_g = np.concatenate([model.predict(cf.matrix([i], columns=lexical_cols))  # exact tie rule
+                                     for i in parts["dg"]]) if parts["dg"] else np.zeros(0, np.int64)
+            save_npz(new_path, pred=pred_g)
+        else:
+            pred_g = started["new"]
+    return result, pred_g

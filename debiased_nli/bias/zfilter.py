@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..data.loading import labels_of, materialize
 from ..data.tasks import TaskSpec, get_task
 from ..utils.errors import ConfigError, EmptyResultError
+from ..utils.params import options_of
 from .features import FeatureMatrix, build_feature_matrices
 from .zstats import count_matrix, resolve_p0
 
@@ -56,7 +57,7 @@ class ZFilterOutcome:
     rejected_by_ids: np.ndarray     # the feature ids (int32) that rejected each rejected row, concatenated...
     rejected_by_indptr: np.ndarray  # ...row r's are rejected_by_ids[indptr[r]:indptr[r+1]]
     batch_of: np.ndarray        # batch number (int32) of every input position
-    counts: np.ndarray | None   # final counts of Z (features x labels), seed included; None if not kept
+    counts: np.ndarray | None   # final counts of Z (features x labels), seed included; None if left out
     n_batches: int
     full_rankings: int          # how often the top-k needed a full ranking (diagnostic)
 
@@ -154,93 +155,125 @@ class _TopK:
         return [self._rank(self.static[l], l, self.k) for l in range(self.K)]
 
 
-def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, top_k: int = 20,
-                    batch_size: int = 1000, seed: int | None = 0, seed_fm: FeatureMatrix | None = None,
-                    seed_labels: np.ndarray | None = None, p0="uniform", order: np.ndarray | None = None,
-                    progress: bool = True, cache: int = 2048, min_z: float = 0.0,
-                    keep_counts: bool = True) -> ZFilterOutcome:
+@dataclasses.dataclass(frozen=True)
+class ZFilterParams:
+    """Algorithm 1's settings (a recipe's ``z_filter`` section, less ``num_proc``)."""
+
+    top_k: int = 20         # Wu et al. 2022, Table 8: "z-filtering number of biased features 20"
+    batch_size: int = 1000  # project's choice: Algorithm 1's "for sample batch D′t ⊂ D0 do" gives no size
+    p0: Any = "uniform"     # the null label distribution of z: "uniform" (1/K, Gardner et al. 2021), "prior",
+                            # a number or one number per label (zstats.resolve_p0)
+    min_z: float = 0.0      # project's guard: biased only if also z > min_z (module docstring)
+
+
+def z_filter_matrix(fm: FeatureMatrix, labels: np.ndarray, num_labels: int, *, seed: int | None = 0,
+                    seed_fm: FeatureMatrix | None = None, seed_labels: np.ndarray | None = None,
+                    progress: bool = True, cache: int = 2048, params: ZFilterParams | None = None,
+                    **values) -> ZFilterOutcome:
     """Algorithm 1 over a feature matrix. ``seed_fm``/``seed_labels`` start Z from a seed set.
 
-    ``order`` fixes the walk order (input positions); otherwise the rows are shuffled with ``seed``
-    (``seed=None`` keeps the input order). ``keep_counts=False`` leaves the final counts out of the
-    outcome (features x labels: 84 MB for 3.5M features; the build does not read them).
+    ``params`` (or its fields as keywords: ``top_k=20, batch_size=1000, p0="uniform", min_z=0.0``): the
+    algorithm's settings, :class:`ZFilterParams`. The rows are walked in an order shuffled with ``seed``
+    (``seed=None`` keeps the input order). ``cache``: how many features per label the top-k keeps ranked
+    between full rankings (:class:`_TopK`; the outcome is the same for any value).
     """
     from tqdm.auto import tqdm
 
+    p = options_of(ZFilterParams, params, values, "z_filter_matrix()")
     labels = np.asarray(labels, dtype=np.int64)
-    n, V, K = fm.n_rows, fm.n_features, num_labels
+    n, K = fm.n_rows, num_labels
     if len(labels) != n:
         raise ConfigError(f"{len(labels)} labels for {n} rows")
-    if batch_size < 1 or top_k < 1:
-        raise ConfigError(f"batch_size and top_k must be >= 1 (got {batch_size}, {top_k})")
+    if p.batch_size < 1 or p.top_k < 1:
+        raise ConfigError(f"batch_size and top_k must be >= 1 (got {p.batch_size}, {p.top_k})")
     counts, seed_label_counts = _seed_counts(fm, seed_fm, seed_labels, K)
-    if isinstance(p0, str) and p0 == "prior":
+    if isinstance(p.p0, str) and p.p0 == "prior":
         # the prior of the full input (plus seed); fixed for the whole walk
         p0_arr = resolve_p0("prior", K, np.bincount(labels, minlength=K) + seed_label_counts)
     else:
-        p0_arr = resolve_p0(p0, K, np.bincount(labels, minlength=K))
-    if order is None:
-        order = np.random.default_rng(seed).permutation(n) if seed is not None else np.arange(n)
-    order = np.asarray(order, dtype=np.int64)
-    starts_all, lens_all = fm.indptr[order], np.diff(fm.indptr)[order]  # rows in walk order
-    wl = labels[order]
-    z = np.full((V, K), -np.inf)
-    present = counts.sum(axis=1) > 0
-    z[present] = _z_rows(counts[present], p0_arr, min_z)
-    topk = _TopK(z, top_k, cache)
-    biased = np.zeros(V * K, bool)
-    biased_keys = np.zeros(0, np.int64)  # the entries of ``biased`` set for the current batch
-    kept_parts, rej_parts, rej_ids, rej_lens = [], [], [], []
-    last = np.empty(V, np.int64)  # scratch: the features a batch touched, found without a pass over V
-    flat_counts = counts.reshape(-1)
-    batch_of = np.empty(n, np.int32)
-    n_batches = (n + batch_size - 1) // batch_size
+        p0_arr = resolve_p0(p.p0, K, np.bincount(labels, minlength=K))
+    order = np.random.default_rng(seed).permutation(n) if seed is not None else np.arange(n)
+    walk = _Walk(fm, labels, order.astype(np.int64), counts, p0_arr, p, cache)
+    n_batches = (n + p.batch_size - 1) // p.batch_size
     bar = tqdm(total=n, desc="z-filtering", unit="rows", disable=not progress)
     for b in range(n_batches):
-        lo, hi = b * batch_size, min((b + 1) * batch_size, n)
-        batch_of[order[lo:hi]] = b
-        top = topk.top()
+        lo, hi = b * p.batch_size, min((b + 1) * p.batch_size, n)
+        walk.batch(b, lo, hi)
+        bar.update(hi - lo)
+    bar.close()
+    return walk.outcome(n_batches)
+
+
+class _Walk:
+    """The state of one walk of Algorithm 1: Z's counts, z, the top-k, and what each batch kept and rejected."""
+
+    def __init__(self, fm: FeatureMatrix, labels: np.ndarray, order: np.ndarray, counts: np.ndarray,
+                 p0: np.ndarray, params: ZFilterParams, cache: int):
+        V, K = counts.shape
+        self.fm, self.order, self.counts, self.p0, self.min_z, self.K = fm, order, counts, p0, params.min_z, K
+        self.starts, self.lens = fm.indptr[order], np.diff(fm.indptr)[order]  # rows in walk order
+        self.wl = labels[order]
+        self.z = np.full((V, K), -np.inf)
+        present = counts.sum(axis=1) > 0
+        self.z[present] = _z_rows(counts[present], p0, self.min_z)
+        self.topk = _TopK(self.z, params.top_k, cache)
+        self.biased = np.zeros(V * K, bool)
+        self.biased_keys = np.zeros(0, np.int64)  # the entries of ``biased`` set for the current batch
+        self.kept_parts, self.rej_parts, self.rej_ids, self.rej_lens = [], [], [], []
+        self.last = np.empty(V, np.int64)  # scratch: the features a batch touched, found without a pass over V
+        self.flat_counts = counts.reshape(-1)
+        self.batch_of = np.empty(len(order), np.int32)
+
+    def batch(self, b: int, lo: int, hi: int) -> None:
+        """Walk rows [lo, hi) of the walk order: reject those with a feature biased for their label, add the
+        others to Z."""
+        K, order = self.K, self.order
+        self.batch_of[order[lo:hi]] = b
+        top = self.topk.top()
         # per batch, work in the batch's entries and the top-k only: clearing or scanning arrays over the
         # vocabulary (millions of features) for each of thousands of batches was most of a walk's time
-        biased[biased_keys] = False
-        biased_keys = np.concatenate([top[l] * K + l for l in range(K)])
-        biased[biased_keys] = True
+        self.biased[self.biased_keys] = False
+        self.biased_keys = np.concatenate([top[l] * K + l for l in range(K)])
+        self.biased[self.biased_keys] = True
         # gather the batch's (row, feature) entries; no copy of the whole matrix in walk order
-        lens = lens_all[lo:hi]
+        lens = self.lens[lo:hi]
         offsets = np.cumsum(lens) - lens
         total = int(lens.sum())
-        feats = fm.indices[np.repeat(starts_all[lo:hi] - offsets, lens) + np.arange(total)].astype(np.int64)
+        feats = self.fm.indices[np.repeat(self.starts[lo:hi] - offsets, lens) + np.arange(total)].astype(np.int64)
         entry_row = np.repeat(np.arange(lo, hi), lens)
-        hit = biased[feats * K + wl[entry_row]]
+        hit = self.biased[feats * K + self.wl[entry_row]]
         row_hit = np.zeros(hi - lo, bool)
         row_hit[entry_row[hit] - lo] = True
         keep_local = np.flatnonzero(~row_hit)
         rej_local = np.flatnonzero(row_hit)
         if len(rej_local):
             # entries are grouped by row, so the hits of the rejected rows come out in their order
-            rej_ids.append(feats[hit].astype(np.int32))  # vocabulary ids, as the matrix stores them
-            rej_lens.append(np.bincount(entry_row[hit] - lo, minlength=hi - lo)[rej_local])
-        rej_parts.append(order[lo + rej_local])
-        kept_parts.append(order[lo + keep_local])
+            self.rej_ids.append(feats[hit].astype(np.int32))  # vocabulary ids, as the matrix stores them
+            self.rej_lens.append(np.bincount(entry_row[hit] - lo, minlength=hi - lo)[rej_local])
+        self.rej_parts.append(order[lo + rej_local])
+        self.kept_parts.append(order[lo + keep_local])
         if len(keep_local):
             kmask = ~row_hit[entry_row - lo]
-            kf = feats[kmask]
-            np.add.at(flat_counts, kf * K + wl[entry_row[kmask]], 1)
-            # each touched feature once (the last of its entries); their order does not matter: z is
-            # set per feature and _TopK ranks its candidates by (z, id)
-            at = np.arange(len(kf))
-            last[kf] = at
-            touched = kf[last[kf] == at]
-            z_touched = _z_rows(counts[touched], p0_arr, min_z)
-            z[touched] = z_touched
-            topk.mark(touched, z_touched)
-        bar.update(hi - lo)
-    bar.close()
-    kept = np.concatenate(kept_parts) if kept_parts else np.zeros(0, np.int64)
-    rejected = np.concatenate(rej_parts) if rej_parts else np.zeros(0, np.int64)
-    ids, indptr = _rejecting_features(rej_ids, rej_lens)
-    return ZFilterOutcome(kept, rejected, ids, indptr, batch_of, counts if keep_counts else None, n_batches,
-                          topk.full_rankings)
+            self._add(feats[kmask], self.wl[entry_row[kmask]])
+
+    def _add(self, kf: np.ndarray, kl: np.ndarray) -> None:
+        """Add the kept rows' entries (features ``kf`` of labels ``kl``) to Z's counts, and update z and the top-k."""
+        np.add.at(self.flat_counts, kf * self.K + kl, 1)
+        # each touched feature once (the last of its entries); their order does not matter: z is
+        # set per feature and _TopK ranks its candidates by (z, id)
+        at = np.arange(len(kf))
+        self.last[kf] = at
+        touched = kf[self.last[kf] == at]
+        z_touched = _z_rows(self.counts[touched], self.p0, self.min_z)
+        self.z[touched] = z_touched
+        self.topk.mark(touched, z_touched)
+
+    def outcome(self, n_batches: int) -> ZFilterOutcome:
+        kept = np.concatenate(self.kept_parts) if self.kept_parts else np.zeros(0, np.int64)
+        rejected = np.concatenate(self.rej_parts) if self.rej_parts else np.zeros(0, np.int64)
+        ids, indptr = _rejecting_features(self.rej_ids, self.rej_lens)
+        return ZFilterOutcome(kept, rejected, ids, indptr, self.batch_of, self.counts, n_batches,
+                              self.topk.full_rankings)
 
 
 def _seed_counts(fm: FeatureMatrix, seed_fm: FeatureMatrix | None, seed_labels, K: int):
@@ -320,19 +353,21 @@ def walk_batch_size(n_rows: int, batch_size: int, seed_rows: int, task_name: str
     return used, note
 
 
-def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1000, seed: int = 0,
-             seed_dataset=None, p0="uniform", min_z: float = 0.0, allow_empty: bool = False,
-             progress: bool = True, include_seed: bool = True, min_batches: int = MIN_BATCHES) -> ZFilterResult:
+def z_filter(ds, task: "str | TaskSpec", *, seed: int = 0, seed_dataset=None, allow_empty: bool = False,
+             progress: bool = True, include_seed: bool = True, min_batches: int = MIN_BATCHES,
+             params: ZFilterParams | None = None, **values) -> ZFilterResult:
     """z-filter a dataset with feature columns (Z(D)), or conditionally on ``seed_dataset`` (Z(D | S)).
 
-    The output ``kept`` holds the seed rows (when ``include_seed``) followed by the kept rows in the
-    order they joined Z; ``rejected`` holds the rejected rows with their ``rejected_by`` features.
-    An unconditional input of fewer than ``min_batches`` x ``batch_size`` rows is walked in smaller
-    batches (:func:`walk_batch_size`, with a warning; ``params["batch_size_used"]`` says which).
+    ``params`` (or its fields as keywords: ``top_k=20, batch_size=1000, p0="uniform", min_z=0.0``): the
+    algorithm's settings, :class:`ZFilterParams`. The output ``kept`` holds the seed rows (when
+    ``include_seed``) followed by the kept rows in the order they joined Z; ``rejected`` holds the rejected
+    rows with their ``rejected_by`` features. An unconditional input of fewer than ``min_batches`` x
+    ``batch_size`` rows is walked in smaller batches (:func:`walk_batch_size`, with a warning;
+    ``params["batch_size_used"]`` of the result says which).
     """
+    p = options_of(ZFilterParams, params, values, "z_filter()")
     task = get_task(task)
-    requested = batch_size
-    batch_size, note = walk_batch_size(len(ds), batch_size, len(seed_dataset) if seed_dataset is not None else 0,
+    batch_size, note = walk_batch_size(len(ds), p.batch_size, len(seed_dataset) if seed_dataset is not None else 0,
                                        task.name, min_batches=min_batches, stacklevel=2)
     if seed_dataset is not None:
         for name, d in (("input", ds), ("seed set", seed_dataset)):
@@ -347,13 +382,13 @@ def z_filter(ds, task: "str | TaskSpec", *, top_k: int = 20, batch_size: int = 1
         fm, = build_feature_matrices([ds])
         seed_fm = seed_labels = None
     labels = labels_of(ds)
-    out = z_filter_matrix(fm, labels, task.num_labels, top_k=top_k, batch_size=batch_size, seed=seed,
-                          seed_fm=seed_fm, seed_labels=seed_labels, p0=p0, min_z=min_z, progress=progress)
-    params = {"top_k": top_k, "batch_size": requested, "batch_size_used": batch_size, "seed": seed, "p0": p0,
-              "min_z": min_z, "conditional": seed_dataset is not None, "min_batches": min_batches}
+    out = z_filter_matrix(fm, labels, task.num_labels, seed=seed, seed_fm=seed_fm, seed_labels=seed_labels,
+                          progress=progress, params=dataclasses.replace(p, batch_size=batch_size))
+    recorded = {"top_k": p.top_k, "batch_size": p.batch_size, "batch_size_used": batch_size, "seed": seed,
+                "p0": p.p0, "min_z": p.min_z, "conditional": seed_dataset is not None, "min_batches": min_batches}
     if note:
-        params["batch_size_note"] = note
-    return z_filter_result(ds, out, fm.vocab, task, params, seed_dataset=seed_dataset if include_seed else None,
+        recorded["batch_size_note"] = note
+    return z_filter_result(ds, out, fm.vocab, task, recorded, seed_dataset=seed_dataset if include_seed else None,
                            allow_empty=allow_empty)
 
 

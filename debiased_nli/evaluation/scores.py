@@ -147,17 +147,7 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
     metric = load_metric()
     models = []
     per_set: dict[str, dict] = {}
-    datasets_cache = {}
-    excluded: dict[str, int] = {}
-    references = {}
-    for spec in sets:  # load (and check) every set first: a missing file fails before any prediction
-        ds = load_challenge_set(spec, cfg.data_root)
-        references[spec.name] = hub_reference(spec, cfg.data_root)
-        if exclude_rows and spec.name in exclude_rows:
-            keep = ~np.isin(np.asarray(ds["row"], dtype=np.int64), np.asarray(list(exclude_rows[spec.name]), np.int64))
-            excluded[spec.name] = int(len(ds) - keep.sum())
-            ds = ds.select(np.flatnonzero(keep))
-        datasets_cache[spec.name] = (ds, sample_rows(ds, cfg.max_examples, cfg.sample_seed))
+    loaded = _load_sets(sets, cfg, exclude_rows)  # every set first: a missing file fails before any prediction
     for path in model_paths:
         cache = (cache_dirs or {}).get(str(path))
         model = _LazyClassifier(str(path), cfg)
@@ -167,23 +157,17 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
         seed = (record or {}).get("config", {}).get("seed")
         seconds = {}
         for spec in sets:
-            full, ds = datasets_cache[spec.name]
+            full, ds, reference, n_excluded = loaded[spec.name]
             start = time.perf_counter()
             probs, timing = _set_probabilities(model, spec.name, ds, cfg, chunk_rows=chunk_rows,
                                                cache=Path(cache) if cache else None, before_chunk=before_chunk)
             pred, label_map = set_predictions(spec, probs, model.id2label(), str(path))
             scores = score_predictions(spec, ds, pred, metric)
             seconds[spec.name] = round(time.perf_counter() - start, 2)
-            source = challenge_source(spec, cfg.data_root)
-            entry = per_set.setdefault(spec.name, {
-                "n": len(ds), "n_total": len(full), "subsampled": len(ds) < len(full),
-                "sample_seed": cfg.sample_seed if len(ds) < len(full) else None,
-                "labels": list(spec.labels), "label_map": label_map, "task": spec.task,
-                "source": source["path"] if source["kind"] == "local" else f"{source['path']}[{source['split']}]",
-                "source_kind": source["kind"], "hub_dataset": source["hub_dataset"],
-                "hub_reference": references[spec.name], "spec_version": spec.version, "runs": []})
-            if spec.name in excluded:
-                entry["excluded_rows"] = excluded[spec.name]
+            entry = per_set.get(spec.name) or per_set.setdefault(
+                spec.name, _set_entry(spec, full, ds, cfg, label_map, reference))
+            if n_excluded is not None:
+                entry["excluded_rows"] = n_excluded
             run = {"model": str(path), "seed": seed, **scores, "confusion": confusion(spec.labels, ds["label"], pred),
                    **timing}
             if keep_predictions:
@@ -191,13 +175,7 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
                     from ..data.loading import content_fingerprint
 
                     entry["rows_fingerprint"] = content_fingerprint(ds)
-                gold = np.asarray(ds["label"], dtype=np.int64)
-                run["predictions"] = {"predicted": pred.astype(np.int8), "gold": gold.astype(np.int8),
-                                      "gold_probability": gold_probabilities(spec, probs, model.id2label(), gold,
-                                                                             str(path)).astype(np.float16)}
-                if spec.cluster:  # which cluster each row is in (codes of the sorted values of the column)
-                    column = ds.with_format("arrow")[spec.cluster].to_numpy(zero_copy_only=False)
-                    run["predictions"]["cluster"] = np.unique(column, return_inverse=True)[1].astype(np.int32)
+                run["predictions"] = _run_predictions(spec, ds, pred, probs, model.id2label(), str(path))
             entry["runs"].append(run)
         models.append({"path": str(path), "seed": seed, "id2label": {str(k): v for k, v in model.id2label().items()},
                        "train": (record or {}).get("result"), "train_config": (record or {}).get("config"),
@@ -212,6 +190,45 @@ def evaluate_models(model_paths: Sequence[str], sets: Sequence[ChallengeSet], cf
             "models": models, "seeds": [m["seed"] for m in models], "num_models": len(models),
             "config": dataclasses.asdict(cfg), "sets": per_set, "versions": library_versions(),
             "git": git_hash()}
+
+
+def _load_sets(sets: Sequence[ChallengeSet], cfg: EvalConfig,
+               exclude_rows: Mapping[str, Sequence[int]] | None) -> dict[str, tuple]:
+    """Each set by name: (its rows less ``exclude_rows``, the rows scored (a seeded sample when
+    ``cfg.max_examples``), its Hub reference, how many rows were excluded (None: none asked))."""
+    out = {}
+    for spec in sets:
+        ds = load_challenge_set(spec, cfg.data_root)
+        reference = hub_reference(spec, cfg.data_root)
+        n_excluded = None
+        if exclude_rows and spec.name in exclude_rows:
+            keep = ~np.isin(np.asarray(ds["row"], dtype=np.int64), np.asarray(list(exclude_rows[spec.name]), np.int64))
+            n_excluded = int(len(ds) - keep.sum())
+            ds = ds.select(np.flatnonzero(keep))
+        out[spec.name] = (ds, sample_rows(ds, cfg.max_examples, cfg.sample_seed), reference, n_excluded)
+    return out
+
+
+def _set_entry(spec: ChallengeSet, full, ds, cfg: EvalConfig, label_map, reference) -> dict:
+    """A set's entry of ``results.json`` before its runs: its rows, sample, labels and source."""
+    source = challenge_source(spec, cfg.data_root)
+    return {"n": len(ds), "n_total": len(full), "subsampled": len(ds) < len(full),
+            "sample_seed": cfg.sample_seed if len(ds) < len(full) else None,
+            "labels": list(spec.labels), "label_map": label_map, "task": spec.task,
+            "source": source["path"] if source["kind"] == "local" else f"{source['path']}[{source['split']}]",
+            "source_kind": source["kind"], "hub_dataset": source["hub_dataset"],
+            "hub_reference": reference, "spec_version": spec.version, "runs": []}
+
+
+def _run_predictions(spec: ChallengeSet, ds, pred: np.ndarray, probs: np.ndarray, id2label, model: str) -> dict:
+    """A run's ``predictions`` (see :func:`evaluate_models`' ``keep_predictions``)."""
+    gold = np.asarray(ds["label"], dtype=np.int64)
+    out = {"predicted": pred.astype(np.int8), "gold": gold.astype(np.int8),
+           "gold_probability": gold_probabilities(spec, probs, id2label, gold, model).astype(np.float16)}
+    if spec.cluster:  # which cluster each row is in (codes of the sorted values of the column)
+        column = ds.with_format("arrow")[spec.cluster].to_numpy(zero_copy_only=False)
+        out["cluster"] = np.unique(column, return_inverse=True)[1].astype(np.int32)
+    return out
 
 
 class _LazyClassifier:

@@ -213,6 +213,7 @@ def self_audit_configs(run, configs: list, feats) -> list:
     import datasets
 
     from ..bias.self_audit import self_audit_fixed_point
+    from ..bias.zfilter import ZFilterParams
     from .step_registry import Rejects
 
     z_rejects = Rejects(reason="rejected_by")  # as the build writes the z-filter's dropped rows (recipe.Z_REJECTS)
@@ -222,6 +223,7 @@ def self_audit_configs(run, configs: list, feats) -> list:
         return configs
     feat, zc = run.recipe["features"], run.recipe["z_filter"]
     hyp = feat["hypothesis_only"] if isinstance(feat["hypothesis_only"], str) else "tfidf"
+    zp = ZFilterParams(top_k=zc["top_k"], batch_size=zc["batch_size"], p0=zc["p0"])
     out = []
     for c in configs:
         if c.name not in params["configs"]:
@@ -231,8 +233,7 @@ def self_audit_configs(run, configs: list, feats) -> list:
         train = c.splits["train"]
         res = self_audit_fixed_point(train, run.task, z_threshold=params["z_threshold"], alpha=params["alpha"],
                                      max_rounds=params["max_rounds"], hypothesis_only=hyp, folds=feat["folds"],
-                                     seed=run.seed, top_k=zc["top_k"], batch_size=zc["batch_size"], p0=zc["p0"],
-                                     progress=run.progress)
+                                     seed=run.seed, zfilter=zp, progress=run.progress)
         keep = set(res.kept["uid"])  # the config's own rows (with any feature columns) that the fixed point kept
         kept = train.select([i for i, u in enumerate(train["uid"]) if u in keep])
         rejected = c.rejected

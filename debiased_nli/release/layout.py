@@ -24,6 +24,7 @@ Compositions for a base set D0 and new rows D_G:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -139,20 +140,35 @@ RELEASE_FILE_PATTERNS = (r"data/[^/]+/[^/]+-\d{5}-of-\d{5}\.parquet", r"rejected
                          r"decisions/.+\.parquet")
 
 
-def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[ConfigData], *, default: str,
-                  manifest: Mapping[str, Any], meta: Mapping[str, Any], original=None, overwrite: bool = False,
-                  top_k_card: int = 10, set_aside=None, original_features: list | None = None,
-                  timings: bool = False, num_proc: "int | str | None" = "auto",
-                  row_records: "Mapping[str, Any] | None" = None) -> Path:
+@dataclasses.dataclass
+class ReleaseContents:
+    """What :func:`write_release` writes: the configs (``default`` the one ``load_dataset`` opens without a
+    name), the manifest and the card's metadata, and what the folder keeps beside them.
+
+    ``original``: D0, for its z-statistics in the card, with ``original_features``: its features as (matrix,
+    labels, rows) parts (otherwise read from its ``feat_*`` columns). ``set_aside``: the rows set aside on
+    loading, written to ``rejected/``. ``row_records``: the source steps' records of the new rows they made
+    (:mod:`.decisions`), written to ``decisions/<key>/``."""
+
+    configs: Sequence[ConfigData]
+    default: str
+    manifest: Mapping[str, Any]
+    meta: Mapping[str, Any]
+    original: Any = None
+    original_features: list | None = None
+    set_aside: Any = None
+    row_records: Mapping[str, Any] | None = None
+
+
+def write_release(out_dir: "str | Path", task: TaskSpec, contents: ReleaseContents, *, overwrite: bool = False,
+                  top_k_card: int = 10, timings: bool = False, num_proc: "int | str | None" = "auto") -> Path:
     """Write a Hub-layout release folder atomically (temporary name, then rename).
 
-    ``original_features``: the original's features as (matrix, labels, rows) parts, for its
-    z-statistics (otherwise read from its ``feat_*`` columns). The z-statistics and plots of every
-    config are computed in a forked process while this one writes the Parquet files (``num_proc``:
-    ``"auto"``, see :func:`worker_processes`; 1: one after the other, here); the files are the same either way.
-    ``timings`` adds a ``write release`` stage with its seconds (Parquet; z-statistics and plots, which
-    overlap when they run at once) to the manifest. ``row_records``: the source steps' records of the new rows
-    they made (:mod:`.decisions`), written to ``decisions/<key>/``."""
+    The z-statistics and plots of every config are computed in a forked process while this one writes the
+    Parquet files (``num_proc``: ``"auto"``, see :func:`worker_processes`; 1: one after the other, here); the
+    files are the same either way. ``timings`` adds a ``write release`` stage with its seconds (Parquet;
+    z-statistics and plots, which overlap when they run at once) to the manifest."""
+    configs, default, manifest, meta = contents.configs, contents.default, contents.manifest, contents.meta
     out = Path(out_dir).resolve()
     _check_configs(configs, default)
     tmp, unlock = _open_target(out, overwrite)
@@ -161,7 +177,7 @@ def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[Confi
         (tmp / "images").mkdir()
         clock = {"parquet": 0.0, "z-statistics and plots": 0.0}
         writing = time.perf_counter()
-        jobs = _stats_jobs(configs, original, original_features)
+        jobs = _stats_jobs(configs, contents.original, contents.original_features)
         n_rows = sum(len(ds) for _, ds, _ in jobs)
         stats = _StatsJob(jobs, task, tmp / "images", top_k_card, forked=worker_processes(num_proc, 2, n_rows) > 1)
         written: dict[str, dict[str, list]] = {}
@@ -173,10 +189,10 @@ def write_release(out_dir: "str | Path", task: TaskSpec, configs: Sequence[Confi
             clock["parquet"] += time.perf_counter() - start
         summaries, clock["z-statistics and plots"] = stats.result()
         wall = time.perf_counter() - writing  # the parts overlap when the statistics run in their own process
-        if set_aside is not None and len(set_aside):
-            _write_set_aside(tmp, set_aside)
+        if contents.set_aside is not None and len(contents.set_aside):
+            _write_set_aside(tmp, contents.set_aside)
         decisions = {c.name: write_record(tmp, c.name, c.decisions) for c in configs if c.decisions is not None}
-        decisions.update({key: write_rows_record(tmp, key, rec) for key, rec in (row_records or {}).items()})
+        decisions.update({key: write_rows_record(tmp, key, rec) for key, rec in (contents.row_records or {}).items()})
         if decisions:  # after rejected/: each record names the sha256 of its config's dropped rows too
             manifest = {**manifest, "decisions": decisions}
         manifest = _release_manifest(manifest, meta, labels, written,

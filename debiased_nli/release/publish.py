@@ -28,6 +28,7 @@ unreachable hosts, offline mode and refusals by the Hub end the push with a one-
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -240,16 +241,28 @@ def push_release(folder: "str | Path", repo_id: str, *, revision: str | None = N
         raise ConfigError(f"{manifest_path}: `history` is not a list of versions; not a release's manifest")
     card = read_text(readme, "the release's card")
     with_history(card, [])  # the markers once each, or the error that says to rebuild
-    files = upload_list(folder)
+    release = _Upload(folder, card, manifest, upload_list(folder))
     api = api or HfApi(token=token, endpoint=endpoint)
-    return hub_call(lambda: _push(api, folder, card, manifest, repo_id, revision, private, commit_message, note,
-                                  commit_description, files), what="the push", endpoint=api.endpoint)
+    return hub_call(lambda: _push(api, release, repo_id, revision, private, commit_message, note, commit_description),
+                    what="the push", endpoint=api.endpoint)
 
 
-def _push(api, folder: Path, card: str, manifest: dict, repo_id: str, revision: str | None, private: bool,
-          commit_message: str | None, note: str | None, commit_description: str | None = None,
-          files: Sequence[str] = ()) -> dict[str, Any]:
+@dataclasses.dataclass
+class _Upload:
+    """A release folder as :func:`push_release` read and checked it: its card and manifest (the history is merged
+    into both before the upload) and the files its manifest lists (:func:`upload_list`)."""
+
+    folder: Path
+    card: str
+    manifest: dict
+    files: Sequence[str]
+
+
+def _push(api, release: _Upload, repo_id: str, revision: str | None, private: bool, commit_message: str | None,
+          note: str | None, commit_description: str | None = None) -> dict[str, Any]:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    folder, card, manifest, files = release.folder, release.card, release.manifest, release.files
 
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
     if revision is not None:

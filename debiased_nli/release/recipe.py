@@ -304,19 +304,38 @@ class BuildResult:
     pruned: tuple[int, int] | None = None  # (entries, bytes) of the feature cache deleted afterwards (debiased_nli.build)
 
 
-def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
-          new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
-          max_rows: int | None = None, profile: str | None = None, efficacy=None,
-          timings: bool = False, replay: "str | Path | None" = None,
-          quality: "Sequence[str] | None" = None) -> BuildResult:
-    """Run a recipe end to end and write the release folder. ``efficacy``: the efficacy table's JSON
+@dataclasses.dataclass
+class BuildSettings:
+    """The settings of one :func:`build` besides the recipe and the folder (its keywords).
+
+    ``data_files``: D0's files (and evaluation splits) instead of the recipe's source; ``new_rows_files``: files
+    of new rows D_G; ``seed``, ``max_rows``: the recipe's, overridden; ``profile``: one of the recipe's
+    profiles; ``overwrite``: replace a release of this tool. ``efficacy``: the efficacy table's JSON
     (``debiased-nli compare report``); the card then shows the measured rows of this release's configs.
     ``timings`` adds each stage's wall-clock ``seconds`` to the manifest's stages (then the release
     is no longer the same byte for byte from run to run). ``replay``: an earlier release folder whose
     recorded filter-step decisions are reused where the step, its parameters and its input rows are the same
     (:mod:`.decisions`), so the neural steps give that release's rows on any machine. ``quality``: reports of
     ``debiased-nli quality`` on this release's generated rows (:mod:`.quality_card`), shown in its card and
-    recorded in its manifest.
+    recorded in its manifest."""
+
+    data_files: Any = None
+    new_rows_files: Any = None
+    overwrite: bool = False
+    seed: int | None = None
+    progress: bool = True
+    max_rows: int | None = None
+    profile: str | None = None
+    efficacy: Any = None
+    timings: bool = False
+    replay: "str | Path | None" = None
+    quality: "Sequence[str] | None" = None
+
+
+def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, settings: BuildSettings | None = None,
+          **values) -> BuildResult:
+    """Run a recipe end to end and write the release folder. ``settings`` (or its fields as keywords:
+    ``data_files=..., new_rows_files=..., overwrite=True, ...``): :class:`BuildSettings`.
 
     The target is checked before any work (see :func:`debiased_nli.utils.outputs.check_target`: never the
     current or home folder, a parent of an input, a file, or a folder that is not a release of this
@@ -324,39 +343,38 @@ def build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, da
     """
     from ..data.loading import parse_data_files
     from ..utils.outputs import check_target, clean_stale, is_release_folder, lock_target
+    from ..utils.params import options_of
 
+    s = options_of(BuildSettings, settings, values, "build()")
+    max_rows = s.max_rows
     if max_rows is not None and (not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1):
         raise ConfigError(f"max_rows must be a positive integer, got {max_rows!r}")
-    if efficacy is not None:  # a missing or wrong table fails before the work, not after
+    if s.efficacy is not None:  # a missing or wrong table fails before the work, not after
         from .efficacy import load_table
 
-        load_table(efficacy)
-    if replay is not None:  # likewise a --replay that is not a release
+        load_table(s.efficacy)
+    if s.replay is not None:  # likewise a --replay that is not a release
         from .decisions import Replay
 
-        replay = Replay(replay)
-    if quality:  # and a quality report that is not one
+        s = dataclasses.replace(s, replay=Replay(s.replay))
+    if s.quality:  # and a quality report that is not one
         from .quality_card import load_reports
 
-        quality = load_reports(quality)
+        s = dataclasses.replace(s, quality=load_reports(s.quality))
     if not is_main_rank():  # under `accelerate launch` / torchrun: rank 0 checks, locks and writes
-        return _build(recipe, out_dir, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
-                      seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy, timings=timings, replay=replay, quality=quality)
-    rec = load_recipe(recipe, profile)
+        return _build(recipe, out_dir, s)
+    rec = load_recipe(recipe, s.profile)
     inputs: list[Any] = [] if isinstance(recipe, Mapping) else [recipe]
-    for spec in [data_files if data_files is not None else rec["data"]["data_files"], new_rows_files] + \
+    for spec in [s.data_files if s.data_files is not None else rec["data"]["data_files"], s.new_rows_files] + \
             [step.get("data_files") for step in rec["new_rows"] if step.get("data_files")]:
         for files in (parse_data_files(spec) or {}).values():
             inputs.extend(files)
-    target = check_target(out_dir, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
+    target = check_target(out_dir, overwrite=s.overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
     unlock = lock_target(target)
     try:
         clean_stale(target, is_release_folder)
-        check_target(target, overwrite=overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
-        return _build(recipe, target, data_files=data_files, new_rows_files=new_rows_files, overwrite=overwrite,
-                      seed=seed, progress=progress, max_rows=max_rows, profile=profile,
-                      efficacy=efficacy, timings=timings, replay=replay, quality=quality)
+        check_target(target, overwrite=s.overwrite, is_ours=is_release_folder, what="release", inputs=inputs)
+        return _build(recipe, target, s)
     finally:
         unlock()
 
@@ -383,14 +401,11 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, data_files=None,
-           new_rows_files=None, overwrite: bool = False, seed: int | None = None, progress: bool = True,
-           max_rows: int | None = None, profile: str | None = None, efficacy=None,
-           timings: bool = False, replay=None, quality=None) -> BuildResult:
-    recipe = _effective_recipe(recipe, profile=profile, data_files=data_files, new_rows_files=new_rows_files,
-                               seed=seed, max_rows=max_rows)
-    run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=progress, timings=timings,
-               replay=replay)
+def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", s: BuildSettings) -> BuildResult:
+    recipe = _effective_recipe(recipe, profile=s.profile, data_files=s.data_files, new_rows_files=s.new_rows_files,
+                               seed=s.seed, max_rows=s.max_rows)
+    run = _Run(recipe, get_task(recipe["task"]), int(recipe["seed"]), progress=s.progress, timings=s.timings,
+               replay=s.replay)
     loaded, eval_splits = _load_inputs(run)
     dg = _run_source_steps(run, loaded.dataset)
     if world_size() > 1:
@@ -407,8 +422,8 @@ def _build(recipe: "str | Path | Mapping[str, Any]", out_dir: "str | Path", *, d
     z_configs = self_audit_configs(run, _compose_z_configs(run, feats, eval_splits), feats)
     filter_configs = _run_filter_steps(run, feats.d0, eval_splits)
     configs, default = _assemble_configs(run, z_configs + filter_configs, feats, eval_splits)
-    return _write(run, out_dir, configs, default, loaded, feats, efficacy=efficacy, overwrite=overwrite,
-                  quality=quality)
+    return _write(run, out_dir, configs, default, loaded, feats, efficacy=s.efficacy, overwrite=s.overwrite,
+                  quality=s.quality)
 
 
 # the z-filter's dropped rows, written like a filter step's: their reason is the biased features that rejected
@@ -567,7 +582,7 @@ class _Features:
 def _compute_features(run: _Run, d0, dg) -> _Features:
     """Features of D0 and D_G over one vocabulary, a chunk of rows at a time; the hypothesis-only model is
     fitted on D0 alone (out of fold) and predicts D_G, so Z(D0) depends on D0 alone."""
-    from ..bias.task_features import add_features_pair, featurize_build
+    from ..bias.task_features import FeatureWork, add_features_pair, featurize_build
     from ..data.loading import contiguous, labels_of
     from ..utils.processes import return_free_memory
 
@@ -584,9 +599,10 @@ def _compute_features(run: _Run, d0, dg) -> _Features:
                                         folds=feat_cfg["folds"], seed=run.seed, progress=run.progress)
         matrices, by_part = None, {}
     elif feat_cfg["storage"] == "chunked":
+        work = FeatureWork(chunk_rows=int(feat_cfg["chunk_rows"]), num_proc=feat_cfg["num_proc"],
+                           n_jobs=feat_cfg["n_jobs"])
         feats = featurize_build(d0, dg, task, hypothesis_only=feat_cfg["hypothesis_only"], folds=feat_cfg["folds"],
-                                seed=run.seed, chunk_rows=int(feat_cfg["chunk_rows"]), num_proc=feat_cfg["num_proc"],
-                                n_jobs=feat_cfg["n_jobs"], progress=run.progress)
+                                seed=run.seed, work=work, progress=run.progress)
         hyp, matrices, by_part = feats.hypothesis_only, (feats.d0, feats.dg), feats.seconds
     else:
         raise ConfigError(f"features.storage must be 'chunked' or 'columns', not {feat_cfg['storage']!r}")
@@ -605,15 +621,16 @@ def _compose_z_configs(run: _Run, feats: _Features, eval_splits: dict) -> list:
     import datasets
 
     from ..bias.compose import compose
+    from ..bias.zfilter import ZFilterParams
     from ..utils.processes import return_free_memory
     from .configs import ConfigData
 
     zc = run.recipe["z_filter"]
     wanted = None if run.recipe["configs"] == "auto" else [c for c in run.recipe["configs"] if c in Z_CONFIGS]
     z_seconds: dict[str, float] = {}
-    results = compose(feats.d0, feats.dg, run.task, top_k=zc["top_k"], batch_size=zc["batch_size"], seed=run.seed,
-                      p0=zc["p0"], configs=wanted, progress=run.progress, features=feats.matrices,
-                      seconds=z_seconds, num_proc=zc["num_proc"]) if wanted != [] else {}
+    zp = ZFilterParams(top_k=zc["top_k"], batch_size=zc["batch_size"], p0=zc["p0"])
+    results = compose(feats.d0, feats.dg, run.task, params=zp, seed=run.seed, configs=wanted, progress=run.progress,
+                      features=feats.matrices, seconds=z_seconds, num_proc=zc["num_proc"]) if wanted != [] else {}
     return_free_memory()
 
     def config(name: str, key: str, train, rejected, features, stage: str, **fields) -> ConfigData:
@@ -730,7 +747,7 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
     """The manifest and the card's metadata, then the release folder (see :func:`.layout.write_release`)."""
     from ..bias.features import describe_extractors
     from ..data.loading import combine_set_aside, set_aside_summary
-    from .layout import write_release
+    from .layout import ReleaseContents, write_release
 
     recipe, task = run.recipe, run.task
     # every row set aside on loading, from every input (D0, evaluation splits, new rows), is written
@@ -765,9 +782,10 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
 
         meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name,
                                             sizes={c.name: len(c.splits["train"]) for c in configs})
-    out = write_release(out_dir, task, configs, default=default, manifest=manifest, meta=meta, original=feats.d0,
-                        row_records=run.row_records,
-                        overwrite=overwrite, set_aside=set_aside, original_features=feats.parts(all0=True),
-                        timings=run.timings, num_proc=recipe["z_filter"]["num_proc"])
+    contents = ReleaseContents(configs, default, manifest, meta, original=feats.d0,
+                               original_features=feats.parts(all0=True), set_aside=set_aside,
+                               row_records=run.row_records)
+    out = write_release(out_dir, task, contents, overwrite=overwrite, timings=run.timings,
+                        num_proc=recipe["z_filter"]["num_proc"])
     return BuildResult(out, {c.name: len(c.splits["train"]) for c in configs}, manifest, run.reports,
                        set_aside_summary(set_aside, run.loaded_rows))

@@ -14,11 +14,15 @@ datatrove's constructor keywords do, the value is written in one place::
         ...])
     p = PARAMS.merge(params)            # the defaults, then the values given (None: not given)
 
+The public API's functions take their options the same way, once: as keywords checked against a dataclass
+of options (:func:`options_of`), an unknown one refused with the closest name.
+
 This module imports nothing heavy: ``--help`` reads the declarations.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .errors import ConfigError, did_you_mean, excerpt
@@ -229,3 +233,30 @@ def mapping_parser(cast: Callable[[str], Any] = str, what: str = "NAME=VALUE,...
 def comma_list(text: str) -> list[str]:
     """A command-line parser for ``A,B,C``."""
     return [t for t in text.split(",") if t]
+
+
+class UnknownOptionError(ConfigError, TypeError):
+    """A keyword that names no option of a function (a :class:`TypeError` too, as Python's own for an
+    unexpected keyword argument)."""
+
+
+def options_of(cls: type, base: Any, given: Mapping[str, Any], where: str) -> Any:
+    """The options of a call as an instance of the dataclass ``cls``: ``base`` (an instance of ``cls``, or None
+    for the defaults) with the keyword values ``given`` in place of its fields. A keyword that is no field of
+    ``cls`` is an :class:`UnknownOptionError` naming it, the closest field, and ``where`` (e.g. ``"train()"``)::
+
+        def train(task, *, model, out, options: TrainOptions | None = None, **values):
+            opts = options_of(TrainOptions, options, values, "train()")
+    """
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in given if k not in names]
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), names, n=1, cutoff=0.6)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownOptionError(f"{where} got an unknown option {unknown[0]!r}.{hint} "
+                                 f"Its options are the fields of {cls.__name__}.")
+    if base is None:
+        return cls(**given)
+    if not isinstance(base, cls):
+        raise ConfigError(f"{where}: `options` must be a {cls.__name__}, got {type(base).__name__}")
+    return dataclasses.replace(base, **given)

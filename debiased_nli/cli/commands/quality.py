@@ -62,10 +62,6 @@ def _load(task, files, on_invalid, max_rows=None):
 
 
 def run(args) -> int:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from ...methods import quality as Q
     from ...utils.errors import ConfigError
     from ...utils.outputs import TOOL, WRITTEN_BY_KEY, check_target, lock_target
@@ -104,58 +100,91 @@ def run(args) -> int:
                         "rows": len(rows), "reference_rows": len(d0), "labels": _label_shares(rows, task),
                         "rows_fingerprint": Q.set_fingerprint(rows), "reference_fingerprint": Q.set_fingerprint(d0)}
         scores: dict = {"uid": list(rows["uid"]) if "uid" in rows.column_names else list(range(len(rows)))}
-        cp = Q.copies(rows, d0)
-        scores["pair_copy"] = cp.pop("pair_copy_mask").tolist()
-        report["copies"] = cp
-        nd = Q.pair_near_duplicates(rows["premise"], rows["hypothesis"], d0["premise"], d0["hypothesis"],
-                                    seed=args.seed)
-        scores["near_duplicate_jaccard"] = nd.pop("max_jaccard").round(4).tolist()
-        nd.pop("match"), nd.pop("mask")
-        within = Q.pair_near_duplicates(rows["premise"], rows["hypothesis"], seed=args.seed)
-        nd["within_set_share"] = within["near_duplicate_share"]
-        report["near_duplicates"] = nd
+        _copies(args, rows, d0, report, scores)
         if args.lm:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-            tok, lm = AutoTokenizer.from_pretrained(args.lm), AutoModelForCausalLM.from_pretrained(args.lm)
-            rng = np.random.default_rng(args.seed)
-            pick = np.sort(rng.permutation(len(rows))[:args.fluency_rows])
-            real = heldout if heldout is not None else d0
-            rpick = np.sort(rng.permutation(len(real))[:args.fluency_rows])
-            fl = Q.fluency_scores([Q.pair_texts(rows)[i] for i in pick], lm, tokenizer=tok)
-            rf = Q.fluency_scores([Q.pair_texts(real)[i] for i in rpick], lm, tokenizer=tok)
-            report["fluency"] = {**Q.fluency_summary(fl, rf), "lm": args.lm, "scored_rows": len(pick),
-                                 "real_rows": len(rpick), "real": "heldout" if heldout is not None else "reference"}
-            col = np.full(len(rows), np.nan)
-            col[pick] = fl
-            scores["fluency"] = col.tolist()
+            _fluency(args, rows, heldout if heldout is not None else d0, heldout is not None, report, scores)
         if args.classifier:
-            # resumable: a rerun (or another run with the same --models) reuses the trained classifiers
-            work = Path(args.models).expanduser() if args.models else out / "models"
-            fit = Q.Classifiers(args.classifier, epochs=args.epochs, threads=args.threads)
-            ag = Q.cross_fitted_agreement(rows, d0, task, fit, str(work / "ensemble"), k=args.k, seed=args.seed)
-            scores["ensemble_label"] = [task.labels[i] for i in ag.pop("ensemble_label")]
-            scores["ensemble_confidence"] = ag.pop("ensemble_confidence").round(4).tolist()
-            report["agreement"] = ag
-            n = min(args.n, len(rows), len(d0))
-            report["train_on_generated"] = Q.train_on_generated(rows, d0, heldout, task, fit, str(work / "tog"), n=n,
-                                                                seeds=args.seeds)
+            _classifier(args, rows, d0, heldout, task, out, report, scores)
         report["examples"] = _examples(rows, task, args.seed)
         if rejected is not None:
             report["rejected_rows"] = len(rejected)
             report["rejected_examples"] = _examples(rejected, task, args.seed)
-        files_out = {"quality.json": json.dumps({**report, WRITTEN_BY_KEY: TOOL}, indent=2, default=float) + "\n",
-                     "quality.md": Q.render_report(report)}
-        for name, text in files_out.items():  # each file whole or absent (written beside, then renamed)
-            tmp = out / f".{name}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, out / name)
-        tmp = out / ".scores.parquet.tmp"
-        pq.write_table(pa.table(scores), tmp)
-        os.replace(tmp, out / "scores.parquet")
+        _write(out, report, scores)
     finally:
         unlock()
     print(Q.render_report(report).split("\n## Examples")[0])
     return 0
+
+
+def _copies(args, rows, d0, report: dict, scores: dict) -> None:
+    """Copies of the reference rows and near-duplicates (of the reference's pairs, and within the rows)."""
+    from ...methods import quality as Q
+
+    cp = Q.copies(rows, d0)
+    scores["pair_copy"] = cp.pop("pair_copy_mask").tolist()
+    report["copies"] = cp
+    nd = Q.pair_near_duplicates(rows["premise"], rows["hypothesis"], d0["premise"], d0["hypothesis"],
+                                seed=args.seed)
+    scores["near_duplicate_jaccard"] = nd.pop("max_jaccard").round(4).tolist()
+    nd.pop("match"), nd.pop("mask")
+    within = Q.pair_near_duplicates(rows["premise"], rows["hypothesis"], seed=args.seed)
+    nd["within_set_share"] = within["near_duplicate_share"]
+    report["near_duplicates"] = nd
+
+
+def _fluency(args, rows, real, real_is_heldout: bool, report: dict, scores: dict) -> None:
+    """``--lm``: the fluency of a seeded sample of the rows beside that of as many ``real`` rows."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ...methods import quality as Q
+
+    tok, lm = AutoTokenizer.from_pretrained(args.lm), AutoModelForCausalLM.from_pretrained(args.lm)
+    rng = np.random.default_rng(args.seed)
+    pick = np.sort(rng.permutation(len(rows))[:args.fluency_rows])
+    rpick = np.sort(rng.permutation(len(real))[:args.fluency_rows])
+    fl = Q.fluency_scores([Q.pair_texts(rows)[i] for i in pick], lm, tokenizer=tok)
+    rf = Q.fluency_scores([Q.pair_texts(real)[i] for i in rpick], lm, tokenizer=tok)
+    report["fluency"] = {**Q.fluency_summary(fl, rf), "lm": args.lm, "scored_rows": len(pick),
+                         "real_rows": len(rpick), "real": "heldout" if real_is_heldout else "reference"}
+    col = np.full(len(rows), np.nan)
+    col[pick] = fl
+    scores["fluency"] = col.tolist()
+
+
+def _classifier(args, rows, d0, heldout, task, out: Path, report: dict, scores: dict) -> None:
+    """``--classifier``: the cross-fitted ensemble's agreement with the rows' labels, and train-on-generated."""
+    from ...methods import quality as Q
+
+    # resumable: a rerun (or another run with the same --models) reuses the trained classifiers
+    work = Path(args.models).expanduser() if args.models else out / "models"
+    fit = Q.Classifiers(args.classifier, epochs=args.epochs, threads=args.threads)
+    ag = Q.cross_fitted_agreement(rows, d0, task, fit, str(work / "ensemble"), k=args.k, seed=args.seed)
+    scores["ensemble_label"] = [task.labels[i] for i in ag.pop("ensemble_label")]
+    scores["ensemble_confidence"] = ag.pop("ensemble_confidence").round(4).tolist()
+    report["agreement"] = ag
+    n = min(args.n, len(rows), len(d0))
+    report["train_on_generated"] = Q.train_on_generated(rows, d0, heldout, task, fit, str(work / "tog"), n=n,
+                                                        seeds=args.seeds)
+
+
+def _write(out: Path, report: dict, scores: dict) -> None:
+    """``quality.json``, ``quality.md`` and ``scores.parquet``, each whole or absent (written beside, then renamed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ...methods import quality as Q
+    from ...utils.outputs import TOOL, WRITTEN_BY_KEY
+
+    files_out = {"quality.json": json.dumps({**report, WRITTEN_BY_KEY: TOOL}, indent=2, default=float) + "\n",
+                 "quality.md": Q.render_report(report)}
+    for name, text in files_out.items():
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+    tmp = out / ".scores.parquet.tmp"
+    pq.write_table(pa.table(scores), tmp)
+    os.replace(tmp, out / "scores.parquet")
 
 
 def _label_shares(ds, task) -> dict:

@@ -475,14 +475,16 @@ def _statistics_md(plan: Plan, table: dict, intervals_figure: str | None = None)
 
 
 def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, title: str | None = None,
-                   intro: str | None = None, commands: Sequence[str] | None = None,
-                   share_sets: Sequence[str] = SHARE_SETS, times_note: str | None = None,
-                   intervals_figure: str | None = None, stem: Path | None = None) -> None:
+                   commands: Sequence[str] | None = None, share_sets: Sequence[str] = SHARE_SETS,
+                   times_note: str | None = None, intervals_figure: str | None = None,
+                   stem: Path | None = None) -> None:
     """The report's markdown: what was run, the accuracy table, the statistics, the seeds-only view, the
-    verdict, the breakdowns, predicted-label shares, and each row's data, cost and status. ``stem``: the
-    report's (``path`` may be the temporary name it is written under)."""
+    verdict, the breakdowns, predicted-label shares, and each row's data, cost and status. ``title``: the
+    heading (default: the plan's ``title``); ``commands``: the commands shown where the plan gives none (its
+    ``commands``); the plan's ``intro`` is the opening paragraph. ``stem``: the report's (``path`` may be the
+    temporary name it is written under)."""
     gpus = [d for d in table.get("devices", []) if not d.startswith("CPU") and d != "not recorded"]
-    L = _header_md(table, plan, title=title, intro=intro, commands=commands, gpus=gpus)
+    L = _header_md(table, plan, title=title, commands=commands, gpus=gpus)
     speed_file = (stem or path.with_suffix("")).with_name(f"{(stem or path.with_suffix('')).name}_speed.json")
     if speed_file.exists():
         L += _speed_md(json.loads(speed_file.read_text()))
@@ -506,7 +508,7 @@ def write_markdown(table: dict, plan: Plan, path: Path, figure: str | None, *, t
     path.write_text("\n".join(L))
 
 
-def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[str]) -> list[str]:
+def _header_md(table: dict, plan: Plan, *, title, commands, gpus: list[str]) -> list[str]:
     """Title, what was run and with which commands, the model, the training and the evaluation."""
 
     from .units import eval_config
@@ -517,7 +519,7 @@ def _header_md(table: dict, plan: Plan, *, title, intro, commands, gpus: list[st
     sample = (f"a seeded sample of at most {e['max_examples']:,} rows of each set" if e.get("max_examples")
               else "every challenge set **in full** (no samples)")
     L = [f"# {title or plan.raw.get('title') or 'Does training on it help? ' + plan.show(plan.path)}", "",
-         intro or plan.raw.get("intro") or
+         plan.raw.get("intro") or
          (f"Does training on a debiased release make a model more robust? {plan.model_name}, the same settings for every "
           f"row, scored on {sample}. Accuracy (%), mean ± sample std over the finished seeds (a number in brackets: "
           f"fewer than 3 seeds finished)."), "",

@@ -134,8 +134,6 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
                 _cache: dict | None = None, unit_seed: int | None = None) -> RowData:
     """The row's training rows, or :class:`Pending`. With ``build``, releases of ``releases:`` are built.
     ``unit_seed``: the seed of the unit, which draws the subset of a ``seed: unit`` random control."""
-    from ...models.training import load_training_split
-
     cache = _cache if _cache is not None else {}
     per_unit = per_unit_subset(row)
     if per_unit and unit_seed is None:
@@ -147,53 +145,13 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         raise Pending(f"on hold: {row['hold']}")
     d = row["data"]
     if "files" in d:
-        paths = [plan.path_of(p) for p in d["files"]]
-        missing = [str(p) for p in paths if not p.exists()]
-        if missing:
-            raise Pending(f"training file(s) not on disk: {missing}")
-        ds = load_training_split(plan.spec, data_files={"train": [str(p) for p in paths]})
-        info = {"kind": "files", "files": [plan.show(p) for p in paths], "command": "the file(s) as they are: "
-                + " ".join(plan.show(p) for p in paths)}
+        ds, info = _files_rows(plan, d)
     elif "split" in d:
-        task = plan.spec
-        ds = load_training_split(task, split=str(d["split"]))
-        info = {"kind": "task", "split": str(d["split"]),
-                "command": f"the {d['split']!r} split of the task {task.name!r} from its own source"}
+        ds, info = _split_rows(plan, d)
     elif "release" in d:
-        name = d["release"]
-        folder = plan.release_dir(name)
-        if not build_record(folder).exists():
-            cmd = build_command(plan, name)  # Pending when an input is missing
-            if not build:
-                raise NotBuilt(f"release {name!r} is not built yet; `run` builds it: {shlex.join(cmd)}")
-            build_release(plan, name, lock)
-        from ...utils.paths import read_json
-
-        rec = read_json(build_record(folder), "build record", kind=dict)
-        if d["config"] not in rec["configs"]:
-            raise Pending(f"release {name!r} has no config {d['config']!r} (it has {sorted(rec['configs'])})")
-        ds = _load_release(plan, folder, d["config"])
-        manifest, digest = _release_manifest(folder)
-        info = {"kind": "release", "release": plan.show(folder), "config": d["config"], "command": rec["command"],
-                "built_at_commit": rec["git"], "release_manifest_sha256": digest,
-                "release_version": (manifest.get("meta") or {}).get("release_version")}
+        ds, info = _release_rows(plan, d, build, lock)
     elif "release_dir" in d:
-        folder = plan.path_of(d["release_dir"])
-        owner = f" ({d['owner']})" if d.get("owner") else ""
-        if not folder.exists():
-            raise Pending(f"release {folder} does not exist yet{owner}")
-        configs = sorted(p.name for p in (folder / "data").iterdir() if p.is_dir()) if (folder / "data").is_dir() else []
-        if d["config"] not in configs:
-            raise Pending(f"release {folder} has no config {d['config']!r} (it has {configs}){owner}")
-        manifest, digest = _release_manifest(folder)
-        ds = _load_release(plan, folder, d["config"])
-        info = {"kind": "release_dir", "release": plan.show(folder), "config": d["config"],
-                "command": d.get("command") or manifest.get("command")
-                or f"the release folder {plan.show(folder)} (its manifest.json records the recipe and every stage)",
-                "release_manifest_sha256": digest, "release_git": manifest.get("git"),
-                "release_stages": [{"stage": st.get("stage"), "counts": st.get("counts")}
-                                   for st in manifest.get("stages", [])],
-                "release_versions": manifest.get("versions")}
+        ds, info = _release_dir_rows(plan, d)
     elif "random_subset_of" in d:
         if not per_unit and not isinstance(d.get("seed", 0), int):
             raise ConfigError(f"{plan.path}: row {row['name']!r}: random subset seed {d['seed']!r} is neither an "
@@ -201,13 +159,7 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
         base = resolve_row(plan, plan.row(d["random_subset_of"]), build=build, lock=lock, _cache=cache,
                            unit_seed=unit_seed)
         size = resolve_row(plan, plan.row(d["size_of"]), build=build, lock=lock, _cache=cache, unit_seed=unit_seed)
-        n, seed = len(size.dataset), (int(unit_seed) if per_unit else int(d.get("seed", 0)))
-        ds = base.dataset.shuffle(seed=seed).select(range(min(n, len(base.dataset))))
-        info = {"kind": "random_subset", "of": d["random_subset_of"], "size_of": d["size_of"], "seed": seed,
-                "subset_seed_is_unit_seed": per_unit,
-                "base": {k: v for k, v in base.info.items() if k in ("files", "release", "config", "split")},
-                "command": f"{d['random_subset_of']}.shuffle(seed={seed}).select(range(len({d['size_of']}) = {n})); "
-                           f"{d['random_subset_of']}: {base.info['command']}; {d['size_of']}: {size.info['command']}"}
+        ds, info = _random_subset_rows(d, base, size, int(unit_seed) if per_unit else int(d.get("seed", 0)), per_unit)
     else:
         raise ConfigError(f"{plan.path}: row {row['name']!r}: data needs files, split, release, release_dir or "
                           f"random_subset_of")
@@ -215,6 +167,82 @@ def resolve_row(plan: Plan, row: dict, *, build: bool = False, lock: str | None 
     info["fingerprint"] = ds._fingerprint
     cache[key] = RowData(ds, info)
     return cache[key]
+
+
+def _files_rows(plan: Plan, d: dict) -> tuple[Any, dict]:
+    """A row of local files (``data: {files: [...]}``), as they are."""
+    from ...models.training import load_training_split
+
+    paths = [plan.path_of(p) for p in d["files"]]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise Pending(f"training file(s) not on disk: {missing}")
+    ds = load_training_split(plan.spec, data_files={"train": [str(p) for p in paths]})
+    return ds, {"kind": "files", "files": [plan.show(p) for p in paths], "command": "the file(s) as they are: "
+                + " ".join(plan.show(p) for p in paths)}
+
+
+def _split_rows(plan: Plan, d: dict) -> tuple[Any, dict]:
+    """A split of the task from its own source (``data: {split: train}``)."""
+    from ...models.training import load_training_split
+
+    task = plan.spec
+    ds = load_training_split(task, split=str(d["split"]))
+    return ds, {"kind": "task", "split": str(d["split"]),
+                "command": f"the {d['split']!r} split of the task {task.name!r} from its own source"}
+
+
+def _release_rows(plan: Plan, d: dict, build: bool, lock: str | None) -> tuple[Any, dict]:
+    """A config of one of the plan's releases (``data: {release: NAME, config: ...}``), built with ``build``."""
+    from ...utils.paths import read_json
+
+    name = d["release"]
+    folder = plan.release_dir(name)
+    if not build_record(folder).exists():
+        cmd = build_command(plan, name)  # Pending when an input is missing
+        if not build:
+            raise NotBuilt(f"release {name!r} is not built yet; `run` builds it: {shlex.join(cmd)}")
+        build_release(plan, name, lock)
+    rec = read_json(build_record(folder), "build record", kind=dict)
+    if d["config"] not in rec["configs"]:
+        raise Pending(f"release {name!r} has no config {d['config']!r} (it has {sorted(rec['configs'])})")
+    ds = _load_release(plan, folder, d["config"])
+    manifest, digest = _release_manifest(folder)
+    return ds, {"kind": "release", "release": plan.show(folder), "config": d["config"], "command": rec["command"],
+                "built_at_commit": rec["git"], "release_manifest_sha256": digest,
+                "release_version": (manifest.get("meta") or {}).get("release_version")}
+
+
+def _release_dir_rows(plan: Plan, d: dict) -> tuple[Any, dict]:
+    """A config of a release folder made elsewhere (``data: {release_dir: PATH, config: ...}``)."""
+    folder = plan.path_of(d["release_dir"])
+    owner = f" ({d['owner']})" if d.get("owner") else ""
+    if not folder.exists():
+        raise Pending(f"release {folder} does not exist yet{owner}")
+    configs = sorted(p.name for p in (folder / "data").iterdir() if p.is_dir()) if (folder / "data").is_dir() else []
+    if d["config"] not in configs:
+        raise Pending(f"release {folder} has no config {d['config']!r} (it has {configs}){owner}")
+    manifest, digest = _release_manifest(folder)
+    ds = _load_release(plan, folder, d["config"])
+    return ds, {"kind": "release_dir", "release": plan.show(folder), "config": d["config"],
+                "command": d.get("command") or manifest.get("command")
+                or f"the release folder {plan.show(folder)} (its manifest.json records the recipe and every stage)",
+                "release_manifest_sha256": digest, "release_git": manifest.get("git"),
+                "release_stages": [{"stage": st.get("stage"), "counts": st.get("counts")}
+                                   for st in manifest.get("stages", [])],
+                "release_versions": manifest.get("versions")}
+
+
+def _random_subset_rows(d: dict, base: RowData, size: RowData, seed: int, per_unit: bool) -> tuple[Any, dict]:
+    """A seeded random subset of the row ``base`` as large as the row ``size`` (``data: {random_subset_of: ...,
+    size_of: ...}``)."""
+    n = len(size.dataset)
+    ds = base.dataset.shuffle(seed=seed).select(range(min(n, len(base.dataset))))
+    return ds, {"kind": "random_subset", "of": d["random_subset_of"], "size_of": d["size_of"], "seed": seed,
+                "subset_seed_is_unit_seed": per_unit,
+                "base": {k: v for k, v in base.info.items() if k in ("files", "release", "config", "split")},
+                "command": f"{d['random_subset_of']}.shuffle(seed={seed}).select(range(len({d['size_of']}) = {n})); "
+                           f"{d['random_subset_of']}: {base.info['command']}; {d['size_of']}: {size.info['command']}"}
 
 
 def poe_settings(row: dict) -> dict | None:
