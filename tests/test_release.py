@@ -202,3 +202,12 @@ def test_profiles_add_the_papers_generation_steps():
     assert load_recipe(ROOT / "builders/mnli.yaml", profile="paper")["new_rows"][0]["generate"]["num_samples"] == 4_000_000
     with pytest.raises(ConfigError, match="no profile 'papr'.*Did you mean 'paper'"):
         load_recipe(ROOT / "builders/snli.yaml", profile="papr")
+
+
+def test_the_recipes_min_z_reaches_the_walk(tmp_path):
+    """``z_filter.min_z`` (a feature is biased only if also z > min_z) is the walk's, not only the manifest's: with
+    a guard no z passes, no feature is biased and Z(D0) keeps every row."""
+    res = build({"task": "demo", "z_filter": {"min_z": 1.0e9}, "configs": ["original", "z_filtered"]},
+                tmp_path / "guarded", progress=False)
+    assert res.configs["z_filtered"] == res.configs["original"]
+    assert res.manifest["recipe"]["z_filter"]["min_z"] == 1.0e9

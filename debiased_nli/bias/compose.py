@@ -180,14 +180,16 @@ def _forked_walks(jobs: Mapping[str, tuple], processes: int):
 
 
 def z_filtered_original(d0, task: TaskSpec, *, hypothesis_only="tfidf", folds: int = 5, seed: int = 0,
-                        top_k: int = 20, batch_size: int = 1000, p0="uniform", progress: bool = True) -> ZFilterResult:
+                        progress: bool = True, params: ZFilterParams | None = None, **values) -> ZFilterResult:
     """Z(D0) exactly as ``debiased-nli build`` makes its ``z_filtered`` config from a recipe with these
-    ``features`` and ``z_filter`` settings and this seed (the hypothesis-only model's folds and the
-    walk both use ``seed``). Z(D0) depends on D0 alone, so this is also the Z(D0) of a build with new
-    rows; the generator's G* step uses it."""
+    ``features`` and ``z_filter`` settings (``params``, or its fields as keywords: ``top_k``, ``batch_size``,
+    ``p0``, ``min_z``) and this seed (the hypothesis-only model's folds and the walk both use ``seed``). Z(D0)
+    depends on D0 alone, so this is also the Z(D0) of a build with new rows; the generator's G* step uses it."""
     from ..bias.task_features import featurize_build
+    from ..utils.params import options_of
 
+    p = options_of(ZFilterParams, params, values, "z_filtered_original()")
     feats = featurize_build(d0, None, task, hypothesis_only=hypothesis_only, folds=folds, seed=seed, progress=progress)
-    r = compose(d0, None, task, params=ZFilterParams(top_k=top_k, batch_size=batch_size, p0=p0), seed=seed,
-                configs=["z_filtered"], progress=progress, features=(feats.d0, None))["z_filtered"]
+    r = compose(d0, None, task, params=p, seed=seed, configs=["z_filtered"], progress=progress,
+                features=(feats.d0, None))["z_filtered"]
     return dataclasses.replace(r, kept=materialize(r.kept), rejected=materialize(r.rejected))

@@ -72,8 +72,8 @@ def self_audit_fixed_point(ds, task: TaskSpec, *, z_threshold: float | None = No
     for r in range(1, max_rounds + 1):
         if report["max_abs_z"] <= report["z_threshold"]:
             break
-        z = z_filtered_original(current, task, hypothesis_only=hypothesis_only, folds=folds, seed=seed, top_k=top_k,
-                                batch_size=zp.batch_size, p0=p0, progress=progress)
+        z = z_filtered_original(current, task, hypothesis_only=hypothesis_only, folds=folds, seed=seed, params=zp,
+                                progress=progress)
         n_out = len(z.rejected)
         rounds.append({"round": r, "before": _audit_summary(report), "dropped": n_out, "kept": len(z.kept)})
         if n_out == 0:

@@ -223,7 +223,7 @@ def self_audit_configs(run, configs: list, feats) -> list:
         return configs
     feat, zc = run.recipe["features"], run.recipe["z_filter"]
     hyp = feat["hypothesis_only"] if isinstance(feat["hypothesis_only"], str) else "tfidf"
-    zp = ZFilterParams(top_k=zc["top_k"], batch_size=zc["batch_size"], p0=zc["p0"])
+    zp = ZFilterParams(top_k=zc["top_k"], batch_size=zc["batch_size"], p0=zc["p0"], min_z=zc["min_z"])
     out = []
     for c in configs:
         if c.name not in params["configs"]:

@@ -628,7 +628,7 @@ def _compose_z_configs(run: _Run, feats: _Features, eval_splits: dict) -> list:
     zc = run.recipe["z_filter"]
     wanted = None if run.recipe["configs"] == "auto" else [c for c in run.recipe["configs"] if c in Z_CONFIGS]
     z_seconds: dict[str, float] = {}
-    zp = ZFilterParams(top_k=zc["top_k"], batch_size=zc["batch_size"], p0=zc["p0"])
+    zp = ZFilterParams(top_k=zc["top_k"], batch_size=zc["batch_size"], p0=zc["p0"], min_z=zc["min_z"])
     results = compose(feats.d0, feats.dg, run.task, params=zp, seed=run.seed, configs=wanted, progress=run.progress,
                       features=feats.matrices, seconds=z_seconds, num_proc=zc["num_proc"]) if wanted != [] else {}
     return_free_memory()
