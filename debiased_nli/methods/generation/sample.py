@@ -598,8 +598,8 @@ def contiguous_head_input(model) -> None:
     PyTorch's CPU ``linear`` turns a 3-D strided input into a ``bmm`` against the weight expanded to the
     batch and copied (pytorch/pytorch#151934): for SmolLM2's 49,152 x 576 head and a prefill of 100 rows
     that is a 5.6 GB bfloat16 copy and about 5 s per pass (float32: 8x slower than contiguous, no copy).
-    This was the fast engine's 7 GB peak at batch 256 (issue 50; ``git show b65411f:benchmarks/fast_memory.py``). A copy of
-    the rows' last hidden states (rows x hidden) costs nothing next to it."""
+    This was the fast engine's 7 GB peak at batch 256 (issue 50; ``git show b65411f:benchmarks/fast_memory.py``).
+    A copy of the rows' last hidden states (rows x hidden) costs nothing next to it."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and not getattr(head, "_dnli_contiguous", False):
         head.register_forward_pre_hook(_contiguous)
