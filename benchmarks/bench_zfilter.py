@@ -29,7 +29,7 @@ from benchmarks.common import (RESULTS, command, machine, md_table, peak_rss_mb,
 
 def _pool():
     from debiased_nli.bias.features import build_feature_matrix
-    from debiased_nli.bias.featurize import add_features
+    from debiased_nli.bias.task_features import add_features
     from debiased_nli.data.loading import labels_of
 
     t0 = time.perf_counter()
