@@ -13,6 +13,9 @@ from debiased_nli.methods.calibration import (Calibrator, calibration_report, ch
                                                expected_calibration_error, fit_isotonic, fit_temperature,
                                                isotonic_scale, reliability, temperature_scale)
 from debiased_nli.utils.errors import ConfigError
+from debiased_nli.data.tasks import get_task
+
+SNLI = get_task("snli")
 
 SHARED = Path(os.environ.get("DEBIASED_NLI_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 
@@ -206,21 +209,21 @@ def test_a_second_filter_reuses_the_stored_probabilities_without_running_m(tmp_p
     names = ["entailment", "neutral", "contradiction"]
     rows = new_rows("snli", ["A dog runs.", "Two men play.", "A girl eats."] * 5, ["An animal moves.", "Nobody plays.",
                     "A child eats."] * 5, [names[i % 3] for i in range(15)], origin="generated", method="generator:test")
-    k1, r1 = confidence_filter(rows, model, "snli", 0.5, probabilities=True, progress=False)
+    k1, r1 = confidence_filter(rows, model, SNLI, 0.5, probabilities=True, progress=False)
     first = datasets.concatenate_datasets([k1, r1])
     cal = Calibrator("temperature", temperature=2.0)
-    k2, r2 = confidence_filter(first, str(tmp_path / "absent-model"), "snli", 0.4, calibrator=cal,
+    k2, r2 = confidence_filter(first, str(tmp_path / "absent-model"), SNLI, 0.4, calibrator=cal,
                                reuse_probabilities=True, progress=False)
-    direct_k, _ = confidence_filter(rows, model, "snli", 0.4, calibrator=cal, progress=False)
+    direct_k, _ = confidence_filter(rows, model, SNLI, 0.4, calibrator=cal, progress=False)
     # a calibrated run's output (with confidence_uncalibrated) thresholded again, calibrated again
-    k3, r3 = confidence_filter(datasets.concatenate_datasets([k2, r2]), model, "snli", 0.4, calibrator=cal,
+    k3, r3 = confidence_filter(datasets.concatenate_datasets([k2, r2]), model, SNLI, 0.4, calibrator=cal,
                                reuse_probabilities=True, progress=False)
     assert sorted(k3["uid"]) == sorted(direct_k["uid"])
     assert sorted(k2["uid"]) == sorted(direct_k["uid"]) and len(k2) + len(r2) == 15
     assert set(r2["rejected_by"]) <= {"confidence<=0.4"}
     broken = first.remove_columns(["m_prob_neutral"]).add_column("m_prob_neutral", [0.9] * 15)
     with pytest.raises(ConfigError, match="row 0: the stored probabilities"):
-        confidence_filter(broken, model, "snli", 0.4, reuse_probabilities=True, progress=False)
+        confidence_filter(broken, model, SNLI, 0.4, reuse_probabilities=True, progress=False)
 
 
 def test_stored_probabilities_threshold_the_rows_again_without_m(tmp_path):

@@ -17,6 +17,8 @@ from debiased_nli.models.classifier import LoadedClassifier, load_classifier, pr
 from debiased_nli.utils.errors import ConfigError
 from test_training import make_tiny_bert
 
+SNLI = get_task("snli")
+
 LABELS = ("entailment", "neutral", "contradiction")
 MODEL_ORDER = {0: "contradiction", 1: "entailment", 2: "neutral"}  # not the task's: columns are matched by name
 PREMISES = ["A dog runs.", "Two men play chess outside in the park on a sunny day.", "A girl eats.",
@@ -126,7 +128,7 @@ def test_each_caller_gives_its_old_loops_probabilities_bit_for_bit(folder, rows)
     model, tok = _loaded(folder)
     ref = old_confidence_loop(rows["premise"], rows["hypothesis"], model, tok, 7, 128)
     gold = ref[np.arange(len(rows)), rows["label"]]
-    kept, rejected = confidence_filter(rows, folder, "snli", tau=0.5, batch_size=7, device="cpu", progress=False)
+    kept, rejected = confidence_filter(rows, folder, SNLI, tau=0.5, batch_size=7, device="cpu", progress=False)
     by_uid = dict(zip(rows["uid"], gold.astype(np.float64).tolist()))
     assert {u: c for d in (kept, rejected) for u, c in zip(d["uid"], d["confidence"])} == by_uid
     assert len(kept) and len(rejected)

@@ -11,6 +11,8 @@ from debiased_nli.data.loading import new_rows
 from debiased_nli.data.tasks import get_task
 from debiased_nli.utils.errors import ConfigError
 
+SNLI = get_task("snli")
+
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 NAMES = ["entailment", "neutral", "contradiction"]
 
@@ -52,7 +54,7 @@ def test_keeps_rows_whose_label_probability_is_above_tau(rows, tmp_path):
     probs = reference_probs(model, rows)
     conf = probs[np.arange(len(rows)), rows["label"]]
     tau = float(np.median(conf))
-    kept, rejected = confidence_filter(rows, model, "snli", tau=tau, batch_size=7, progress=False)
+    kept, rejected = confidence_filter(rows, model, SNLI, tau=tau, batch_size=7, progress=False)
     assert len(kept) + len(rejected) == len(rows) and len(kept) > 0 and len(rejected) > 0
     assert all(c > tau for c in kept["confidence"]) and all(c <= tau for c in rejected["confidence"])
     by_uid = dict(zip(rows["uid"], conf))
@@ -79,8 +81,8 @@ def test_model_outputs_are_matched_to_the_task_labels_by_name(rows, tmp_path):
     m.save_pretrained(tmp_path / "b")
     from transformers import AutoTokenizer
     AutoTokenizer.from_pretrained(plain).save_pretrained(tmp_path / "b")
-    k1, r1 = confidence_filter(rows, plain, "snli", tau=0.5, progress=False)
-    k2, r2 = confidence_filter(rows, str(tmp_path / "b"), "snli", tau=0.5, progress=False)
+    k1, r1 = confidence_filter(rows, plain, SNLI, tau=0.5, progress=False)
+    k2, r2 = confidence_filter(rows, str(tmp_path / "b"), SNLI, tau=0.5, progress=False)
     assert k1["uid"] == k2["uid"]
     np.testing.assert_allclose(list(k1["confidence"]) + list(r1["confidence"]), list(k2["confidence"]) + list(r2["confidence"]), atol=1e-5)
 
@@ -88,10 +90,10 @@ def test_model_outputs_are_matched_to_the_task_labels_by_name(rows, tmp_path):
 def test_a_model_whose_labels_are_not_the_tasks_is_refused(rows, tmp_path):
     wrong = make_model(tmp_path / "w", {0: "positive", 1: "negative", 2: "neutral"})
     with pytest.raises(ConfigError, match="no output named 'entailment'"):
-        confidence_filter(rows, wrong, "snli", progress=False)
+        confidence_filter(rows, wrong, SNLI, progress=False)
     two = make_model(tmp_path / "t", {0: "entailment", 1: "not_entailment"})
     with pytest.raises(ConfigError, match="2 labels"):
-        confidence_filter(rows, two, "snli", progress=False)
+        confidence_filter(rows, two, SNLI, progress=False)
 
 
 def test_cli_writes_kept_rejected_and_report(rows, tmp_path):
@@ -150,11 +152,11 @@ def test_split_at_tau_is_the_filter_s_own_cut(rows, tmp_path):
     """Scoring once and cutting at two taus gives what two filter runs give, reasons included."""
     from debiased_nli.methods.confidence import score_confidence, split_at_tau
     model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
-    scored = score_confidence(rows, model, "snli", progress=False)
+    scored = score_confidence(rows, model, SNLI, progress=False)
     conf = np.asarray(scored["confidence"])
     for tau in (float(np.median(conf)), float(np.quantile(conf, 0.25))):
         kept, rejected = split_at_tau(scored, tau)
-        k2, r2 = confidence_filter(rows, model, "snli", tau=tau, progress=False)
+        k2, r2 = confidence_filter(rows, model, SNLI, tau=tau, progress=False)
         assert kept.to_dict() == k2.to_dict() and rejected.to_dict() == r2.to_dict()
         assert set(rejected["rejected_by"]) == {f"confidence<={tau}"}
         again = split_at_tau(rejected, 0.0)  # a rejected set cut again: its old reason is replaced
@@ -164,7 +166,7 @@ def test_split_at_tau_is_the_filter_s_own_cut(rows, tmp_path):
 
 
 def test_the_step_chooses_tau_by_the_min_kept_rule_and_says_why(rows, tmp_path):
-    from debiased_nli.methods.generation.steps import confidence_filter_step
+    from debiased_nli.methods.generation.step import confidence_filter_step
     model = make_model(tmp_path / "m", {0: "entailment", 1: "neutral", 2: "contradiction"})
     fixed = confidence_filter_step(rows, get_task("snli"), {"model": model, "tau": 0.95, "progress": False})
     assert fixed[2]["tau"] == 0.95 and "acceptance_curve" not in fixed[2]

@@ -6,6 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from debiased_nli.data.tasks import get_task
+
+SNLI = get_task("snli")
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -95,8 +99,8 @@ def test_the_calibrated_confidence_filter_on_cuda_matches_the_cpu(tmp_path):
     held = new_rows("snli", prem[::-1], hyp, [names[(i + 1) % 3] for i in range(24)], origin="generated", method="x")
     got = {}
     for device in ("cpu", "cuda"):
-        clf, calibrator, cal = calibrate(held, model, "snli", method="temperature", device=device, progress=False)
-        kept, rej = confidence_filter(ds, clf, "snli", 0.5, calibrator=calibrator, probabilities=True,
+        clf, calibrator, cal = calibrate(held, model, SNLI, method="temperature", device=device, progress=False)
+        kept, rej = confidence_filter(ds, clf, SNLI, 0.5, calibrator=calibrator, probabilities=True,
                                       device=device, progress=False)
         conf = dict(zip(list(kept["uid"]) + list(rej["uid"]), list(kept["confidence"]) + list(rej["confidence"])))
         got[device] = (cal["temperature"], np.array([conf[u] for u in ds["uid"]]))

@@ -9,7 +9,7 @@ import torch
 from debiased_nli.data.loading import load_task
 from debiased_nli.data.tasks import get_task
 from debiased_nli.methods.generation import PAPER_DEFAULTS
-from debiased_nli.methods.generation.steps import confidence_filter_step, generate_step, train_generator_step
+from debiased_nli.methods.generation.step import confidence_filter_step, generate_step, train_generator_step
 
 MODELS = Path(os.environ.get("DEBIASED_NLI_MODELS", Path.home() / ".cache" / "debiased-nli" / "models"))
 DEMO = get_task("demo")
@@ -49,6 +49,31 @@ def test_debias_step_z_filters_the_input_and_trains_g_star(tiny, tmp_path):
     assert rep["rows"] == 600 and rep["steps"] == 2 and (tmp_path / "gstar" / "model.safetensors").exists()
 
 
+def test_g_star_learns_from_the_z_d0_of_the_recipes_z_filter_settings(tiny, tmp_path, monkeypatch):
+    """debias_params hands G* the recipe's z_filter values (min_z too: it was dropped before issue 47) and the
+    train step passes each one to Z(D0)."""
+    from debiased_nli.bias import compose
+    from debiased_nli.methods.generation.step import debias_params
+
+    recipe = {"z_filter": {"top_k": 7, "batch_size": 300, "p0": "prior", "min_z": 1.5}, "features": {"folds": 3}}
+    p = debias_params({"model": "m", "out": "o"}, recipe, seed=11)
+    assert {k: p[k] for k in ("top_k", "z_batch_size", "p0", "min_z", "folds", "z_seed")} == {
+        "top_k": 7, "z_batch_size": 300, "p0": "prior", "min_z": 1.5, "folds": 3, "z_seed": 11}
+    seen = {}
+    real = compose.z_filtered_original
+
+    def spy(d0, task, **kw):
+        seen.update(kw)
+        return real(d0, task, **kw)
+
+    monkeypatch.setattr(compose, "z_filtered_original", spy)
+    ds = load_task("demo", max_rows=300).dataset
+    train_generator_step(ds, DEMO, {**p, "model": str(tiny / "lm"), "out": str(tmp_path / "gstar"), "mode": "debias",
+                                    "max_steps": 1, "batch_size": 4, "cpu": True, "progress": False})
+    assert (seen["top_k"], seen["batch_size"], seen["p0"], seen["min_z"], seen["folds"], seen["seed"]) == (
+        7, 300, "prior", 1.5, 3, 11)
+
+
 def test_generate_and_confidence_steps_account_for_every_row(tiny, tmp_path):
     ds = load_task("demo", max_rows=20).dataset
     rows, rejects, rep = generate_step(ds, DEMO, {"generator": str(tiny / "lm"), "out": str(tmp_path / "g"),
@@ -64,7 +89,7 @@ def test_generate_and_confidence_steps_account_for_every_row(tiny, tmp_path):
 @pytest.mark.parametrize("recipe,samples", [("snli", 5_000_000), ("mnli", 4_000_000)])
 def test_the_paper_profile_uses_tables_7_and_8_and_sampling_covers_the_training_length(recipe, samples):
     from debiased_nli.methods.generation import GENERATOR_TRAINING
-    from debiased_nli.methods.generation.steps import generator_training_values, sampling_values
+    from debiased_nli.methods.generation.step import generator_training_values, sampling_values
     from debiased_nli.release.recipe import load_recipe
 
     root = Path(__file__).resolve().parents[1]
@@ -85,7 +110,7 @@ def test_the_paper_profile_uses_tables_7_and_8_and_sampling_covers_the_training_
 
 
 def test_generator_source_step_trains_samples_and_filters(tiny, tmp_path, capsys):
-    from debiased_nli.methods.generation.steps import generator_source
+    from debiased_nli.methods.generation.step import generator_source
     from test_generation_sample import eos_generator
     lm = eos_generator(tmp_path / "eos_lm")  # samples that parse about half of the time
     ctx = {"recipe": {"data": {"split": "train", "data_files": None, "max_rows": 40}}}

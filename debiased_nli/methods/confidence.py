@@ -25,13 +25,14 @@ samples, tau 0.95 kept 7,500 rows and no neutral one, and only 305 of them joine
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..data.loading import column_numpy, labels_of
-from ..data.tasks import TaskSpec, get_task
+from ..data.tasks import TaskSpec
 from ..models.classifier import load_classifier, predict_probabilities
 from ..utils.errors import ConfigError, EmptyResultError
 from ..utils.params import Param, Params
@@ -74,46 +75,82 @@ PARAMS = Params("confidence filter", [
 """The confidence filter's parameters (a recipe's ``confidence:`` mapping, ``debiased-nli confidence-filter``)."""
 
 
-def confidence_filter(ds, model: "str | Any", task: "str | TaskSpec", tau: float = DEFAULT_TAU, *,
-                      batch_size: int = 64, max_length: int = 128, tokenizer: Any = None,
-                      device: str | None = None, progress: bool = True, calibrator: "Calibrator | None" = None,
-                      probabilities: bool = False, reuse_probabilities: bool = False):
+@dataclass(frozen=True)
+class MScoring:
+    """How M reads rows: pairs per forward pass, tokens of a pair, its tokenizer (None: the model's own), the
+    device (None: CUDA when present) and whether a progress bar shows. The filter, its scoring and the calibration
+    take one (or the same fields as keywords)."""
+
+    batch_size: int = 64
+    max_length: int = 128
+    tokenizer: Any = None
+    device: str | None = None
+    progress: bool = True
+
+    @classmethod
+    def of(cls, scoring: "MScoring | None", options: dict) -> "MScoring":
+        """``scoring`` (or the defaults) with ``options`` (keywords of the same names) set; an unknown one is refused
+        with the field names."""
+        unknown = sorted(set(options) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown M scoring option(s) {unknown}: the options are "
+                              f"{[f.name for f in fields(cls)]}")
+        return replace(scoring or cls(), **options)
+
+
+def _check_task(task) -> None:
+    """The task is resolved where its name comes in (the command line, a recipe); here it is a TaskSpec."""
+    if not isinstance(task, TaskSpec):
+        raise TypeError(f"give the task as a TaskSpec (debiased_nli.data.tasks resolves a name), not {task!r}")
+
+
+def confidence_filter(ds, model: "str | Any", task: TaskSpec, tau: float = DEFAULT_TAU, *,
+                      scoring: MScoring | None = None, calibrator: "Calibrator | None" = None,
+                      probabilities: bool = False, reuse_probabilities: bool = False, **scoring_options):
     """(kept, rejected): rows with ``p_M(label) > tau`` and the others, both with ``confidence``
     (calibrated by ``calibrator`` when given, M's own probability then in ``confidence_uncalibrated``; with
     ``probabilities``, M's probability of every label in ``m_prob_<label>``). With ``reuse_probabilities``, rows that
-    carry every ``m_prob_<label>`` (an earlier run's) are thresholded on those, without running M over them."""
+    carry every ``m_prob_<label>`` (an earlier run's) are thresholded on those, without running M over them.
+    How M reads the rows: ``scoring`` or its fields as keywords (:class:`MScoring`: batch_size, max_length,
+    tokenizer, device, progress)."""
     if not 0.0 <= tau < 1.0:
         raise ConfigError(f"tau must be in [0, 1), got {tau}")
-    scored = score_confidence(ds, model, task, batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
-                              device=device, progress=progress, calibrator=calibrator, probabilities=probabilities,
-                              reuse_probabilities=reuse_probabilities)
+    scored = score_confidence(ds, model, task, scoring=MScoring.of(scoring, scoring_options), calibrator=calibrator,
+                              probabilities=probabilities, reuse_probabilities=reuse_probabilities)
     return split_at_tau(scored, tau)
 
 
-def score_confidence(ds, model: "str | Any", task: "str | TaskSpec", *, batch_size: int = 64, max_length: int = 128,
-                     tokenizer: Any = None, device: str | None = None, progress: bool = True,
+def _stored_probabilities(ds, task: TaskSpec, stored: list[str]) -> np.ndarray:
+    """M's probabilities of an earlier ``--probabilities`` run (the ``m_prob_<label>`` columns), checked to be
+    distributions (else an error naming the first row that is not)."""
+    raw = np.stack([np.asarray(ds[c], dtype=np.float64) for c in stored], axis=1) if len(ds) \
+        else np.zeros((0, task.num_labels))
+    bad = np.nonzero(~np.isfinite(raw).all(1) | (np.abs(raw.sum(1) - 1) > 1e-3))[0] if len(ds) else []
+    if len(bad):
+        raise ConfigError(f"row {int(bad[0])}: the stored probabilities {raw[bad[0]].tolist()} ({', '.join(stored)}) "
+                          f"are not a probability distribution")
+    return raw
+
+
+def score_confidence(ds, model: "str | Any", task: TaskSpec, *, scoring: MScoring | None = None,
                      calibrator: "Calibrator | None" = None, probabilities: bool = False,
-                     reuse_probabilities: bool = False):
+                     reuse_probabilities: bool = False, **scoring_options):
     """``ds`` in its order with M's ``confidence`` in each row's label (and the columns :func:`confidence_filter`
     describes), before any threshold: :func:`split_at_tau` cuts it at a tau."""
-    task = get_task(task)
+    scoring = MScoring.of(scoring, scoring_options)
+    _check_task(task)
     for col in ("premise", "hypothesis", "label"):
         if col not in ds.column_names:
             raise ConfigError(f"confidence filtering needs the column {col!r}; the data has {ds.column_names}")
     stored = [f"{PROB_PREFIX}{name}" for name in task.labels]
     if reuse_probabilities and all(c in ds.column_names for c in stored):
         # M's probabilities of an earlier --probabilities run: another tau or calibration without running M again
-        raw = np.stack([np.asarray(ds[c], dtype=np.float64) for c in stored], axis=1) if len(ds) \
-            else np.zeros((0, task.num_labels))
-        bad = np.nonzero(~np.isfinite(raw).all(1) | (np.abs(raw.sum(1) - 1) > 1e-3))[0] if len(ds) else []
-        if len(bad):
-            raise ConfigError(f"row {int(bad[0])}: the stored probabilities {raw[bad[0]].tolist()} ({', '.join(stored)}) "
-                              f"are not a probability distribution")
+        raw = _stored_probabilities(ds, task, stored)
     else:
-        clf = load_classifier(model, device, tokenizer=tokenizer)
-        raw = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=batch_size, max_length=max_length,
-                                    order=range(len(ds)), labels=task.labels,
-                                    progress=progress and "confidence filter")
+        clf = load_classifier(model, scoring.device, tokenizer=scoring.tokenizer)
+        raw = predict_probabilities(clf, ds["premise"], ds["hypothesis"], batch_size=scoring.batch_size,
+                                    max_length=scoring.max_length, order=range(len(ds)), labels=task.labels,
+                                    progress=scoring.progress and "confidence filter")
     probs = raw if calibrator is None else calibrator.apply(raw)
     labels = labels_of(ds)
     rows = np.arange(len(labels))
@@ -209,22 +246,24 @@ def check_taus(taus) -> list[float]:
     return [float(t) for t in taus]
 
 
-def calibrate(held_out, model: "str | Any", task: "str | TaskSpec", *, method: str = "auto", batch_size: int = 64,
-              max_length: int = 128, tokenizer: Any = None, device: str | None = None, progress: bool = True):
+def calibrate(held_out, model: "str | Any", task: TaskSpec, *, method: str = "auto",
+              scoring: MScoring | None = None, **scoring_options):
     """M's calibration (:func:`debiased_nli.methods.calibration.choose_calibrator`: temperature scaling, per-label
     isotonic regression, or ``auto``: the one with the lower cross-fitted NLL) fitted on ``held_out``: real rows
     with gold labels that M did not train on. Returns (the loaded M, the :class:`Calibrator`, its report: NLL and
-    ECE before and after, the reliability tables, the selection), so that the filter scores with the same M."""
-    task = get_task(task)
+    ECE before and after, the reliability tables, the selection), so that the filter scores with the same M. M
+    reads the rows as ``scoring`` (or its fields as keywords) says."""
+    scoring = MScoring.of(scoring, scoring_options)
+    _check_task(task)
     for col in ("premise", "hypothesis", "label"):
         if col not in held_out.column_names:
             raise ConfigError(f"the calibration rows need the column {col!r}; they have {held_out.column_names}")
     if len(held_out) == 0:
         raise ConfigError("the calibration rows are empty: give held-out real rows with gold labels")
-    clf = load_classifier(model, device, tokenizer=tokenizer)
-    probs = predict_probabilities(clf, held_out["premise"], held_out["hypothesis"], batch_size=batch_size,
-                                  max_length=max_length, order=range(len(held_out)), labels=task.labels,
-                                  progress=progress and "calibration rows")
+    clf = load_classifier(model, scoring.device, tokenizer=scoring.tokenizer)
+    probs = predict_probabilities(clf, held_out["premise"], held_out["hypothesis"], batch_size=scoring.batch_size,
+                                  max_length=scoring.max_length, order=range(len(held_out)), labels=task.labels,
+                                  progress=scoring.progress and "calibration rows")
     labels = labels_of(held_out)
     calibrator, selection = choose_calibrator(probs, labels, method)
     return clf, calibrator, calibration_report(probs, labels, calibrator, label_names=task.labels, selection=selection)

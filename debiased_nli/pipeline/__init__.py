@@ -15,7 +15,7 @@ another one, and say where it stands:
     build         the recipe's release with the kept rows as new rows (z_filtered, z_aug, par_z, seq_z, ...)
     audit         ``debiased-nli audit`` of D0 and of every config of the release
 
-The same step functions as the build's run each stage (:mod:`debiased_nli.methods.generation.steps`, the
+The same step functions as the build's run each stage (:mod:`debiased_nli.methods.generation.step`, the
 release's :func:`~debiased_nli.release.recipe.build`, :func:`debiased_nli.api.audit`); the pipeline adds the
 run folder, the done-records and the status. See :mod:`.run`.
 """

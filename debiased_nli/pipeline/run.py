@@ -130,7 +130,7 @@ class Pipeline:
             where = f"profile {profile!r}" if profile else "the recipe without a profile"
             raise ConfigError(f"{where} has {len(steps)} generator steps in `new_rows`: a pipeline runs exactly one "
                               f"(e.g. the recipe `seqz`, or `--profile paper` of `snli`)")
-        from ..methods.generation.steps import expand_paths
+        from ..methods.generation.step import expand_paths
 
         self.spec = expand_paths(copy.deepcopy(dict(steps[0])))
         self.task = get_task(self.recipe["task"])
@@ -203,7 +203,7 @@ class Pipeline:
         if stage == "train_g":
             return _plain(strip(s.get("train")))
         if stage == "train_g_star":
-            from ..methods.generation.steps import debias_params
+            from ..methods.generation.step import debias_params
 
             return _plain(strip(debias_params(s.get("debias") or {}, self.recipe, int(self.recipe["seed"]))))
         if stage == "train_m":
@@ -518,7 +518,7 @@ class Pipeline:
                               f"move it away (or use another --run) to redo it")
 
     def _run_train_g(self, units):
-        from ..methods.generation.steps import train_generator_step
+        from ..methods.generation.step import train_generator_step
 
         self._refuse_stale_product("train_g", self.path(G))
         _, _, report = train_generator_step(self.d0().dataset, self.task,
@@ -528,7 +528,7 @@ class Pipeline:
             {"train_report.json": self._model_fingerprint(G)}
 
     def _run_train_g_star(self, units):
-        from ..methods.generation.steps import train_generator_step
+        from ..methods.generation.step import train_generator_step
 
         self._require("train_g_star", "train_g")
         self._refuse_stale_product("train_g_star", self.path(G_STAR))
@@ -539,7 +539,7 @@ class Pipeline:
             {"train_report.json": self._model_fingerprint(G_STAR)}
 
     def _run_train_m(self, units):
-        from ..methods.generation.steps import train_m_step
+        from ..methods.generation.step import train_m_step
 
         self._refuse_stale_product("train_m", self.path(M))
         d0 = self.d0()
@@ -549,7 +549,7 @@ class Pipeline:
             {"debiased_nli_train.json": self._model_fingerprint(M)}
 
     def _run_sample(self, units):
-        from ..methods.generation.steps import generate_step
+        from ..methods.generation.step import generate_step
 
         gen = self.generator_name()
         self._refuse_stale_product("sample", self.path(SAMPLES))
@@ -581,7 +581,7 @@ class Pipeline:
     def _run_filter(self, units):
         from ..methods.confidence import join_probabilities
         from ..methods.generation.sample import load_generated
-        from ..methods.generation.steps import confidence_filter_step
+        from ..methods.generation.step import confidence_filter_step
 
         self._require("filter", "sample", "train_m")
         rows = load_generated(str(self.path(SAMPLES)))

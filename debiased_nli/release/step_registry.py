@@ -243,7 +243,7 @@ part, methods/generation). Its seed is still read from ``ctx["seed"]`` (for G*'s
 _METHODS = "debiased_nli.methods"
 for _step in (
     Step("files", "source", files_source, needs=("sources", "set_aside"), params=FILES_PARAMS),
-    Step("generator", "source", f"{_METHODS}.generation.steps:generator_source", needs=("recipe", "seed"),
+    Step("generator", "source", f"{_METHODS}.generation.step:generator_source", needs=("recipe", "seed"),
          params=GENERATOR_PARAMS),
     Step("ibadr_rows", "source", f"{_METHODS}.ibadr.step:ibadr_rows", needs=("recipe",),
          params=f"{_METHODS}.ibadr.params:PARAMS"),

@@ -73,7 +73,7 @@ def run(args) -> int:
     import datasets
 
     from ...data.loading import parse_data_files
-    from ...methods.generation.steps import confidence_filter_step
+    from ...methods.generation.step import confidence_filter_step
 
     task = task_from_args(args)
     if args.calibrator and args.calibration_data:

@@ -109,7 +109,7 @@ def run(args) -> int:
     from accelerate import PartialState
 
     from ...data.tasks import get_task
-    from ...methods.generation.steps import sampling_values
+    from ...methods.generation.step import sampling_values
     from ...utils.outputs import print_values
 
     task = get_task(args.task)

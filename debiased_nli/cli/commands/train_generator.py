@@ -95,7 +95,7 @@ def run(args) -> int:
     from accelerate import PartialState
 
     from ...data.loading import load_task
-    from ...methods.generation.steps import train_generator_step
+    from ...methods.generation.step import train_generator_step
 
     task = task_from_args(args)
     # a LoRA adapter folder (adapter_config.json) continues that adapter: G* is fine-tuned from a LoRA G

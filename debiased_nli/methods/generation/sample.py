@@ -63,7 +63,7 @@ import numpy as np
 from ...data.loading import labels_of
 from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, EmptyResultError
-from . import SAMPLING, paper_value
+from .params import SAMPLING, paper_value
 from .format import SequenceFormat
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ import numpy as np
 from ...data.loading import labels_of
 from ...data.tasks import TaskSpec
 from ...utils.errors import ConfigError, EmptyResultError
-from . import GENERATOR_TRAINING, paper_value
+from .params import GENERATOR_TRAINING, paper_value
 from .format import SequenceFormat
 from .models import LoraOptions, count_parameters, load_generator, save_generator
 

@@ -17,8 +17,7 @@ from typing import Any
 
 from ...data.tasks import TaskSpec
 from ...utils.outputs import print_values
-from ...utils.params import Param, Params
-from . import GENERATOR_TRAINING, PAPER_DEFAULTS, SAMPLING, resolve
+from .params import GENERATOR_TRAINING, PAPER_DEFAULTS, SAMPLING, TRAIN_M_PARAMS, resolve
 
 
 def _p(params: dict, key: str, default: Any = None) -> Any:
@@ -68,7 +67,8 @@ def train_generator_step(ds, task: TaskSpec, params: dict, *, show_values: bool 
         z = z_filtered_original(ds, task, hypothesis_only=_p(params, "hypothesis_only", "tfidf"),
                                 folds=_p(params, "folds", 5), seed=_p(params, "z_seed", _p(params, "seed", 0)),
                                 top_k=_p(params, "top_k", 20), batch_size=_p(params, "z_batch_size", 1000),
-                                p0=_p(params, "p0", "uniform"), progress=_p(params, "progress", True))
+                                p0=_p(params, "p0", "uniform"), min_z=_p(params, "min_z", 0.0),
+                                progress=_p(params, "progress", True))
         train_ds = debias_training_set(z.kept, z.rejected)
         zinfo = z.counts
     training = GeneratorTraining(
@@ -123,24 +123,6 @@ def generate_step(ds, task: TaskSpec, params: dict, *, show_values: bool = False
     return rows, rejects, report
 
 
-TRAIN_M_PARAMS = Params("train_m", [
-    Param("out", "str", None, "M's folder (checkpoints, the best model, debiased_nli_train.json)", required=True),
-    Param("model", "str", None, "the classifier to fine-tune: a Hub id or folder", required=True),
-    Param("dev_files", "str_list", None, "dev rows (the task's columns) on which the best epoch is chosen"),
-    Param("lr", "float", None, "learning rate (default: `debiased-nli train`'s)", low=0, low_open=True),
-    Param("batch_size", "int", None, "batch size (default: `debiased-nli train`'s)", low=1),
-    Param("max_length", "int", None, "tokens of a pair (default: `debiased-nli train`'s)", low=1),
-    Param("epochs", "float", None, "epochs (default: `debiased-nli train`'s)", low=0, low_open=True),
-    Param("seed", "seed", 42, "training seed (`debiased-nli train`'s default)"),
-    Param("cpu", "bool", False, "train on the CPU even when a GPU is visible"),
-    Param("threads", "int", None, "torch CPU threads", low=1),
-    Param("progress", "bool", True, "show progress bars"),
-    Param("source", "any", None, "where D0 came from (load_task's source), for M's card", cli=None),
-])
-"""M's training in a generator step (``train_m:``): the values of ``debiased-nli train`` that M needs. The paper
-gives none for M (Table 8 names the model only: "data filtering model Roberta-large")."""
-
-
 def train_m_step(ds, task: TaskSpec, params: dict):
     """Fine-tune M on ``ds`` (D0) into ``params["out"]``, as ``debiased-nli train TASK --data-files train=D0
     validation=DEV`` does; a rerun resumes from M's last checkpoint. Returns (ds, None, M's training result)."""
@@ -172,11 +154,12 @@ def confidence_filter_step(ds, task: TaskSpec, params: dict):
     NLL and ECE before and after). ``tau_rule: min_kept`` chooses tau from M's acceptance curve
     (:func:`..confidence.choose_tau`); the report then has the curve (``acceptance_curve``), the tau tried first
     (``tau_given``), the tau used (``tau``) and why (``tau_note``)."""
-    from ..confidence import (PARAMS, acceptance_curve, calibrate, check_taus, choose_tau, confidence_report,
-                              load_calibrator, score_confidence, split_at_tau)
+    from ..confidence import (PARAMS, MScoring, acceptance_curve, calibrate, check_taus, choose_tau,
+                              confidence_report, load_calibrator, score_confidence, split_at_tau)
 
     p = PARAMS.merge(params, "the confidence filter")
-    model, batch_size, max_length = p["model"], p["batch_size"], p["max_length"]
+    model = p["model"]
+    scoring = MScoring(batch_size=p["batch_size"], max_length=p["max_length"], progress=p["progress"])
     taus = check_taus(p["taus"]) if p["tau_rule"] == "min_kept" else None
     calibration = calibrator = None
     held_out = p["calibration"]
@@ -191,10 +174,8 @@ def confidence_filter_step(ds, task: TaskSpec, params: dict):
         calibrator, calibration = load_calibrator(p["calibrator"])
     elif held_out is not None:
         model, calibrator, calibration = calibrate(held_out, model, task, method=p["calibration_method"],
-                                                   batch_size=batch_size, max_length=max_length,
-                                                   progress=p["progress"])
-    scored = score_confidence(ds, model, task, batch_size=batch_size, max_length=max_length, progress=p["progress"],
-                              calibrator=calibrator, probabilities=p["probabilities"],
+                                                   scoring=scoring)
+    scored = score_confidence(ds, model, task, scoring=scoring, calibrator=calibrator, probabilities=p["probabilities"],
                               reuse_probabilities=p["reuse_probabilities"])
     tau, extra = p["tau"], {}
     if taus is not None:
@@ -242,7 +223,8 @@ def debias_params(debias: dict, recipe: dict, seed: int) -> dict:
     model and z-filter values), so that G* learns from the Z(D0) the release has."""
     zc, fc = recipe.get("z_filter", {}), recipe.get("features", {})
     same_z = {"z_seed": seed, "hypothesis_only": fc.get("hypothesis_only", "tfidf"), "folds": fc.get("folds", 5),
-              "top_k": zc.get("top_k", 20), "z_batch_size": zc.get("batch_size", 1000), "p0": zc.get("p0", "uniform")}
+              "top_k": zc.get("top_k", 20), "z_batch_size": zc.get("batch_size", 1000), "p0": zc.get("p0", "uniform"),
+              "min_z": zc.get("min_z", 0.0)}
     return {**same_z, **dict(debias)}
 
 
