@@ -145,3 +145,19 @@ def test_a_warning_in_a_command_goes_through_the_log(caplog):
     assert warnings.showwarning is before
     got = [(r.name, r.getMessage()) for r in caplog.records]
     assert (__name__, "something to know") in got and (__name__, "FutureWarning: going away") in got
+
+
+def test_no_help_names_a_path_an_installed_wheel_lacks():
+    """The help of every command (and sub-command) names no ``benchmarks/`` path: a wheel has none (issue 47)."""
+    import argparse
+
+    def helps(parser, name="debiased-nli"):
+        yield name, parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    yield from helps(p, f"{name} {sub}")
+
+    found = list(helps(build_parser()))
+    assert len(found) > 20  # every command was rendered
+    assert [name for name, text in found if "benchmarks/" in text] == []

@@ -38,7 +38,7 @@ sampled in float32 by default (--dtype: its compute type; int8 is faster but mov
 on G*, +7.5 points of entailment). Its samples depend on
 --batch-size (like --engine generate's); shards, resume, rejects and the run's config work as for the
 other engines, and the config records the engine and compute type. The speed and output-distribution
-comparison of the engines: benchmarks/results/engines/.
+comparison of the engines: the documentation's generator page (docs/methods/generator.md, "Sampling engines").
 
 On GPUs: `accelerate launch -m debiased_nli.cli generate ...` (see `accelerate config`).
 On CPU with 2 processes: `torchrun --nproc_per_node 2 -m debiased_nli.cli generate ... --cpu`
@@ -71,7 +71,7 @@ def register(sub) -> None:
                    help="engines fast and generate: default the checkpoint's; auto: bfloat16 where the CPU (AMX, "
                         "AVX512-BF16) or GPU computes it natively, else the checkpoint's. Engine ctranslate2: its "
                         "compute type, default (and auto) float32 on a CPU, float16 on a GPU (int8 is faster but shifts the "
-                        "label shares: benchmarks/results/engines/)")
+                        "label shares: docs/methods/generator.md, 'Sampling engines')")
     p.add_argument("--engine", choices=["fast", "generate", "ctranslate2"], default="fast",
                    help="fast (default): every slot of the batch refilled as soon as its sample ends, each sample "
                         "drawn with its own random numbers (the same samples at any batch size or process count); "
