@@ -21,8 +21,10 @@ fi
   || { echo "the kept rows differ from the committed v2's (kept.sha256)" >&2; exit 1; }
 for name in seqz-v2:recipe.yaml seqz-v2-filtered:recipe_filtered.yaml; do
   out=$RELEASES/${name%%:*}
+  # the card's quality section: `debiased-nli quality` of the config's generated rows (quality/<release>/), if measured
+  quality=(); [ -f "$V2/quality/${name%%:*}/quality.json" ] && quality=(--quality "$V2/quality/${name%%:*}")
   [ -f "$out/manifest.json" ] || debiased-nli build $V2/${name#*:} --data-files train=$SHARED/data/snli/train_sample.parquet \
-    --new-rows "$WORK/confident/kept.parquet" --out "$out" --quiet
+    --new-rows "$WORK/confident/kept.parquet" "${quality[@]}" --out "$out" --quiet
 done
 python - "$RELEASES" <<'PY'
 import json, sys
