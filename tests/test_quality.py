@@ -121,7 +121,9 @@ def test_the_quality_command_writes_its_report_and_refuses_a_users_folder(d0, tm
     rep = json.loads((tmp_path / "q" / "quality.json").read_text())
     assert rep["copies"]["pair_copies"] == 20 and rep["near_duplicates"]["near_duplicates"] >= 20
     assert len(rep["examples"]) == 20 and "| premise | hypothesis | label |" in (tmp_path / "q" / "quality.md").read_text()
-    assert pq.read_table(tmp_path / "q" / "scores.parquet").num_rows == 60
+    scores = pq.read_table(tmp_path / "q" / "scores.parquet")
+    assert scores.num_rows == 60
+    assert scores.column("source_uid").to_pylist() == rows["uid"]  # the rows' own uids, in their order
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")

@@ -26,9 +26,10 @@ generated rows of a release config) against real rows of the task (debiased_nli.
                     challenge set)
 
 Writes OUT/quality.json (every figure), OUT/quality.md (tables and examples: up to 20 rows of the set
-and, with --rejected, 20 rows a filter dropped) and OUT/scores.parquet (per row: uid, near-duplicate
-Jaccard, fluency, ensemble label). The trained classifiers are kept under OUT/models (a rerun reuses them). The
-thresholds are the project's choice (the papers give none); every draw takes --seed.
+and, with --rejected, 20 rows a filter dropped) and OUT/scores.parquet (per row: uid, the file's own uid as
+source_uid where it has one, near-duplicate Jaccard, fluency, ensemble label). The trained classifiers are kept
+under OUT/models (a rerun reuses them). The thresholds are the project's choice (the papers give none); every
+draw takes --seed.
 """
 
 
@@ -59,6 +60,18 @@ def register(sub) -> None:
 def _load(task, files, on_invalid, max_rows=None):
     from ...data.loading import load_task
     return load_task(task, "train", data_files={"train": list(files)}, on_invalid=on_invalid, max_rows=max_rows).dataset
+
+
+def _own_uids(rows, files) -> "list | None":
+    """Each measured row's own ``uid`` in its file (a generator's sample uid, ...), so that the scores join the rows'
+    other files (e.g. M's stored probabilities); None unless every file is Parquet with a ``uid`` column. The loader
+    numbers rows by position (``<task>:train:<i>``: row i of the files in order), set-aside rows included."""
+    import pyarrow.parquet as pq
+
+    if not all(str(f).endswith(".parquet") and "uid" in pq.read_schema(f).names for f in files):
+        return None
+    own = [u for f in files for u in pq.read_table(f, columns=["uid"]).column("uid").to_pylist()]
+    return [own[int(str(u).rsplit(":", 1)[1])] for u in rows["uid"]]
 
 
 def run(args) -> int:
@@ -100,6 +113,9 @@ def run(args) -> int:
                         "rows": len(rows), "reference_rows": len(d0), "labels": _label_shares(rows, task),
                         "rows_fingerprint": Q.set_fingerprint(rows), "reference_fingerprint": Q.set_fingerprint(d0)}
         scores: dict = {"uid": list(rows["uid"]) if "uid" in rows.column_names else list(range(len(rows)))}
+        own = _own_uids(rows, files)
+        if own is not None:
+            scores["source_uid"] = own
         _copies(args, rows, d0, report, scores)
         if args.lm:
             _fluency(args, rows, heldout if heldout is not None else d0, heldout is not None, report, scores)
