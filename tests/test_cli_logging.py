@@ -161,3 +161,6 @@ def test_no_help_names_a_path_an_installed_wheel_lacks():
     found = list(helps(build_parser()))
     assert len(found) > 20  # every command was rendered
     assert [name for name, text in found if "benchmarks/" in text] == []
+    import re
+    twice = [name for name, text in found if re.search(r"\(default[^)]*\)\s+\(default: ", text)]
+    assert twice == []  # an option's default said once

@@ -9,6 +9,16 @@ from ...data.tasks import TaskSpec, get_task
 from ...utils.errors import ConfigError
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter, except where an option's help already says its default (no
+    "(default: train) (default: train)")."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def number(kind=int, *, low=None, high=None, low_open: bool = False, high_open: bool = False):
     """An argparse ``type`` for a number in a range: ``--batch-size 0`` is refused before any work,
     with a one-line message (``argument --batch-size: must be >= 1, got 0``)."""

@@ -1,10 +1,10 @@
 """``debiased-nli audit``: z-statistics of a dataset's annotation artifacts."""
 from __future__ import annotations
 
-import argparse
 import sys
 
-from ._common import POSITIVE_FLOAT, POSITIVE_INT, SEED, add_task_arguments, number, task_from_args
+from ._common import (DefaultsHelpFormatter, POSITIVE_FLOAT, POSITIVE_INT, SEED, add_task_arguments, number,
+                      task_from_args)
 
 
 def p0_argument(text: str):
@@ -20,7 +20,7 @@ def register(sub) -> None:
         description="Audit a dataset for spurious feature-label correlations (Gardner et al. 2021). Writes "
                     "OUT/audit.json (n_rows, labels, the top-k features per label with n, p_hat, z, and the "
                     "out-of-fold hypothesis-only accuracy), OUT/audit.md (a table per label) and OUT/zstats.png.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     add_task_arguments(p)
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--top-k", type=POSITIVE_INT, default=20, help="features reported per label")

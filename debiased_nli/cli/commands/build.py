@@ -1,10 +1,9 @@
 """``debiased-nli build``: run a builder recipe end to end into a Hub-layout release folder."""
 from __future__ import annotations
 
-import argparse
 import sys
 
-from ._common import POSITIVE_INT, SEED
+from ._common import DefaultsHelpFormatter, POSITIVE_INT, SEED
 
 
 def register(sub) -> None:
@@ -18,7 +17,7 @@ def register(sub) -> None:
                     "run the recipe's filter steps, and write OUT as a Hub dataset repo folder "
                     "(data/<config>/<split>-*.parquet, README.md with configs and the dataset card, manifest.json). "
                     "`datasets.load_dataset(OUT, CONFIG)` opens it; `debiased-nli push OUT --repo-id ORG/NAME` publishes it.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("recipe", help="a recipe YAML file, or the name of a recipe that comes with the package: "
                                   f"{', '.join(packaged_recipes()) or 'none found'} (builders/<name>.yaml)")
     p.add_argument("--out", required=True, help="the release folder to write (written atomically)")

@@ -1,10 +1,9 @@
 """``debiased-nli diff``: what changed between two releases, as a table for a release note."""
 from __future__ import annotations
 
-import argparse
 import sys
 
-from ._common import NON_NEGATIVE_INT
+from ._common import DefaultsHelpFormatter, NON_NEGATIVE_INT
 
 
 def register(sub) -> None:
@@ -21,7 +20,7 @@ def register(sub) -> None:
                     "release note; `debiased-nli push --diff-against OLD` puts its one-line summary into the "
                     "version history and the table into the commit description. Exit status: 0 when the two "
                     "releases have the same rows in every config and split, 1 when they differ, 2 on bad input.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("old", metavar="OLD", help="the earlier release: a folder or ORG/NAME@REVISION")
     p.add_argument("new", metavar="NEW", help="the later release: a folder or ORG/NAME@REVISION")
     p.add_argument("--top-k", type=NON_NEGATIVE_INT, default=5,

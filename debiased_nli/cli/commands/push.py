@@ -1,8 +1,9 @@
 """``debiased-nli push``: publish a release folder as a Hub dataset repo with a version tag."""
 from __future__ import annotations
 
-import argparse
 import sys
+
+from ._common import DefaultsHelpFormatter
 
 
 def register(sub) -> None:
@@ -13,7 +14,7 @@ def register(sub) -> None:
                     "The version history (manifest.json, rendered into the card) is merged with the one on the Hub, "
                     "and the card's load snippet is pointed at ORG/NAME. "
                     "The token comes from HF_TOKEN or `huggingface-cli login`; it is never printed or stored.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     p.add_argument("folder", help="a release folder written by `debiased-nli build`")
     p.add_argument("--repo-id", required=True, help="ORG/NAME of the dataset repo")
     p.add_argument("--revision", help="version tag for this release, e.g. v1.0 (tags are immutable)")
