@@ -139,7 +139,7 @@ def test_the_chunked_release_is_the_in_memory_release_file_for_file(tmp_path, sh
 
 
 def test_the_generator_debias_step_learns_from_the_builds_z_d0(tmp_path, shared_data, monkeypatch):
-    from debiased_nli.methods.generation import steps, train
+    from debiased_nli.methods.generation import step as steps, train
 
     files = [f"train={shared_data}/snli/train_sample.parquet"]
     res = build(ROOT / "builders/snli.yaml", tmp_path / "rel", data_files=files, max_rows=2000, progress=False)
@@ -156,8 +156,13 @@ def test_the_generator_debias_step_learns_from_the_builds_z_d0(tmp_path, shared_
     monkeypatch.setattr(steps, "generate_step", lambda ds, task, params, **kw: (ds.select(range(0)), None, {}))
     recipe = load_recipe(ROOT / "builders/snli.yaml")
     recipe["data"].update(data_files=files, max_rows=2000)
-    steps.generator_source(get_task("snli"), {"generator": "G", "debias": {"out": str(tmp_path / "gstar")},
-                                    "generate": {"out": str(tmp_path / "s")}}, {"recipe": recipe, "seed": 42})
+    from debiased_nli.release.recipe import step_params
+    from debiased_nli.release.step_registry import get_step
+    # the build's route: the generator step is handed the build's seed in its params, like every step with a seed
+    params = step_params(get_step("source", "generator"), {"step": "generator", "generator": "G", "debias": {
+        "out": str(tmp_path / "gstar")}, "generate": {"out": str(tmp_path / "s")}}, 42)
+    assert params["seed"] == 42
+    steps.generator_source(get_task("snli"), params, {"recipe": recipe})
     g = seen["train"]
     kept = g.filter(lambda r: r == 0, input_columns="in_rejected")
     assert res.configs["z_filtered"] == len(kept) < len(g) == 2000

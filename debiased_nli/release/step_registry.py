@@ -236,14 +236,15 @@ GENERATOR_PARAMS = Params("generator", [
           "the filter then scores with it"),
     Param("confidence", "mapping", None, "confidence-filter the samples (model, tau, tau_rule, ...)"),
     Param("data_files", "any", None, "D0's files (default: the recipe's data)"),
+    Param("seed", "seed", 0, "the seed of G*'s Z(D0) (the build's seed unless set: the Z(D0) of the release)"),
 ])
 """The generator step's parameters (the pipeline of Wu et al. 2022: each part's own values are checked by that
-part, methods/generation). Its seed is still read from ``ctx["seed"]`` (for G*'s Z(D0)), not from ``params``."""
+part, methods/generation). Like every step that declares a ``seed``, it gets the build's seed in ``params``."""
 
 _METHODS = "debiased_nli.methods"
 for _step in (
     Step("files", "source", files_source, needs=("sources", "set_aside"), params=FILES_PARAMS),
-    Step("generator", "source", f"{_METHODS}.generation.step:generator_source", needs=("recipe", "seed"),
+    Step("generator", "source", f"{_METHODS}.generation.step:generator_source", needs=("recipe",),
          params=GENERATOR_PARAMS),
     Step("ibadr_rows", "source", f"{_METHODS}.ibadr.step:ibadr_rows", needs=("recipe",),
          params=f"{_METHODS}.ibadr.params:PARAMS"),

@@ -233,7 +233,7 @@ def generator_source(task: TaskSpec, params: dict, ctx: dict | None = None):
     generation pipeline: train G on D0 (``train``), optionally fine-tune G* (``debias``), sample (``generate``)
     and confidence-filter (``confidence``). Each sub-dict holds that step's params; ``generator`` names an
     already trained G and skips ``train``. D0 is read from ``params["data_files"]`` or ``ctx["recipe"]``'s
-    data; G* learns from the Z(D0) of ``ctx["seed"]``. The reports are returned by part (``train``,
+    data; G* learns from the Z(D0) of ``params["seed"]`` (the build's seed). The reports are returned by part (``train``,
     ``debias``, ``generate``, ``confidence``: its counts). The rows the confidence filter drops are
     returned as the step's dropped rows, each with M's ``confidence`` and its ``rejected_by``: the build
     records them beside the new rows (``decisions/new_rows/...``, :mod:`debiased_nli.release.decisions`)."""
@@ -257,7 +257,7 @@ def generator_source(task: TaskSpec, params: dict, ctx: dict | None = None):
         _, _, reports["train"] = train_generator_step(d0, task, {**train, "mode": "generator"}, show_values=True)
         generator = train["out"]
     if params.get("debias"):
-        debias = debias_params(params["debias"], ctx.get("recipe") or {}, ctx.get("seed", 0))
+        debias = debias_params(params["debias"], ctx.get("recipe") or {}, int(params.get("seed") or 0))
         _, _, reports["debias"] = train_generator_step(d0, task, {"model": generator, **debias, "mode": "debias"},
                                                        show_values=True)
         generator = debias["out"]
