@@ -29,7 +29,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> list:
         return [None, None]
     p, d = k / n, 1 + z * z / n
     c, h = (p + z * z / (2 * n)) / d, z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return [round(100 * (c - h), 1), round(100 * (c + h), 1)]
+    return [round(float(100 * (c - h)), 1), round(float(100 * (c + h)), 1)]
 
 
 def raw_sample_quality(qdir: Path) -> tuple[dict, list]:
@@ -51,10 +51,13 @@ def raw_sample_quality(qdir: Path) -> tuple[dict, list]:
 
 
 def stage_counts(manifest: Path) -> dict:
+    """seq_z as released (after every stage, the self-audit included), the z-filter's counts, and its labels."""
     m = json.loads(manifest.read_text())
     seq = next(s for s in m["stages"] if s["stage"].startswith("seq_z"))
-    return {"seq_z": seq["counts"]["output"], "generated": seq["counts"]["kept"], "m_kept": seq["counts"]["input"],
-            "labels": m["label_distribution"]["seq_z"]["train"]}
+    labels = m["label_distribution"]["seq_z"]["train"]
+    audit = [s["report"]["final_audit"] for s in m["stages"] if "final_audit" in (s.get("report") or {})]
+    return {"seq_z": sum(labels.values()), "generated": seq["counts"]["kept"], "m_kept": seq["counts"]["input"],
+            "labels": labels, "self_audit_hypothesis_only": audit[0]["hypothesis_only_accuracy"] if audit else None}
 
 
 def main(curve: Path, qdir: Path, out: Path) -> None:
@@ -72,6 +75,7 @@ def main(curve: Path, qdir: Path, out: Path) -> None:
             "own_audit_max_abs_z": round(audit["max_abs_z"], 1), "own_audit_hypothesis_only": audit["hypothesis_only_accuracy"],
             "own_audit_threshold": audit["z_threshold"],
             "after_self_audit": sa["seq_z"], "after_self_audit_x_d0": round(sa["seq_z"] / D0_ROWS, 3),
+            "after_self_audit_hypothesis_only": sa["self_audit_hypothesis_only"],
             "raw_kept": int(keep.sum()), "raw_kept_share": round(float(keep.mean()), 4),
             "agreement": round(100 * float(agree[keep].mean()), 1), "agreement_ci": wilson(int(agree[keep].sum()), int(keep.sum())),
             "under_fluency_bound": round(100 * float((fluency[fl] < bound).mean()), 1),
@@ -87,11 +91,12 @@ def main(curve: Path, qdir: Path, out: Path) -> None:
                        "d0_own_audit_hypothesis_only": d0["hypothesis_only_accuracy"]},
               "curve": rows}
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    md = ["| tau | M keeps | seq_z (x D0) | its own audit: max abs z / hyp-only acc | after the self-audit (x D0) | "
+    md = ["| tau | M keeps | seq_z (x D0) | its own audit: max abs z / hyp-only acc | after the self-audit (x D0) / hyp-only | "
           "raw samples kept: label = ensemble's [95% CI] | under the fluency bound [95% CI] |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         md.append(f"| {r['tau']} | {r['m_kept']:,} | {r['seq_z']:,} ({r['x_d0']:.2f}x) | {r['own_audit_max_abs_z']} / "
-                  f"{r['own_audit_hypothesis_only']:.3f} | {r['after_self_audit']:,} ({r['after_self_audit_x_d0']:.2f}x) | "
+                  f"{r['own_audit_hypothesis_only']:.3f} | {r['after_self_audit']:,} ({r['after_self_audit_x_d0']:.2f}x) / "
+                  f"{r['after_self_audit_hypothesis_only']:.3f} | "
                   f"{r['agreement']}% {r['agreement_ci']} (n {r['raw_kept']:,}) | {r['under_fluency_bound']}% "
                   f"{r['under_fluency_bound_ci']} (n {r['fluency_rows']:,}) |")
     md.append(f"| all raw samples | | | | | {report['raw_all']['agreement']}% | {report['raw_all']['under_fluency_bound']}% |")
@@ -105,6 +110,8 @@ def main(curve: Path, qdir: Path, out: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     x = [r["x_d0"] for r in rows]
     a.plot(x, [r["own_audit_hypothesis_only"] for r in rows], "o-", label="seq_z: hypothesis-only accuracy (own audit)")
+    a.plot([r["after_self_audit_x_d0"] for r in rows], [r["after_self_audit_hypothesis_only"] for r in rows], "s--",
+           label="the same after the self-audit fixed point")
     for r in rows:
         a.annotate(f"tau {r['tau']}", (r["x_d0"], r["own_audit_hypothesis_only"]), fontsize=8)
     a.axhline(d0["hypothesis_only_accuracy"], ls="--", c="grey", label="D0")
