@@ -152,3 +152,31 @@ def test_pair_near_duplicates_match_brute_force_on_both_fields(d0, shared_data):
     n = len(rows)
     assert within["mask"][n:].all() and (within["match"][n:] < n).all()
     assert not within["mask"][:n][1::3].any()  # the near-duplicates of D0 rows are new among themselves
+
+
+def test_every_set_is_measured_against_the_same_real_rows_and_their_fluency_is_kept(d0, tmp_path):
+    """The real rows whose fluency sets the bound are drawn with --seed alone, whatever the size of the set
+    measured, and their scores are kept under --models: two sets give one bound, the second run reuses the file."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    tok = AutoTokenizer.from_pretrained(str(MODELS / "gpt2-tokenizer"))
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=128, vocab_size=len(tok))).save_pretrained(
+        tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    d0.to_parquet(str(tmp_path / "d0.parquet"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    bounds, cached = [], []
+    for n in (60, 30):
+        generated_like(d0, n=n).to_parquet(str(tmp_path / f"gen{n}.parquet"))
+        r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "quality", "snli", "--data-files",
+                            str(tmp_path / f"gen{n}.parquet"), "--reference", str(tmp_path / "d0.parquet"),
+                            "--lm", str(tmp_path / "lm"), "--fluency-rows", "50", "--models", str(tmp_path / "m"),
+                            "--out", str(tmp_path / f"q{n}"), "--quiet"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        fl = json.loads((tmp_path / f"q{n}" / "quality.json").read_text())["fluency"]
+        assert fl["real_rows"] == 50 and fl["scored_rows"] == min(n, 50)
+        bounds.append(fl["bound"])
+        cached.append({f.name: f.stat().st_mtime_ns for f in (tmp_path / "m" / "fluency").glob("real-*.npy")})
+    assert bounds[0] == bounds[1]
+    assert len(cached[0]) == 1 and cached[1] == cached[0]  # the second run read the first's scores

@@ -51,8 +51,9 @@ def register(sub) -> None:
     p.add_argument("--epochs", type=number(float, low=0, low_open=True), default=1.0, help="classifier epochs")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
-    p.add_argument("--models", metavar="DIR", help="where the trained classifiers go (default OUT/models); give one "
-                                                   "folder to several runs against the same D0 to train the ensemble once")
+    p.add_argument("--models", metavar="DIR", help="where the trained classifiers go (default OUT/models) and the real "
+                   "rows' fluency is kept; give one folder to several runs against the same D0 to train the ensemble "
+                   "and score the real rows once")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=run)
 
@@ -148,6 +149,44 @@ def _copies(args, rows, d0, report: dict, scores: dict) -> None:
     report["near_duplicates"] = nd
 
 
+def _lm_identity(lm: str) -> str:
+    """What names an LM for the cache of real rows' fluency: its folder's config and the names, sizes and times of
+    its weight files (a Hub id: the id)."""
+    import hashlib
+
+    folder = Path(lm).expanduser()
+    if not folder.is_dir():
+        return lm
+    h = hashlib.sha256((folder / "config.json").read_bytes() if (folder / "config.json").is_file() else b"")
+    for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _real_fluency(args, real, lm, tok, cache: "Path | None"):
+    """The fluency of ``--fluency-rows`` real rows, drawn with ``--seed`` alone (the same real rows and so the same
+    bound for every set measured against them); kept under ``--models``/fluency so that the next set's run reuses it."""
+    import hashlib
+
+    import numpy as np
+
+    from ...methods import quality as Q
+
+    rpick = np.sort(np.random.default_rng([args.seed, 1]).permutation(len(real))[:args.fluency_rows])
+    key = hashlib.sha256(f"{_lm_identity(args.lm)}|{Q.set_fingerprint(real)}|{args.fluency_rows}|{args.seed}".encode())
+    path = None if cache is None else cache / f"real-{key.hexdigest()[:16]}.npy"
+    if path is not None and path.is_file():
+        return np.load(path), len(rpick)
+    rf = Q.fluency_scores([Q.pair_texts(real)[i] for i in rpick], lm, tokenizer=tok)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp.npy")
+        np.save(tmp, rf)
+        tmp.replace(path)
+    return rf, len(rpick)
+
+
 def _fluency(args, rows, real, real_is_heldout: bool, report: dict, scores: dict) -> None:
     """``--lm``: the fluency of a seeded sample of the rows beside that of as many ``real`` rows."""
     import numpy as np
@@ -156,13 +195,12 @@ def _fluency(args, rows, real, real_is_heldout: bool, report: dict, scores: dict
     from ...methods import quality as Q
 
     tok, lm = AutoTokenizer.from_pretrained(args.lm), AutoModelForCausalLM.from_pretrained(args.lm)
-    rng = np.random.default_rng(args.seed)
-    pick = np.sort(rng.permutation(len(rows))[:args.fluency_rows])
-    rpick = np.sort(rng.permutation(len(real))[:args.fluency_rows])
+    pick = np.sort(np.random.default_rng(args.seed).permutation(len(rows))[:args.fluency_rows])
     fl = Q.fluency_scores([Q.pair_texts(rows)[i] for i in pick], lm, tokenizer=tok)
-    rf = Q.fluency_scores([Q.pair_texts(real)[i] for i in rpick], lm, tokenizer=tok)
+    cache = Path(args.models).expanduser() / "fluency" if args.models else None
+    rf, n_real = _real_fluency(args, real, lm, tok, cache)
     report["fluency"] = {**Q.fluency_summary(fl, rf), "lm": args.lm, "scored_rows": len(pick),
-                         "real_rows": len(rpick), "real": "heldout" if real_is_heldout else "reference"}
+                         "real_rows": n_real, "real": "heldout" if real_is_heldout else "reference"}
     col = np.full(len(rows), np.nan)
     col[pick] = fl
     scores["fluency"] = col.tolist()
