@@ -25,7 +25,7 @@ samples, tau 0.95 kept 7,500 rows and no neutral one, and only 305 of them joine
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from ..data.loading import column_numpy, labels_of
 from ..data.tasks import TaskSpec
 from ..models.classifier import load_classifier, predict_probabilities
 from ..utils.errors import ConfigError, EmptyResultError
-from ..utils.params import Param, Params
+from ..utils.params import Param, Params, options_of
 from .calibration import METHODS as CALIBRATION_METHODS
 from .calibration import Calibrator, calibration_report, choose_calibrator
 
@@ -87,16 +87,6 @@ class MScoring:
     device: str | None = None
     progress: bool = True
 
-    @classmethod
-    def of(cls, scoring: "MScoring | None", options: dict) -> "MScoring":
-        """``scoring`` (or the defaults) with ``options`` (keywords of the same names) set; an unknown one is refused
-        with the field names."""
-        unknown = sorted(set(options) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown M scoring option(s) {unknown}: the options are "
-                              f"{[f.name for f in fields(cls)]}")
-        return replace(scoring or cls(), **options)
-
 
 def _check_task(task) -> None:
     """The task is resolved where its name comes in (the command line, a recipe); here it is a TaskSpec."""
@@ -115,7 +105,8 @@ def confidence_filter(ds, model: "str | Any", task: TaskSpec, tau: float = DEFAU
     tokenizer, device, progress)."""
     if not 0.0 <= tau < 1.0:
         raise ConfigError(f"tau must be in [0, 1), got {tau}")
-    scored = score_confidence(ds, model, task, scoring=MScoring.of(scoring, scoring_options), calibrator=calibrator,
+    scoring = options_of(MScoring, scoring, scoring_options, "confidence_filter()")
+    scored = score_confidence(ds, model, task, scoring=scoring, calibrator=calibrator,
                               probabilities=probabilities, reuse_probabilities=reuse_probabilities)
     return split_at_tau(scored, tau)
 
@@ -137,7 +128,7 @@ def score_confidence(ds, model: "str | Any", task: TaskSpec, *, scoring: MScorin
                      reuse_probabilities: bool = False, **scoring_options):
     """``ds`` in its order with M's ``confidence`` in each row's label (and the columns :func:`confidence_filter`
     describes), before any threshold: :func:`split_at_tau` cuts it at a tau."""
-    scoring = MScoring.of(scoring, scoring_options)
+    scoring = options_of(MScoring, scoring, scoring_options, "score_confidence()")
     _check_task(task)
     for col in ("premise", "hypothesis", "label"):
         if col not in ds.column_names:
@@ -253,7 +244,7 @@ def calibrate(held_out, model: "str | Any", task: TaskSpec, *, method: str = "au
     with gold labels that M did not train on. Returns (the loaded M, the :class:`Calibrator`, its report: NLL and
     ECE before and after, the reliability tables, the selection), so that the filter scores with the same M. M
     reads the rows as ``scoring`` (or its fields as keywords) says."""
-    scoring = MScoring.of(scoring, scoring_options)
+    scoring = options_of(MScoring, scoring, scoring_options, "calibrate()")
     _check_task(task)
     for col in ("premise", "hypothesis", "label"):
         if col not in held_out.column_names:

@@ -149,41 +149,27 @@ def _copies(args, rows, d0, report: dict, scores: dict) -> None:
     report["near_duplicates"] = nd
 
 
-def _lm_identity(lm: str) -> str:
-    """What names an LM for the cache of real rows' fluency: its folder's config and the names, sizes and times of
-    its weight files (a Hub id: the id)."""
-    import hashlib
-
-    folder = Path(lm).expanduser()
-    if not folder.is_dir():
-        return lm
-    h = hashlib.sha256((folder / "config.json").read_bytes() if (folder / "config.json").is_file() else b"")
-    for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
-
-
 def _real_fluency(args, real, lm, tok, cache: "Path | None"):
     """The fluency of ``--fluency-rows`` real rows, drawn with ``--seed`` alone (the same real rows and so the same
     bound for every set measured against them); kept under ``--models``/fluency so that the next set's run reuses it."""
     import hashlib
+    import json
 
     import numpy as np
 
     from ...methods import quality as Q
+    from ...methods.embeddings import model_identity
+    from ...utils.cache import load_npy, save_npy
 
     rpick = np.sort(np.random.default_rng([args.seed, 1]).permutation(len(real))[:args.fluency_rows])
-    key = hashlib.sha256(f"{_lm_identity(args.lm)}|{Q.set_fingerprint(real)}|{args.fluency_rows}|{args.seed}".encode())
-    path = None if cache is None else cache / f"real-{key.hexdigest()[:16]}.npy"
-    if path is not None and path.is_file():
-        return np.load(path), len(rpick)
-    rf = Q.fluency_scores([Q.pair_texts(real)[i] for i in rpick], lm, tokenizer=tok)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp.npy")
-        np.save(tmp, rf)
-        tmp.replace(path)
+    key = json.dumps([model_identity(args.lm), Q.set_fingerprint(real), args.fluency_rows, args.seed], default=str)
+    path = None if cache is None else cache / f"real-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npy"
+    rf = None if path is None else load_npy(path, rows=len(rpick))
+    if rf is None:
+        rf = Q.fluency_scores([Q.pair_texts(real)[i] for i in rpick], lm, tokenizer=tok)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_npy(path, rf)
     return rf, len(rpick)
 
 
