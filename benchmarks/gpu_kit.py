@@ -873,8 +873,7 @@ class Call:
 
     def step_pipeline(self) -> str:
         """The library's pipeline until the filter, stopped 10 s before this call's end (its own deadline)."""
-        if "gpt2" in self.bg and self.bg["gpt2"].poll() is None:  # its sampling figures came first, alone
-            self.state["setup"]["gpt2_beside_pipeline"] = True
+        self.free_gpu()
         code = self.cli("run", "--until", "filter", "--deadline", f"{max(self.left() - 10, 5):.0f}",
                         until=self.end)
         stages = self.cli("status", "--json")
@@ -884,6 +883,18 @@ class Call:
             self.state["done"]["pipeline"] = True
         return (("failed" if code not in (0, None) else "ok" if self.state["done"].get("pipeline") else "partial")
                 + f" (exit {code}): {self.state['stages']}" + (f"; {tail(self.logs / 'pipeline.log')}" if code else ""))
+
+    def free_gpu(self) -> None:
+        """GPT-2 large's benchmark (started on the idle GPU during the setup) is stopped before the pipeline: its batch
+        sweep reserves the whole GPU (139 of 140 GiB at batch 4096 on an H200, 2026-11-28), so G beside it ran out of
+        memory at its 7th step, and a pipeline stage sharing the GPU would be timed wrong anyway. The Seq-Z chain
+        comes first (the project's order for a lent GPU): the benchmark runs again, alone, after the pipeline, if
+        time is left (``step_gpt2``); its figures of the setup's window are kept only if it finished there."""
+        proc = self.bg.get("gpt2")
+        if proc is not None and proc.poll() is None:
+            stop(self.bg.pop("gpt2"))
+            self.state["setup"]["gpt2_stopped_for_pipeline"] = True
+            log("gpt2: stopped before the pipeline (it would share the GPU); it runs again after the pipeline")
 
     def gpt2_cmd(self, seconds: float) -> list:
         tiny = ["--tiny"] if self.manifest["recipe"][1] is None else []
@@ -978,6 +989,7 @@ def collect_pipeline(dirs: list[Path], run: Path, results: Path = ROOT / "benchm
         ("sample", "samples/generate_report.json"), ("filter", "confident/confidence_report.json"))}
     summary["records"] = {p.stem: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("params", "inputs")}
                           for p in sorted((run / "stages").glob("*.json"))}
+    summary["progress"] = last_progress(src / "logs.tar.gz")
     summary["collected"] = {"from": [str(d) for d in dirs], "run": str(run), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     results.mkdir(parents=True, exist_ok=True)
     _write_json(results / f"{name}.json", summary)
@@ -985,6 +997,36 @@ def collect_pipeline(dirs: list[Path], run: Path, results: Path = ROOT / "benchm
     log(f"wrote {results / name}.json and .md; the run folder is {run}: `debiased-nli pipeline run seqz --profile gpu "
         f"--data-files train=../shared/data/snli/train_sample.parquet --run {run}` builds and audits the release")
     return summary
+
+
+_BAR = r"(?P<desc>[A-Za-z][\w ()*-]*?): +\d+%\|[^|]*\| *(?P<n>\d+)/(?P<total>\d+) \[(?P<elapsed>[\d:]+)<"
+
+
+def last_progress(logs_tar: Path) -> dict:
+    """The last progress bar (of 10 s or more) of each kind in the pipeline's log (the only record of a stage stopped at a deadline,
+    which writes no report): its steps done of its total, the seconds of its last process, the rate and the
+    seconds the whole stage would take at that rate."""
+    import re
+
+    if not logs_tar.is_file():
+        return {}
+    with tarfile.open(logs_tar) as tar:
+        try:
+            text = tar.extractfile("logs/pipeline.log").read().decode(errors="replace")
+        except KeyError:
+            return {}
+    out = {}
+    for m in re.finditer(_BAR, text.replace("\r", "\n")):
+        secs = 0
+        for x in m["elapsed"].split(":"):
+            secs = secs * 60 + int(x)
+        n, total = int(m["n"]), int(m["total"])
+        if secs < 10:  # loading and encoding bars: no stage's rate
+            continue
+        out[m["desc"].strip()] = {"done": n, "total": total, "seconds": secs,
+                                  "per_s": round(n / secs, 3) if secs else None,
+                                  "whole_stage_s": round(total * secs / n) if n and secs else None}
+    return out
 
 
 def render(s: dict) -> str:
@@ -1008,6 +1050,9 @@ def render(s: dict) -> str:
         r = rep.get(key) or {}
         L += [f"- {key}: {r['steps']:,} steps, {r.get('seconds_per_step')} s/step at batch {r.get('batch_size')}, mixed "
               f"precision {r.get('mixed_precision')}."] if r else []
+    for desc, pr in (s.get("progress") or {}).items():
+        L += [f"- {desc} (its progress bar; the last process): {pr['done']:,} of {pr['total']:,} in {pr['seconds']:,} s = "
+              f"{f(pr['per_s'])}/s; the whole of it at that rate: {f(pr['whole_stage_s'], '{:,.0f}')} s."]
     m, t, flt, cal = rep.get("M") or {}, (rep.get("sample") or {}).get("this_run"), rep.get("filter") or {}, \
         (rep.get("filter") or {}).get("calibration") or {}
     L += [f"- M: dev accuracy {f((m.get('result') or m).get('dev_accuracy'), '{:.4f}')}."] if m else []
