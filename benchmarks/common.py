@@ -143,3 +143,12 @@ def write_result(stem: "str | Path", record: dict, md: "list[str] | str", quiet:
     Path(f"{stem}.md").write_text(text)
     if not quiet:
         print(text)
+
+
+def write_json(path: "str | Path", obj) -> None:
+    """``obj`` as JSON at ``path``, whole or not at all (a temporary file renamed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)

@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import MODELS, SHARED_DATA  # noqa: E402
+from benchmarks.common import MODELS, SHARED_DATA, write_json as _write_json  # noqa: E402
 from debiased_nli.utils.provenance import file_sha256 as sha256, git_hash  # noqa: E402
 
 LIMIT_MIB = 64  # what a call sends: the working tree and the carried paths together
@@ -79,13 +79,6 @@ class KitError(Exception):
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path, default=None):
@@ -989,7 +982,7 @@ def collect_pipeline(dirs: list[Path], run: Path, results: Path = ROOT / "benchm
         ("sample", "samples/generate_report.json"), ("filter", "confident/confidence_report.json"))}
     summary["records"] = {p.stem: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("params", "inputs")}
                           for p in sorted((run / "stages").glob("*.json"))}
-    summary["progress"] = last_progress(src / "logs.tar.gz")
+    summary["progress"] = last_progress(src / "logs.tar.gz") if (src / "logs.tar.gz").is_file() else {}
     summary["collected"] = {"from": [str(d) for d in dirs], "run": str(run), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     results.mkdir(parents=True, exist_ok=True)
     _write_json(results / f"{name}.json", summary)
@@ -1003,29 +996,20 @@ _BAR = r"(?P<desc>[A-Za-z][\w ()*-]*?): +\d+%\|[^|]*\| *(?P<n>\d+)/(?P<total>\d+
 
 
 def last_progress(logs_tar: Path) -> dict:
-    """The last progress bar (of 10 s or more) of each kind in the pipeline's log (the only record of a stage stopped at a deadline,
-    which writes no report): its steps done of its total, the seconds of its last process, the rate and the
-    seconds the whole stage would take at that rate."""
+    """The last progress bar (of 10 s or more) of each kind in the pipeline's log, the only record of a stage stopped
+    at a deadline: its steps done of its total in the seconds of its last process, the rate, the whole at that rate."""
     import re
 
-    if not logs_tar.is_file():
-        return {}
-    with tarfile.open(logs_tar) as tar:
-        try:
-            text = tar.extractfile("logs/pipeline.log").read().decode(errors="replace")
-        except KeyError:
-            return {}
+    with tarfile.open(logs_tar) as tar:  # no pipeline.log: the pipeline never started
+        log_file = tar.extractfile("logs/pipeline.log") if "logs/pipeline.log" in tar.getnames() else None
+        text = log_file.read().decode(errors="replace") if log_file else ""
     out = {}
     for m in re.finditer(_BAR, text.replace("\r", "\n")):
-        secs = 0
-        for x in m["elapsed"].split(":"):
-            secs = secs * 60 + int(x)
-        n, total = int(m["n"]), int(m["total"])
-        if secs < 10:  # loading and encoding bars: no stage's rate
-            continue
-        out[m["desc"].strip()] = {"done": n, "total": total, "seconds": secs,
-                                  "per_s": round(n / secs, 3) if secs else None,
-                                  "whole_stage_s": round(total * secs / n) if n and secs else None}
+        n, total, hms = int(m["n"]), int(m["total"]), m["elapsed"].split(":")
+        secs = sum(int(x) * 60 ** i for i, x in enumerate(reversed(hms)))
+        if secs >= 10 and n:  # not the loading and encoding bars
+            out[m["desc"].strip()] = {"done": n, "total": total, "seconds": secs, "per_s": round(n / secs, 3),
+                                      "whole_stage_s": round(total * secs / n)}
     return out
 
 

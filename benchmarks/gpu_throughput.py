@@ -17,14 +17,15 @@ over float32 weights, AdamW) and RoBERTa-large's inference rows/s on SNLI-length
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import write_json  # noqa: E402
 
 # peak HBM bandwidth (bytes/s) by device name, most specific first
 PEAK_BANDWIDTH = [("H200", 4.8e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12),
@@ -208,13 +209,16 @@ def summarise_sampling(buckets: list[dict], *, weight_bytes: int, kv_bytes_per_t
 
 def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8, warmup: int = 3,
                    lam: float = 0.5, seed: int = 0) -> dict:
-    """Optimizer steps of the generator objective (MLE + lam * label-consistency unlikelihood, bf16 autocast on a
-    GPU) on random rows of the SNLI length distribution: seconds per step and tokens/s (one copy of each row; the
-    perturbed-label copy doubles the forward tokens)."""
+    """Optimizer steps of G's objective (MLE + lam * label-consistency unlikelihood, bf16 autocast on a GPU) on
+    random rows of the SNLI length distribution, two ways in turn on the same rows: the library's on CUDA
+    (``batch_loss``: the row and its perturbed-label copy in one forward pass) and two passes (its CPU way). Seconds
+    per step of each, their ratio, and tokens/s of the library's (one copy of each row; the copy doubles the
+    forward tokens)."""
     import numpy as np
     import torch
 
     from debiased_nli.methods.generation.losses import generator_loss
+    from debiased_nli.methods.generation.train import joint_logits
 
     rng = np.random.default_rng(seed)
     lengths, counts = zip(*sorted((int(k), int(v)) for k, v in hist.items()))
@@ -223,7 +227,7 @@ def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=1e-6, weight_decay=0.0)
     autocast = torch.autocast("cuda" if str(device).startswith("cuda") else "cpu", dtype=torch.bfloat16,
                               enabled=str(device).startswith("cuda"))
-    times, tokens = [], 0
+    times, tokens, ops = {"one_pass": [], "two_passes": []}, 0, {}
     for i in range(warmup + steps):
         ls = rng.choice(lengths, size=batch, p=probs) + 3  # + the prompt
         n = int(ls.max())
@@ -231,23 +235,37 @@ def bench_training(model, hist: dict, *, device, batch: int = 24, steps: int = 8
         pos = torch.arange(n, device=device)[None, :]
         mask = (pos < torch.tensor(ls, device=device)[:, None]).long()
         hyp = ((pos >= torch.tensor((ls * 0.7).astype(int), device=device)[:, None]) & mask.bool()).long()
-        _sync(device)
-        t = time.perf_counter()
-        with autocast:
-            logits = model(input_ids=ids, attention_mask=mask).logits
-            p_logits = model(input_ids=ids.clone(), attention_mask=mask).logits
-            loss, _ = generator_loss(logits, ids, mask, p_logits, ids.clone(), hyp, lam=lam)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-            tokens += int(mask.sum())
-    sec = float(np.mean(times))
-    return {"batch": batch, "steps_timed": steps, "seconds_per_step": round(sec, 4),
-            "tokens_per_s": round(tokens / sum(times), 1), "forward_tokens_per_s": round(2 * tokens / sum(times), 1),
-            "rows_per_s": round(batch / sec, 1), **_memory(device)}
+        b = {"input_ids": ids, "mask": mask, "p_input_ids": ids.clone(), "p_mask": mask, "p_hypothesis": hyp}
+        for way in (("one_pass", "two_passes") if i % 2 else ("two_passes", "one_pass")):
+            _sync(device)
+            counting = i == warmup - 1  # the operations dispatched in a step (each a kernel launch or more on a GPU)
+            t, prof = time.perf_counter(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            with prof if counting else contextlib.nullcontext():
+                with autocast:
+                    if way == "one_pass":  # what batch_loss runs on CUDA
+                        logits, p_logits, j = joint_logits(model, b)
+                        loss, _ = generator_loss(logits, j["input_ids"], j["mask"], p_logits, j["p_input_ids"],
+                                                 j["p_hypothesis"], lam=lam)
+                    else:
+                        logits = model(input_ids=ids, attention_mask=mask).logits
+                        p_logits = model(input_ids=b["p_input_ids"], attention_mask=mask).logits
+                        loss, _ = generator_loss(logits, ids, mask, p_logits, b["p_input_ids"], hyp, lam=lam)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                _sync(device)
+            if counting:
+                ops[way] = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+            if i >= warmup:
+                times[way].append(time.perf_counter() - t)
+        tokens += int(mask.sum()) if i >= warmup else 0
+    sec = {k: float(np.median(v)) for k, v in times.items()}
+    return {"batch": batch, "steps_timed": steps, "seconds_per_step": round(sec["one_pass"], 4),
+            "seconds_per_step_two_passes": round(sec["two_passes"], 4),
+            "two_passes_over_one": round(sec["two_passes"] / sec["one_pass"], 3), "aten_calls_per_step": ops,
+            "tokens_per_s": round(tokens / sum(times["one_pass"]), 1),
+            "forward_tokens_per_s": round(2 * tokens / sum(times["one_pass"]), 1),
+            "rows_per_s": round(batch / sec["one_pass"], 1), **_memory(device)}
 
 
 def bench_classifier(model, hist: dict, *, device, batch: int = 512, batches: int = 8, warmup: int = 2,
@@ -311,7 +329,7 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
                              device=device, batches=[result["sampling"]["best_batch"]], deadline=deadline and deadline - 25)
         result["sampling_hypothesis_lengths_only"] = {k: hyp[k] for k in ("mean_length", "samples_per_s",
                                                                           "tokens_per_s", "roofline_fraction")}
-    _write(out, result)
+    write_json(out, result)
     del model
     if not deadline or time.monotonic() < deadline - 15:
         torch.manual_seed(0)
@@ -320,7 +338,7 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
         result["training"] = bench_training(model, lengths["row_lengths_gpt2"], device=device,
                                             steps=8 if cuda else 2, warmup=3 if cuda else 1)
         del model
-        _write(out, result)
+        write_json(out, result)
     if not deadline or time.monotonic() < deadline - 8:
         with torch.device(device):
             clf = RobertaForSequenceClassification(RobertaConfig(**(ROBERTA_TINY if tiny else ROBERTA_LARGE),
@@ -330,7 +348,7 @@ def run_gpt2(lengths: dict, out: Path, *, tiny: bool = False, deadline_s: float 
                                                                              batch=512 if cuda else 8, batches=8 if cuda else 2,
                                                                              warmup=2 if cuda else 1)}
     result["seconds"] = round(time.monotonic() - t0, 1)
-    _write(out, result)
+    write_json(out, result)
     return result
 
 
@@ -363,14 +381,6 @@ def length_tables(train: Path, tokenizer: Path) -> dict:
             "row_lengths_gpt2": hist(len(x) - len(prompt) for x in full),
             "hypothesis_lengths_gpt2": hist(len(x) + 1 for x in hyps),
             "pair_lengths_gpt2": hist(len(a) + len(b) + 4 for a, b in zip(prem, hyps))}
-
-
-def _write(path: Path, obj: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

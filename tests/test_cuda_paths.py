@@ -86,6 +86,30 @@ def test_train_generator_in_bf16_on_cuda_learns_and_resumes(tmp_path):
         torch.testing.assert_close(wa[k].float(), wb[k].float(), rtol=0, atol=1e-4)
 
 
+def test_g_loss_on_cuda_runs_one_pass_with_the_loss_of_two(llama):
+    """On CUDA ``batch_loss`` runs G's row and its perturbed-label copy in one forward pass (joint_logits): the
+    same loss and gradients as the two passes it runs on a CPU (float32, so only rounding differs)."""
+    from debiased_nli.methods.generation.losses import generator_loss
+    from debiased_nli.methods.generation.models import load_generator
+    from debiased_nli.methods.generation.train import batch_loss, collate, encode_dataset
+    from test_generation_train import rows
+
+    model, tok = load_generator(llama)
+    model = model.to("cuda").eval()
+    enc = encode_dataset(rows(8), SNLI, tok, seed=3, progress=False)
+    batch = {k: v.to("cuda") for k, v in collate([enc[i] for i in range(8)], tok.pad_token_id).items()}
+    loss, _ = batch_loss(model, batch, mode="generator", lam=0.5, alpha=1.0)
+    one = torch.autograd.grad(loss, [p for p in model.parameters()])
+    two_loss, _ = generator_loss(model(input_ids=batch["input_ids"], attention_mask=batch["mask"]).logits,
+                                 batch["input_ids"], batch["mask"],
+                                 model(input_ids=batch["p_input_ids"], attention_mask=batch["p_mask"]).logits,
+                                 batch["p_input_ids"], batch["p_hypothesis"], lam=0.5)
+    two = torch.autograd.grad(two_loss, [p for p in model.parameters()])
+    torch.testing.assert_close(loss, two_loss, rtol=1e-4, atol=1e-5)
+    for a, b in zip(one, two):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
 def test_the_calibrated_confidence_filter_on_cuda_matches_the_cpu(tmp_path):
     from test_confidence import make_model
     from debiased_nli.data.loading import new_rows

@@ -74,6 +74,34 @@ def test_encoded_rows_carry_the_perturbed_label_sequence(tiny_gpt2):
         assert h == hp and len(h) > 0
 
 
+@pytest.mark.parametrize("which", ["tiny_gpt2", "tiny_llama"])
+def test_g_runs_both_sequences_in_one_pass_with_the_logits_of_two(which, request):
+    # one forward over the row and its perturbed-label copy (stacked, right-padded to the longer): the same logits
+    # and loss as a pass for each (causal attention; padding after every real token)
+    from debiased_nli.methods.generation.losses import generator_loss
+    from debiased_nli.methods.generation.models import load_tokenizer
+    from debiased_nli.methods.generation.train import joint_logits, batch_loss, collate
+    folder = request.getfixturevalue(which)
+    tok = load_tokenizer(folder)
+    model, _ = load_generator(folder)
+    model.eval()
+    enc = encode_dataset(rows(8), SNLI, tok, seed=3, progress=False)
+    batch = collate([enc[i] for i in range(8)], tok.pad_token_id)
+    assert batch["input_ids"].shape[1] != batch["p_input_ids"].shape[1]  # the padding case is exercised
+    with torch.no_grad():
+        joint, p_joint, padded = joint_logits(model, batch)
+        alone = model(input_ids=batch["input_ids"], attention_mask=batch["mask"]).logits
+        p_alone = model(input_ids=batch["p_input_ids"], attention_mask=batch["p_mask"]).logits
+        for got, want, m, key in ((joint, alone, batch["mask"], "mask"), (p_joint, p_alone, batch["p_mask"], "p_mask")):
+            assert got.shape[0] == want.shape[0] and padded[key][:, m.shape[1]:].sum() == 0  # padding, masked out
+            torch.testing.assert_close(got[:, :m.shape[1]][m.bool()], want[m.bool()], rtol=1e-5, atol=1e-5)
+        loss, parts = batch_loss(model, batch, mode="generator", lam=0.5, alpha=1.0)
+        want_loss, want_parts = generator_loss(alone, batch["input_ids"], batch["mask"], p_alone,
+                                               batch["p_input_ids"], batch["p_hypothesis"], lam=0.5)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+    assert parts.keys() == want_parts.keys() and parts["label_consistency"] > 0
+
+
 def weights(folder):
     model, _ = load_generator(folder)
     return {k: v.clone() for k, v in model.state_dict().items()}
