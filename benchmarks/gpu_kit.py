@@ -530,12 +530,15 @@ def split_file(src: Path, dst: Path, first_bytes: int) -> list[dict]:
     """``src`` as part 1 (its first ``first_bytes``) and part 2 (the rest), each with its sha256."""
     dst.mkdir(parents=True, exist_ok=True)
     size, parts = src.stat().st_size, []
+    first_bytes = min(max(first_bytes, 0), size)  # (a GGUF smaller than call 2's other files: all of it in part 1)
     with open(src, "rb") as f:
         for i, n in enumerate((first_bytes, size - first_bytes), 1):
             p = dst / f"part{i}.bin"
             with open(p, "wb") as g:
                 while n:
                     b = f.read(min(n, 1 << 22))
+                    if not b:
+                        raise OSError(f"{src}: ended {n:,} bytes early (it changed while being split)")
                     g.write(b)
                     n -= len(b)
             parts.append({"name": p.name, "bytes": p.stat().st_size, "sha256": sha256(p)})
@@ -690,12 +693,13 @@ def tiny_gguf(path: Path, tokenizer_dir: Path = MODELS / "gpt2-tokenizer", hidde
 # ------------------------------------------------------------------------------------------ pipeline: make (here)
 
 def pipeline_make(kit: Path = GEN_KIT, *, gguf: Path | None = None, train: Path | None = None, dev: Path | None = None,
-                  recipe: dict | None = None, wheels: bool = True, limit_mib: float | None = LIMIT_MIB,
+                  recipe: dict | str = "gpu", wheels: bool = True, limit_mib: float | None = LIMIT_MIB,
                   gpt2_tokenizer: Path = MODELS / "gpt2-tokenizer", quiet: bool = False) -> dict:
     """``kit/call1`` (part 1 of the GGUF + kit.json) and ``kit/call2`` (part 2, D0 and SNLI dev, the GPT-2 lengths
     and tokenizer, SmolLM2's tokenizer as the dequantization's fallback, the wheels, kit.json), each call's transfer
-    checked against the slim committed tree (``limit_mib`` None: not checked, the dry run's). ``recipe``: a recipe
-    to run instead of ``seqz --profile gpu`` (the dry run's)."""
+    checked against the slim committed tree (``limit_mib`` None: not checked, the dry run's). ``recipe``: the profile
+    of builders/seqz.yaml the machine runs (``gpu``: the paper's settings; ``gpu-lease``: 1 epoch each, one lease),
+    or a recipe to run instead (the dry run's)."""
     from benchmarks.gpu_throughput import length_tables
 
     clear_kit(kit)
@@ -704,13 +708,13 @@ def pipeline_make(kit: Path = GEN_KIT, *, gguf: Path | None = None, train: Path 
     for rel, src in zip(DATA, (train or SHARED_DATA / DATA[0], dev or SHARED_DATA / DATA[1])):
         (c2 / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, c2 / "data" / rel)
-    if recipe is None and (MODELS / "smollm2-135m-instruct" / "tokenizer.json").is_file():
+    if not isinstance(recipe, dict) and (MODELS / "smollm2-135m-instruct" / "tokenizer.json").is_file():
         (c2 / "tokenizer").mkdir()
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy2(MODELS / "smollm2-135m-instruct" / f, c2 / "tokenizer" / f)
     shutil.copytree(gpt2_tokenizer, c2 / "models" / "gpt2-tokenizer")  # GPT-2's lengths; tests/test_cuda_paths.py
     _write_json(c2 / "lengths.json", length_tables(c2 / "data" / DATA[0], gpt2_tokenizer))
-    if recipe is not None:
+    if isinstance(recipe, dict):
         import yaml
 
         (c2 / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -726,7 +730,7 @@ def pipeline_make(kit: Path = GEN_KIT, *, gguf: Path | None = None, train: Path 
     (kit / "parts").rmdir()
     manifest = {"made": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": git_hash(), "parts": parts,
                 "gguf": {"name": gguf.name, "bytes": total, "sha256": sha256(gguf)},
-                "recipe": ["recipe.yaml", None] if recipe is not None else ["seqz", "gpu"],
+                "recipe": ["recipe.yaml", None] if isinstance(recipe, dict) else ["seqz", recipe],
                 "data": {rel: sha256(c2 / "data" / rel) for rel in DATA}, "wheels": got if wheels else []}
     sizes = {"call1": _size(c1) + 8192, "call2": _size(c2) + 8192}
     tree = max(check_transfer(sizes[c], limit_mib, c) for c in sizes) if limit_mib else 0
@@ -978,7 +982,8 @@ def collect_pipeline(dirs: list[Path], run: Path, results: Path = ROOT / "benchm
     results.mkdir(parents=True, exist_ok=True)
     _write_json(results / f"{name}.json", summary)
     (results / f"{name}.md").write_text(render(summary))
-    log(f"wrote {results / name}.json and .md; the run folder is {run}: `debiased-nli pipeline run seqz --profile gpu "
+    log(f"wrote {results / name}.json and .md; the run folder is {run}: `debiased-nli pipeline run seqz --profile "
+        f"{summary['kit']['recipe'][1] or 'gpu'} "
         f"--data-files train=../shared/data/snli/train_sample.parquet --run {run}` builds and audits the release")
     return summary
 
@@ -1011,7 +1016,7 @@ def render(s: dict) -> str:
     dry, rep, g2 = s["kit"]["recipe"][1] is None, s.get("reports") or {}, s.get("gpt2") or {}
     records, stages = s.get("records") or {}, s.get("status") if isinstance(s.get("status"), list) else []
     L = [f"# The generator pipeline on one GPU (issues 31, 45 and 47){' — CPU DRY RUN, tiny model' if dry else ''}", "",
-         f"`debiased-nli pipeline run {'<the dry run recipe>' if dry else 'seqz --profile gpu'} --until filter --deadline D` "
+         f"`debiased-nli pipeline run {'<the dry run recipe>' if dry else 'seqz --profile ' + s['kit']['recipe'][1]} --until filter --deadline D` "
          f"in device calls made with `benchmarks/gpu_kit.py` (benchmarks/GPU_GENERATOR.md); kit of commit "
          f"{s['kit'].get('git')}, GGUF {s['kit']['gguf']['name']} (sha256 {s['kit']['gguf']['sha256'][:12]}...).", "",
          *md_table(["call", "step", "seconds", "GPU util mean (%)", "GPU memory max (MiB)", "status"],
@@ -1140,6 +1145,8 @@ def main(argv: list[str] | None = None) -> int:
         p[name].add_argument("--plan", default=str(DEFAULT_PLAN), help="the GPU plan (default benchmarks/efficacy_gpu.yaml)")
     for name, default in (("make", KIT), ("run", KIT), ("pipeline-make", GEN_KIT), ("store-part1", GEN_KIT / "call1")):
         p[name].add_argument("--kit", default=str(default))
+    p["pipeline-make"].add_argument("--profile", default="gpu", choices=["gpu", "gpu-lease"],
+                                    help="builders/seqz.yaml's: gpu (Table 7's epochs), gpu-lease (1 epoch each, one lease)")
     for name in ("make", "pipeline-make"):
         p[name].add_argument("--limit-mib", type=float, default=LIMIT_MIB, help="refuse a call over this, with the tree")
     p["make"].add_argument("--releases-from", default="~/runs/efficacy",
@@ -1179,7 +1186,8 @@ def main(argv: list[str] | None = None) -> int:
             slim_tree(tuple(a.keep)) if a.command == "slim" else unslim_tree()
             log(f"{a.command}: the working tree that travels is {sum(tree_files().values()) / 2**20:.1f} MiB now")
         elif a.command == "pipeline-make":
-            pipeline_make(Path(a.kit).resolve(), gguf=Path(a.gguf) if a.gguf else None, limit_mib=a.limit_mib)
+            pipeline_make(Path(a.kit).resolve(), gguf=Path(a.gguf) if a.gguf else None, limit_mib=a.limit_mib,
+                          recipe=a.profile)
         elif a.command == "store-part1":
             dst = store_part1(Path(a.kit))
             print(f"part 1 stored at {dst} ({dst.stat().st_size:,} bytes, sha256 checked); make call 2 now", flush=True)

@@ -60,6 +60,9 @@ def test_split_parts_join_back_to_the_original(tmp_path):
     gk.store_part1(kit / "call1", node)
     joined = gk.join_parts(manifest, kit / "call2", node)
     assert joined.read_bytes() == payload and gk.sha256(joined) == manifest["gguf"]["sha256"]
+    # a file smaller than the first part's share (a tiny GGUF) is all part 1, not an endless read
+    parts = gk.split_file(tmp_path / "model.gguf", tmp_path / "over", len(payload) + 10)
+    assert [p["bytes"] for p in parts] == [len(payload), 0]
 
 
 def test_call_2_refuses_a_missing_part_1_at_once_with_one_line_and_exit_code_2(tmp_path):
@@ -242,6 +245,24 @@ def test_slim_takes_the_results_out_of_the_worktree_and_unslim_brings_them_back(
     with pytest.raises(SystemExit, match="uncommitted change"):
         gk.slim_tree(cwd=repo)
     assert (repo / "benchmarks" / "results" / "big.json").read_text() == "changed"
+
+
+def test_the_kit_runs_the_profile_it_was_made_for(tmp_path, shared_data):
+    # `pipeline-make --profile gpu-lease`: the machine runs `pipeline run seqz --profile gpu-lease` (1 epoch each)
+    import pyarrow.parquet as pq
+    from debiased_nli.release.recipe import load_recipe
+    data = tmp_path / "data"
+    data.mkdir()
+    for rel in gk.DATA:
+        pq.write_table(pq.read_table(shared_data / rel).slice(0, 12), data / Path(rel).name)
+    gk.pipeline_make(tmp_path / "kit", gguf=gk.tiny_gguf(tmp_path / "tiny.gguf"), train=data / "train_sample.parquet",
+                     dev=data / "dev.parquet", recipe="gpu-lease", wheels=False, limit_mib=None, quiet=True)
+    for call in ("call1", "call2"):
+        assert json.loads((tmp_path / "kit" / call / "kit.json").read_text())["recipe"] == ["seqz", "gpu-lease"]
+    lease, gpu = (load_recipe(ROOT / "builders" / "seqz.yaml", p)["new_rows"][0] for p in ("gpu-lease", "gpu"))
+    assert [lease[k]["epochs"] for k in ("train", "debias", "train_m")] == [1, 1, 1]
+    assert {k: v for k, v in lease["generate"].items() if k != "out"} == {k: v for k, v in gpu["generate"].items() if k != "out"}
+    assert lease["confidence"] == gpu["confidence"] and lease["confidence"]["tau"] == 0.95
 
 
 def test_the_dry_run_recipe_is_the_gpu_profile_made_small():
