@@ -178,8 +178,8 @@ def batch_loss(model, batch, *, mode: str, lam: float, alpha: float):
         if batch["input_ids"].is_cuda:  # one pass where a step is bound by dispatching operations (joint_logits)
             logits, p_logits, b = joint_logits(model, batch)
         else:  # on a CPU the arithmetic binds, and one pass's larger logits cost more memory traffic than it saves
-            b, p_logits = batch, model(input_ids=batch["p_input_ids"], attention_mask=batch["p_mask"]).logits
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["mask"]).logits
+            b, logits = batch, model(input_ids=batch["input_ids"], attention_mask=batch["mask"]).logits
+            p_logits = model(input_ids=batch["p_input_ids"], attention_mask=batch["p_mask"]).logits
         return generator_loss(logits, b["input_ids"], b["mask"], p_logits, b["p_input_ids"], b["p_hypothesis"], lam=lam)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["mask"]).logits
     if mode == "conditional":
