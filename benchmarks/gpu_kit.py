@@ -49,6 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import MODELS, SHARED_DATA, write_json as _write_json  # noqa: E402
+from debiased_nli.pipeline.run import bar_rates  # noqa: E402
+from debiased_nli.utils.processes import start_logged, stop_groups as stop, wait_until as wait  # noqa: E402
 from debiased_nli.utils.provenance import file_sha256 as sha256, git_hash  # noqa: E402
 
 LIMIT_MIB = 64  # what a call sends: the working tree and the carried paths together
@@ -219,40 +221,8 @@ def install_wheels(kit: Path, site: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------ processes
 
-def start(cmd: list, log_file: Path, env: dict | None = None, cwd: Path = ROOT) -> subprocess.Popen:
-    """``cmd`` in a process group of its own, its output appended to ``log_file``."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "a") as f:
-        f.write(f"=== {time.strftime('%H:%M:%S')}: {' '.join(map(str, cmd))}\n")
-        f.flush()
-        return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def stop(*procs: subprocess.Popen, grace: float = 8.0) -> None:
-    """SIGTERM to each process group, SIGKILL to those still there ``grace`` seconds later."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        running = [p for p in procs if p.poll() is None]
-        for p in running:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        t = time.monotonic() + grace
-        while any(p.poll() is None for p in running) and time.monotonic() < t:
-            time.sleep(0.2)
-
-
-def wait(procs: dict, until: float, tick=None, every: float = 1.0) -> dict:
-    """Wait for the processes ``{name: Popen}`` until ``until`` (time.monotonic()); those still running then are
-    stopped. ``tick()`` runs every ``every`` seconds. Returns each one's exit code (None: stopped)."""
-    while any(p.poll() is None for p in procs.values()) and time.monotonic() < until:
-        if tick:
-            tick()
-        time.sleep(every)
-    codes = {name: p.poll() for name, p in procs.items()}
-    stop(*procs.values())
-    return codes
+def start(cmd: list, log_file: Path, env: dict | None = None, cwd: Path = ROOT):
+    return start_logged(cmd, log_file, env, cwd)  # in a process group of its own, its output into log_file
 
 
 def tail(log_file: Path, n: int = 4) -> str:
@@ -988,25 +958,12 @@ def collect_pipeline(dirs: list[Path], run: Path, results: Path = ROOT / "benchm
     return summary
 
 
-_BAR = r"(?P<desc>[A-Za-z][\w ()*-]*?): +\d+%\|[^|]*\| *(?P<n>\d+)/(?P<total>\d+) \[(?P<elapsed>[\d:]+)<"
-
-
 def last_progress(logs_tar: Path) -> dict:
-    """The last progress bar (of 10 s or more) of each kind in the pipeline's log, the only record of a stage stopped
-    at a deadline: its steps done of its total in the seconds of its last process, the rate, the whole at that rate."""
-    import re
-
-    with tarfile.open(logs_tar) as tar:  # no pipeline.log: the pipeline never started
+    """The pipeline's progress bars in the call's logs (``pipeline.log``; none: the pipeline never started), each
+    stage's last: the only record of a stage stopped at the deadline (``debiased_nli.pipeline.run.bar_rates``)."""
+    with tarfile.open(logs_tar) as tar:
         log_file = tar.extractfile("logs/pipeline.log") if "logs/pipeline.log" in tar.getnames() else None
-        text = log_file.read().decode(errors="replace") if log_file else ""
-    out = {}
-    for m in re.finditer(_BAR, text.replace("\r", "\n")):
-        n, total, hms = int(m["n"]), int(m["total"]), m["elapsed"].split(":")
-        secs = sum(int(x) * 60 ** i for i, x in enumerate(reversed(hms)))
-        if secs >= 10 and n:  # not the loading and encoding bars
-            out[m["desc"].strip()] = {"done": n, "total": total, "seconds": secs, "per_s": round(n / secs, 3),
-                                      "whole_stage_s": round(total * secs / n)}
-    return out
+        return bar_rates(log_file.read().decode(errors="replace")) if log_file else {}
 
 
 def render(s: dict) -> str:

@@ -196,8 +196,8 @@ def test_no_function_is_over_80_lines_or_10_parameters():
 
 def test_benchmarks_hold_measurements_only():
     """benchmarks/ is under 3,500 lines of code (issue 47): the pipelines are the library's; what stays are the
-    measurement scripts someone reruns."""
+    measurement scripts someone reruns. The scripts committed beside results (a release's rebuild.sh) count too."""
     root = PACKAGE.parent / "benchmarks"
-    files = [p for p in root.rglob("*") if p.suffix in (".py", ".sh") and "results" not in p.relative_to(root).parts]
+    files = [p for p in root.rglob("*") if p.suffix in (".py", ".sh") and p.is_file()]
     lines = sum(len(p.read_text().splitlines()) for p in files)
     assert lines < 3500, f"benchmarks/ has {lines} lines of code"

@@ -150,12 +150,36 @@ def test_until_leaves_the_later_stages_and_a_deadline_stops_the_stage_in_progres
     states = {s.stage: s.state for s in pipe.run(deadline=2)}  # less than the stage's process takes to start
     assert states["train_g"] == "pending" and said[-1].startswith("train_g: ") and "deadline" in said[-1]
     assert not (run / "stages").exists()
-    states = {s.stage: s.state for s in pipe.run(until="train_m", deadline=600)}
+    shown = Pipeline(rec, run, data_files=[f"train={tiny['d0']}"], progress=True, echo=said.append)
+    states = {s.stage: s.state for s in shown.run(until="train_m", deadline=600)}
     assert [s for s in STAGES if states[s] == "done"] == ["train_g", "train_m"] and states["sample"] == "pending"
+    log = (run / "logs" / "train_g.log").read_text()  # each process's output, after a line naming its command
+    assert log.count("\n=== ") == 2 and "--stages train_g" in log and "train generator: 100%" in log
     record = json.loads((run / "stages" / "train_m.json").read_text())
     assert record["command"].endswith("--stages train_m") and record["params"] == pipe.params("train_m")
     with pytest.raises(ConfigError, match="deadline must be a positive"):
         pipe.run(deadline=0)
+
+
+def test_status_gives_the_rate_of_a_stage_stopped_between_checkpoints(tiny, tmp_path):
+    """A stage stopped at a deadline before its first checkpoint leaves only its progress bars (RUN/logs/<stage>.log,
+    as the GPU run of 2026-11-28 did): `status` reads the last run's longest bar, with tqdm's own rate."""
+    from debiased_nli.pipeline.run import bar_rates
+
+    run = tmp_path / "run"
+    pipe = Pipeline(tiny_recipe(tiny, tmp_path / "outs"), run, data_files=[f"train={tiny['d0']}"], progress=False)
+    (run / "logs").mkdir(parents=True)
+    earlier = "\n=== 10:00: train_g\r" + "train generator:   1%|   | 40/4170 [00:20<35:00,  2.00it/s]\r"
+    last = ("\n=== 11:00: train_g\nloading:  100%|#| 9/9 [00:30<00:00, 0.30it/s]\r"
+            "train generator:  45%|####5     | 1891/4170 [08:24<10:07,  3.75it/s, loss=3.1]\rtrain generator:  45%|####5     | 1892/4170")
+    (run / "logs" / "train_g.log").write_text(earlier + last)
+    st = pipe.state("train_g")
+    assert st.state == "pending" and "train generator 1,891/4,170 in 504 s (3.75/s: the whole ~1,112 s, ~608 s left" in st.detail
+    assert pipe.state("train_m").detail == ""  # no log: nothing said
+    rates = bar_rates(earlier + last)  # of each description its last bar of 10 s or more; s/it read as its inverse
+    assert rates["train generator"]["done"] == 1891 and rates["loading"]["per_s"] == 0.3 and len(rates) == 2
+    assert bar_rates("filter:  10%|#  | 10/100 [00:30<04:30,  3.00s/it]")["filter"]["per_s"] == 0.333
+    assert bar_rates("train generator:   0%|   | 0/4170 [00:20<?, ?it/s]") == {}  # no step done: no rate
 
 
 def test_the_cli_continues_a_run_started_elsewhere(tiny, tmp_path, capsys):

@@ -9,6 +9,8 @@ are not used (a recipe is not trusted to say where files go). The layout:
     RUN/confident/                kept.parquet, rejected.parquet, confidence_report.json (calibration.json)
     RUN/release/                  the release (a Hub dataset repo folder)
     RUN/audits/<config>/          audit.json, audit.md, zstats.png
+    RUN/logs/<stage>.log          the output of each stage run in a process of its own (``--deadline``), whose
+                                  last progress bar ``status`` reads for a stage stopped unfinished
     RUN/stages/<stage>.json       the done-record of each finished stage: the command that reruns it, its
                                   parameters, the fingerprints of its inputs and outputs, when it finished
 
@@ -42,6 +44,7 @@ STAGES = ("train_g", "train_g_star", "train_m", "sample", "filter", "build", "au
 PLAN_FILE = "pipeline.json"
 RECORDS = "stages"
 G, G_STAR, M, SAMPLES, CONFIDENT, RELEASE, AUDITS = "G", "G_star", "M", "samples", "confident", "release", "audits"
+LOGS = "logs"  # RUN/logs/<stage>.log: the output of a stage run in a process of its own (``run(deadline=...)``)
 ORIGINAL = "original"  # the audit of D0
 
 
@@ -334,7 +337,11 @@ class Pipeline:
                 return StageState(stage, "done", rec.get("summary", ""), rec)
             return StageState(stage, "stale", f"its {' and '.join(changed)} changed since it ran; a run redoes it",
                               rec)
-        return getattr(self, f"_progress_{stage}", lambda: StageState(stage, "pending"))()
+        st = getattr(self, f"_progress_{stage}", lambda: StageState(stage, "pending"))()
+        rate = _last_rate(self.path(LOGS) / f"{stage}.log")
+        if rate:
+            st.detail = "; ".join(x for x in (st.detail, rate) if x)
+        return st
 
     def status(self) -> list[StageState]:
         return [self.state(s) for s in STAGES]
@@ -458,11 +465,15 @@ class Pipeline:
 
     def _run_process(self, stage: str, units: int | None, end: float, grace: float = 15.0) -> bool:
         """``stage`` in a process of its own (this package's CLI, the same working folder), stopped at ``end``
-        (``time.monotonic()``): SIGTERM to its process group, SIGKILL ``grace`` seconds later. Returns whether the
-        stage is done afterwards; a process that failed raises."""
-        import signal
+        (``time.monotonic()``): SIGTERM to its process group, SIGKILL ``grace`` seconds later. Its output (the
+        progress bars) goes to this process's stderr and to ``RUN/logs/<stage>.log``, which ``status`` reads for the
+        rate of a stage stopped unfinished. Returns whether the stage is done afterwards; a process that failed
+        raises."""
         import subprocess
         import sys
+        import threading
+
+        from ..utils.processes import stop_groups
 
         recipe = self.recipe_ref
         if recipe is None:  # a recipe given as a mapping: the process reads it from the run folder
@@ -474,22 +485,22 @@ class Pipeline:
                *self.argv([stage], recipe), *(["--units", str(units)] if units else [])]
         root = str(Path(__file__).resolve().parents[2])  # this package, also where it is not installed
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        log = self.path(LOGS) / f"{stage}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        copier = threading.Thread(target=_tee, args=(proc.stdout, log, shlex.join(cmd)), daemon=True)
+        copier.start()
         try:
             code = proc.wait(max(end - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
-                if proc.poll() is not None:
-                    break
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(wait)
+            stop_groups(proc, grace=grace)
+            copier.join(10)
         st = self.state(stage)
         if code not in (0, None):
-            raise ConfigError(f"{stage}: its process exited with {code} (its output is above); "
+            raise ConfigError(f"{stage}: its process exited with {code} (its output is above and in {log}); "
                               f"{st.state}{': ' + st.detail if st.detail else ''}")
         if st.state != "done":
             self.echo(f"{stage}: {'stopped at the deadline' if code is None else 'unfinished'} "
@@ -633,6 +644,61 @@ class Pipeline:
             done[cfg] = res.report.get("max_abs_z")
         return True, "max |z|: " + ", ".join(f"{c} {z}" for c, z in done.items()), \
             {cfg: _sha256(self.path(AUDITS) / cfg / "audit.json") for cfg in done}
+
+
+def _tee(stream, log: Path, command: str) -> None:
+    """The bytes of ``stream`` (a stage process's output) to this process's stderr and to ``log``, as they come:
+    tqdm's bars (carriage returns) stay bars on the terminal and stay readable in the log."""
+    import sys
+
+    out = getattr(sys.stderr, "buffer", None)
+    with open(log, "ab") as f:
+        f.write(f"\n=== {_dt.datetime.now().isoformat(timespec='seconds')}: {command}\n".encode())
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            f.write(chunk)
+            f.flush()
+            if out is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    out.write(chunk)
+                    out.flush()
+
+
+_BAR = (r"(?P<desc>[A-Za-z][\w ()*/-]*?): +\d+%\|[^|]*\| *(?P<n>\d+)/(?P<total>\d+) \[(?P<elapsed>[\d:]+)<[^,\]]*"
+        r"(?:, *(?P<rate>[\d.]+)(?:(?P<per>[A-Za-z]+)/s|s/(?P<each>[A-Za-z]+)))?")
+
+
+def bar_rates(text: str, min_seconds: float = 10) -> dict[str, dict]:
+    """The last tqdm bar of each description in ``text`` (a log; carriage returns as line ends) that ran
+    ``min_seconds`` or more (not the loading and encoding bars) and has steps done: its steps ``done`` of ``total``
+    after the ``seconds`` of its process, the rate ``per_s`` (tqdm's own, which leaves out the steps a resumed run
+    started from; else done / seconds), the time ``whole_stage_s`` of all the steps at that rate and ``left_s`` of
+    those not done. The only record of a stage stopped at a deadline between checkpoints."""
+    import re
+
+    out: dict[str, dict] = {}
+    for m in re.finditer(_BAR, text.replace("\r", "\n")):
+        n, total, hms = int(m["n"]), int(m["total"]), m["elapsed"].split(":")
+        secs = sum(int(x) * 60 ** i for i, x in enumerate(reversed(hms)))
+        rate = float(m["rate"]) if m["rate"] else 0.0
+        per_s = (rate if m["per"] else 1 / rate) if rate > 0 else n / secs if secs else 0.0
+        if secs >= min_seconds and n and per_s > 0:
+            out[m["desc"].strip()] = {"done": n, "total": total, "seconds": secs, "per_s": round(per_s, 3),
+                                      "whole_stage_s": round(total / per_s), "left_s": round((total - n) / per_s)}
+    return out
+
+
+def _last_rate(log: Path) -> str:
+    """``status``'s line on the last run of a stage from its log: the longest bar's steps, rate and whole."""
+    if not log.is_file():
+        return ""
+    text = log.read_bytes().decode(errors="replace")
+    text = text[text.rfind("\n=== ") + 1:] if "\n=== " in text else text  # the last run's process only
+    rates = bar_rates(text)
+    if not rates:
+        return ""
+    desc, r = max(rates.items(), key=lambda kv: kv[1]["seconds"])
+    return (f"its last run ({LOGS}/{log.name}): {desc} {r['done']:,}/{r['total']:,} in {r['seconds']:,} s "
+            f"({r['per_s']:g}/s: the whole ~{r['whole_stage_s']:,} s, ~{r['left_s']:,} s left at that rate)")
 
 
 def _last_loss(report: dict) -> Any:

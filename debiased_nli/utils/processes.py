@@ -53,3 +53,54 @@ def freeze_gc() -> None:
 def unfreeze_gc() -> None:
     """After the children are done: collect the frozen objects again, as before :func:`freeze_gc`."""
     gc.unfreeze()
+
+
+# ------------------------------------------------------------------ processes stopped at a deadline
+
+def start_logged(cmd, log_file, env=None, cwd=None):
+    """``cmd`` in a process group of its own (so that :func:`stop_groups` reaches its children too), its output
+    appended to ``log_file`` after a line naming the command and the time."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a") as f:
+        f.write(f"=== {time.strftime('%H:%M:%S')}: {' '.join(map(str, cmd))}\n")
+        f.flush()
+        return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def stop_groups(*procs, grace: float = 8.0) -> None:
+    """SIGTERM to the process group of each process still running, SIGKILL to those still there ``grace`` seconds
+    later (each process was started with ``start_new_session=True``)."""
+    import signal
+    import time
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        running = [p for p in procs if p.poll() is None]
+        for p in running:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        t = time.monotonic() + grace
+        while any(p.poll() is None for p in running) and time.monotonic() < t:
+            time.sleep(0.2)
+
+
+def wait_until(procs: dict, until: float, tick=None, every: float = 1.0) -> dict:
+    """Wait for the processes ``{name: Popen}`` until ``until`` (``time.monotonic()``); those still running then
+    are stopped (:func:`stop_groups`). ``tick()`` runs every ``every`` seconds. Returns each one's exit code (None:
+    stopped at the deadline)."""
+    import time
+
+    while any(p.poll() is None for p in procs.values()) and time.monotonic() < until:
+        if tick:
+            tick()
+        time.sleep(every)
+    codes = {name: p.poll() for name, p in procs.items()}
+    stop_groups(*procs.values())
+    return codes
