@@ -180,3 +180,29 @@ def test_every_set_is_measured_against_the_same_real_rows_and_their_fluency_is_k
         cached.append({f.name: f.stat().st_mtime_ns for f in (tmp_path / "m" / "fluency").glob("real-*.npy")})
     assert bounds[0] == bounds[1]
     assert len(cached[0]) == 1 and cached[1] == cached[0]  # the second run read the first's scores
+
+
+def test_the_command_trains_train_on_generated_for_its_own_epochs(d0, tmp_path, shared_data):
+    """--tog-epochs: train-on-generated's classifiers for their own epochs (a few thousand rows), the cross-fitted
+    ensemble for --epochs; each figure records its epochs, the report says them."""
+    from test_training import make_tiny_bert
+
+    rows = generated_like(d0, n=30)
+    heldout = load_task("snli", "validation", data_files=[f"validation={shared_data / 'snli' / 'dev.parquet'}"],
+                        max_rows=40).dataset
+    enc = make_tiny_bert(tmp_path / "enc", list(d0["premise"]) + list(d0["hypothesis"]) + list(rows["premise"])
+                         + list(rows["hypothesis"]) + list(heldout["premise"]) + list(heldout["hypothesis"]))
+    for name, ds in (("gen", rows), ("d0", d0), ("dev", heldout)):
+        ds.to_parquet(str(tmp_path / f"{name}.parquet"))
+    r = subprocess.run([sys.executable, "-m", "debiased_nli.cli", "quality", "snli", "--data-files",
+                        str(tmp_path / "gen.parquet"), "--reference", str(tmp_path / "d0.parquet"), "--heldout",
+                        str(tmp_path / "dev.parquet"), "--classifier", str(enc), "--k", "2", "--n", "30", "--epochs",
+                        "1", "--tog-epochs", "2", "--models", str(tmp_path / "m"), "--out", str(tmp_path / "q"),
+                        "--quiet"], capture_output=True, text=True,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads((tmp_path / "q" / "quality.json").read_text())
+    assert rep["agreement"]["epochs"] == 1 and rep["train_on_generated"]["epochs"] == 2
+    assert sorted(p.name.split("-e")[1][:2] for p in (tmp_path / "m" / "tog").iterdir()) == ["2-", "2-"]
+    assert [p.name[:5] for p in (tmp_path / "m" / "ensemble").iterdir()] == ["k2-e1"]
+    assert "trained on 30 of these rows / of D0's (2 epochs)" in (tmp_path / "q" / "quality.md").read_text()

@@ -394,7 +394,8 @@ def render_report(r: dict) -> str:
         L += [f"| ... {k} | {pct(v)} | – |" for k, v in ag["agreement_per_label"].items()]
     tg = r.get("train_on_generated")
     if tg:
-        L.append(f"| held-out accuracy of a classifier trained on {tg['n']:,} of these rows / of D0's | "
+        L.append(f"| held-out accuracy of a classifier trained on {tg['n']:,} of these rows / of D0's "
+                 f"({tg['epochs']:g} epoch{'s' if tg['epochs'] != 1 else ''}) | "
                  f"{pct(tg['generated_accuracy'])} | {pct(tg['real_accuracy'])} |")
         L += ["", f"Train on generated, test on real: the generated rows are worth **{tg['ratio']:.3f}x** real rows at equal "
                   f"n ({len(tg['runs'])} seed(s), {tg['heldout_rows']:,} held-out rows)."]

@@ -49,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--n", type=POSITIVE_INT, default=2000, help="rows per classifier in train-on-generated")
     p.add_argument("--seeds", type=SEED, nargs="+", default=[0], help="seeds of train-on-generated")
     p.add_argument("--epochs", type=number(float, low=0, low_open=True), default=1.0, help="classifier epochs")
+    p.add_argument("--tog-epochs", type=number(float, low=0, low_open=True), metavar="EPOCHS",
+                   help="epochs of train-on-generated's classifiers (default: --epochs); a few thousand rows need "
+                        "more than the ensemble's 20k-row epoch to learn past the majority class")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--threads", type=POSITIVE_INT, help="torch CPU threads")
     p.add_argument("--models", metavar="DIR", help="where the trained classifiers go (default OUT/models) and the real "
@@ -194,6 +197,8 @@ def _fluency(args, rows, real, real_is_heldout: bool, report: dict, scores: dict
 
 def _classifier(args, rows, d0, heldout, task, out: Path, report: dict, scores: dict) -> None:
     """``--classifier``: the cross-fitted ensemble's agreement with the rows' labels, and train-on-generated."""
+    import dataclasses
+
     from ...methods import quality as Q
 
     # resumable: a rerun (or another run with the same --models) reuses the trained classifiers
@@ -204,7 +209,8 @@ def _classifier(args, rows, d0, heldout, task, out: Path, report: dict, scores: 
     scores["ensemble_confidence"] = ag.pop("ensemble_confidence").round(4).tolist()
     report["agreement"] = ag
     n = min(args.n, len(rows), len(d0))
-    report["train_on_generated"] = Q.train_on_generated(rows, d0, heldout, task, fit, str(work / "tog"), n=n,
+    tog = dataclasses.replace(fit, epochs=args.tog_epochs) if args.tog_epochs else fit
+    report["train_on_generated"] = Q.train_on_generated(rows, d0, heldout, task, tog, str(work / "tog"), n=n,
                                                         seeds=args.seeds)
 
 
