@@ -30,5 +30,5 @@ python - "$RELEASES" <<'PY'
 import json, sys
 for name in ("seqz-v2", "seqz-v2-filtered"):
     m = json.load(open(f"{sys.argv[1]}/{name}/manifest.json"))
-    print(name, {c: v.get("rows") for c, v in (m.get("configs") or {}).items()})
+    print(name, {c: sum(f["rows"] for f in v["train"]) for c, v in m["files"].items()})
 PY
