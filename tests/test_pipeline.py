@@ -153,7 +153,7 @@ def test_until_leaves_the_later_stages_and_a_deadline_stops_the_stage_in_progres
     shown = Pipeline(rec, run, data_files=[f"train={tiny['d0']}"], progress=True, echo=said.append)
     states = {s.stage: s.state for s in shown.run(until="train_m", deadline=600)}
     assert [s for s in STAGES if states[s] == "done"] == ["train_g", "train_m"] and states["sample"] == "pending"
-    log = (run / "logs" / "train_g.log").read_text()  # each process's output, after a line naming its command
+    log = (run / "logs" / "train_g.log").read_text()  # each process's stderr, after a line naming its command
     assert log.count("\n=== ") == 2 and "--stages train_g" in log and "train generator: 100%" in log
     record = json.loads((run / "stages" / "train_m.json").read_text())
     assert record["command"].endswith("--stages train_m") and record["params"] == pipe.params("train_m")

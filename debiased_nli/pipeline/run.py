@@ -9,7 +9,7 @@ are not used (a recipe is not trusted to say where files go). The layout:
     RUN/confident/                kept.parquet, rejected.parquet, confidence_report.json (calibration.json)
     RUN/release/                  the release (a Hub dataset repo folder)
     RUN/audits/<config>/          audit.json, audit.md, zstats.png
-    RUN/logs/<stage>.log          the output of each stage run in a process of its own (``--deadline``), whose
+    RUN/logs/<stage>.log          the stderr of each stage run in a process of its own (``--deadline``), whose
                                   last progress bar ``status`` reads for a stage stopped unfinished
     RUN/stages/<stage>.json       the done-record of each finished stage: the command that reruns it, its
                                   parameters, the fingerprints of its inputs and outputs, when it finished
@@ -44,7 +44,7 @@ STAGES = ("train_g", "train_g_star", "train_m", "sample", "filter", "build", "au
 PLAN_FILE = "pipeline.json"
 RECORDS = "stages"
 G, G_STAR, M, SAMPLES, CONFIDENT, RELEASE, AUDITS = "G", "G_star", "M", "samples", "confident", "release", "audits"
-LOGS = "logs"  # RUN/logs/<stage>.log: the output of a stage run in a process of its own (``run(deadline=...)``)
+LOGS = "logs"  # RUN/logs/<stage>.log: the stderr of a stage run in a process of its own (``run(deadline=...)``)
 ORIGINAL = "original"  # the audit of D0
 
 
@@ -465,9 +465,9 @@ class Pipeline:
 
     def _run_process(self, stage: str, units: int | None, end: float, grace: float = 15.0) -> bool:
         """``stage`` in a process of its own (this package's CLI, the same working folder), stopped at ``end``
-        (``time.monotonic()``): SIGTERM to its process group, SIGKILL ``grace`` seconds later. Its output (the
-        progress bars) goes to this process's stderr and to ``RUN/logs/<stage>.log``, which ``status`` reads for the
-        rate of a stage stopped unfinished. Returns whether the stage is done afterwards; a process that failed
+        (``time.monotonic()``): SIGTERM to its process group, SIGKILL ``grace`` seconds later. Its stdout is this
+        process's; its stderr (the progress bars, the log lines) goes to this process's stderr and to
+        ``RUN/logs/<stage>.log``, which ``status`` reads for the rate of a stage stopped unfinished. Returns whether the stage is done afterwards; a process that failed
         raises."""
         import subprocess
         import sys
@@ -487,9 +487,8 @@ class Pipeline:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         log = self.path(LOGS) / f"{stage}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
-        copier = threading.Thread(target=_tee, args=(proc.stdout, log, shlex.join(cmd)), daemon=True)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE)  # stdout stays ours
+        copier = threading.Thread(target=_tee, args=(proc.stderr, log, shlex.join(cmd)), daemon=True)
         copier.start()
         try:
             code = proc.wait(max(end - time.monotonic(), 0.1))
@@ -500,7 +499,7 @@ class Pipeline:
             copier.join(10)
         st = self.state(stage)
         if code not in (0, None):
-            raise ConfigError(f"{stage}: its process exited with {code} (its output is above and in {log}); "
+            raise ConfigError(f"{stage}: its process exited with {code} (its output is above; its stderr is also in {log}); "
                               f"{st.state}{': ' + st.detail if st.detail else ''}")
         if st.state != "done":
             self.echo(f"{stage}: {'stopped at the deadline' if code is None else 'unfinished'} "
@@ -647,7 +646,7 @@ class Pipeline:
 
 
 def _tee(stream, log: Path, command: str) -> None:
-    """The bytes of ``stream`` (a stage process's output) to this process's stderr and to ``log``, as they come:
+    """The bytes of ``stream`` (a stage process's stderr) to this process's stderr and to ``log``, as they come:
     tqdm's bars (carriage returns) stay bars on the terminal and stay readable in the log."""
     import sys
 

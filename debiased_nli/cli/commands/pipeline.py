@@ -21,7 +21,7 @@ outputs. `run` skips what is done and continues what is partial (G's and M's che
 shards); a filter, build or audit whose parameters or inputs changed is stale and runs again, a model or sample
 folder made with other values is refused (move it away; more samples of the same run grow it). `status` says,
 per stage: done, stale, partial (e.g. 44/182 shards, with an ETA), pending or skipped, and for a stage that
---deadline stopped, its last run's rate (its output is in RUN/logs/<stage>.log). One process runs the
+--deadline stopped, its last run's rate (its stderr is in RUN/logs/<stage>.log). One process runs the
 stages (to share the sampling over GPUs: `cd RUN && accelerate launch -m debiased_nli.cli generate TASK --generator G
 --out samples ...` with the recipe's sampling values, then `run` again).
 
