@@ -467,8 +467,8 @@ class Pipeline:
         """``stage`` in a process of its own (this package's CLI, the same working folder), stopped at ``end``
         (``time.monotonic()``): SIGTERM to its process group, SIGKILL ``grace`` seconds later. Its stdout is this
         process's; its stderr (the progress bars, the log lines) goes to this process's stderr and to
-        ``RUN/logs/<stage>.log``, which ``status`` reads for the rate of a stage stopped unfinished. Returns whether the stage is done afterwards; a process that failed
-        raises."""
+        ``RUN/logs/<stage>.log``, which ``status`` reads for the rate of a stage stopped unfinished. Returns whether
+        the stage is done afterwards; a process that failed raises."""
         import subprocess
         import sys
         import threading
