@@ -147,6 +147,21 @@ def test_a_warning_in_a_command_goes_through_the_log(caplog):
     assert (__name__, "something to know") in got and (__name__, "FutureWarning: going away") in got
 
 
+def test_a_quiet_command_run_from_python_leaves_the_librarys_warnings_on(caplog):
+    """main() sets the library's log level for its own run only: after `evaluate --list --quiet` (an ERROR level),
+    a warning of the library still reaches the log, as it did before the call (a notebook, a test in the same
+    process). It used to stay at ERROR, which hid every later warning."""
+    from debiased_nli.cli import main
+
+    own = logging.getLogger("debiased_nli")
+    before = own.level
+    assert main(["evaluate", "--list", "--quiet"]) == 0
+    assert own.level == before
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("debiased_nli.utils.cache").warning("cache entry x cannot be used; recomputing it")
+    assert [r.getMessage() for r in caplog.records] == ["cache entry x cannot be used; recomputing it"]
+
+
 def test_no_help_names_a_path_an_installed_wheel_lacks():
     """The help of every command (and sub-command) names no ``benchmarks/`` path: a wheel has none (issue 47)."""
     import argparse

@@ -203,10 +203,14 @@ def main(argv: list[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     level = log_level(args)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("debiased_nli").setLevel(level)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # the library's log level is this command's only: restored on return, so that main() called from Python (a
+    # notebook, a test) leaves a later call's warnings as they were (a --quiet run used to hide them for good)
+    own_log = logging.getLogger("debiased_nli")
+    was_level = own_log.level
+    own_log.setLevel(level)
     try:
         from ..utils.environment import check_environment
 
@@ -222,4 +226,6 @@ def main(argv: list[str] | None = None) -> int:
         code, message = describe_error(err)
         print(f"error: {message}", file=sys.stderr)
         return code
+    finally:
+        own_log.setLevel(was_level)
 
