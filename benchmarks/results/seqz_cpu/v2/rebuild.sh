@@ -16,9 +16,14 @@ SHARED=${DEBIASED_NLI_SHARED:-../shared}
 WORK=${1:-/work/runs/seqz-v2}
 RELEASES=${2:-/work/releases}
 shift $(( $# < 2 ? $# : 2 ))
-WANTED=("${@:-seqz-v2 seqz-v2-filtered}"); WANTED=(${WANTED[*]})
-for w in "${WANTED[@]}"; do
-  case $w in seqz-v2|seqz-v2-filtered) ;; *) echo "unknown release '$w' (seqz-v2 or seqz-v2-filtered)" >&2; exit 2;; esac
+[ $# -gt 0 ] || set -- seqz-v2 seqz-v2-filtered
+BUILDS=()   # release:recipe, checked before the filter runs
+for w in "$@"; do
+  case $w in
+    seqz-v2) BUILDS+=(seqz-v2:recipe.yaml) ;;
+    seqz-v2-filtered) BUILDS+=(seqz-v2-filtered:recipe_filtered.yaml) ;;
+    *) echo "unknown release '$w' (seqz-v2 or seqz-v2-filtered)" >&2; exit 2 ;;
+  esac
 done
 mkdir -p "$WORK" "$RELEASES"
 if [ ! -f "$WORK/confident/kept.parquet" ]; then
@@ -28,15 +33,14 @@ if [ ! -f "$WORK/confident/kept.parquet" ]; then
 fi
 (cd "$WORK/confident" && sha256sum kept.parquet) | diff - $V2/kept.sha256 \
   || { echo "the kept rows differ from the committed v2's (kept.sha256)" >&2; exit 1; }
-for name in seqz-v2:recipe.yaml seqz-v2-filtered:recipe_filtered.yaml; do
-  [[ " ${WANTED[*]} " == *" ${name%%:*} "* ]] || continue
+for name in "${BUILDS[@]}"; do
   out=$RELEASES/${name%%:*}
   # the card's quality section: `debiased-nli quality` of the config's generated rows (quality/<release>/), if measured
   quality=(); [ -f "$V2/quality/${name%%:*}/quality.json" ] && quality=(--quality "$V2/quality/${name%%:*}")
   [ -f "$out/manifest.json" ] || debiased-nli build $V2/${name#*:} --data-files train=$SHARED/data/snli/train_sample.parquet \
     --new-rows "$WORK/confident/kept.parquet" "${quality[@]}" --out "$out" --quiet
 done
-python - "$RELEASES" "${WANTED[@]}" <<'PY'
+python - "$RELEASES" "${BUILDS[@]%%:*}" <<'PY'
 import json, sys
 for name in sys.argv[2:]:
     m = json.load(open(f"{sys.argv[1]}/{name}/manifest.json"))
