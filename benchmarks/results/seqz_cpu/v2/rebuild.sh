@@ -34,7 +34,7 @@ fi
 (cd "$WORK/confident" && sha256sum kept.parquet) | diff - $V2/kept.sha256 \
   || { echo "the kept rows differ from the committed v2's (kept.sha256)" >&2; exit 1; }
 for build in "${BUILDS[@]}"; do
-  name=${build%%:*} recipe=${build#*:} out=$RELEASES/${build%%:*}
+  name=${build%%:*} recipe=${build#*:} out=$RELEASES/$name
   # the card's quality section: `debiased-nli quality` of the config's generated rows (quality/<release>/), if measured
   quality=(); [ -f "$V2/quality/$name/quality.json" ] && quality=(--quality "$V2/quality/$name")
   [ -f "$out/manifest.json" ] || debiased-nli build "$V2/$recipe" --data-files train=$SHARED/data/snli/train_sample.parquet \
