@@ -206,3 +206,12 @@ def test_the_command_trains_train_on_generated_for_its_own_epochs(d0, tmp_path, 
     assert sorted(p.name.split("-e")[1][:2] for p in (tmp_path / "m" / "tog").iterdir()) == ["2-", "2-"]
     assert [p.name[:5] for p in (tmp_path / "m" / "ensemble").iterdir()] == ["k2-e1"]
     assert "trained on 30 of these rows / of D0's (2 epochs)" in (tmp_path / "q" / "quality.md").read_text()
+
+
+def test_pair_texts_reads_a_dataset_in_one_batch_and_respects_its_selection(d0):
+    """A ``datasets.Dataset`` (also one behind an indices mapping, after ``select``) gives the texts of its own
+    rows in order, the same as the row-by-row reading that the batch read replaced."""
+    picked = d0.select([7, 3, 250, 3])
+    by_row = [f"{picked[i]['premise']} {picked[i]['hypothesis']}" for i in range(len(picked))]
+    assert Q.pair_texts(picked) == by_row
+    assert Q.pair_texts({"premise": ["a", "b"], "hypothesis": ["c", "d"]}) == ["a c", "b d"]

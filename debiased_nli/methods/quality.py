@@ -203,7 +203,10 @@ def pair_near_duplicates(premises: Sequence[str], hypotheses: Sequence[str],
 
 
 def pair_texts(ds) -> list[str]:
-    return [f"{p} {h}" for p, h in zip(ds["premise"], ds["hypothesis"])]
+    """``premise + " " + hypothesis`` per row. A ``datasets.Dataset`` is read in one batch (``ds[:]``): iterating
+    its columns formats one row at a time, 40x slower (0.6 s for 16k rows)."""
+    cols = ds[:] if hasattr(ds, "column_names") and hasattr(ds, "select") else ds
+    return [f"{p} {h}" for p, h in zip(cols["premise"], cols["hypothesis"])]
 
 
 def fluency_scores(texts: Sequence[str], lm: "str | Any", *, tokenizer: Any = None, batch_size: int = 32,

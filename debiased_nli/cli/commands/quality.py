@@ -169,7 +169,8 @@ def _real_fluency(args, real, lm, tok, cache: "Path | None"):
     path = None if cache is None else cache / f"real-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npy"
     rf = None if path is None else load_npy(path, rows=len(rpick))
     if rf is None:
-        rf = Q.fluency_scores([Q.pair_texts(real)[i] for i in rpick], lm, tokenizer=tok)
+        texts = Q.pair_texts(real)  # once: indexing a fresh list per row made this quadratic
+        rf = Q.fluency_scores([texts[i] for i in rpick], lm, tokenizer=tok)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             save_npy(path, rf)
@@ -185,7 +186,8 @@ def _fluency(args, rows, real, real_is_heldout: bool, report: dict, scores: dict
 
     tok, lm = AutoTokenizer.from_pretrained(args.lm), AutoModelForCausalLM.from_pretrained(args.lm)
     pick = np.sort(np.random.default_rng(args.seed).permutation(len(rows))[:args.fluency_rows])
-    fl = Q.fluency_scores([Q.pair_texts(rows)[i] for i in pick], lm, tokenizer=tok)
+    texts = Q.pair_texts(rows)  # once: indexing a fresh list per row made this quadratic
+    fl = Q.fluency_scores([texts[i] for i in pick], lm, tokenizer=tok)
     cache = Path(args.models).expanduser() / "fluency" if args.models else None
     rf, n_real = _real_fluency(args, real, lm, tok, cache)
     report["fluency"] = {**Q.fluency_summary(fl, rf), "lm": args.lm, "scored_rows": len(pick),
