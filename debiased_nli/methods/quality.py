@@ -203,9 +203,9 @@ def pair_near_duplicates(premises: Sequence[str], hypotheses: Sequence[str],
 
 
 def pair_texts(ds) -> list[str]:
-    """``premise + " " + hypothesis`` per row. A ``datasets.Dataset`` is read in one batch (``ds[:]``): iterating
-    its columns formats one row at a time, 40x slower (0.6 s for 16k rows)."""
-    cols = ds[:] if hasattr(ds, "column_names") and hasattr(ds, "select") else ds
+    """``premise + " " + hypothesis`` per row. A ``datasets.Dataset`` is read in one batch of the two columns:
+    iterating its columns formats one row at a time, 40x slower (0.6 s for 16k rows)."""
+    cols = ds.select_columns(["premise", "hypothesis"])[:] if hasattr(ds, "select_columns") else ds
     return [f"{p} {h}" for p, h in zip(cols["premise"], cols["hypothesis"])]
 
 
