@@ -17,19 +17,20 @@ the hypothesis is nonsense, so no label can be right). `score` gives, per config
 """
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from wilson import wilson  # notes/wilson.py (the script runs as `python notes/...`)
+
 LABELS = {0: "e", 1: "n", 2: "c"}
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> list:
-    p, d = k / n, 1 + z * z / n
-    c, h = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return [round(max(0.0, c - h), 4), round(min(1.0, c + h), 4)]
+def wilson_share(k: int, n: int) -> list:
+    """Wilson 95% interval as shares (fractions, 4 decimals): the format of the committed read*.json."""
+    lo, hi = wilson(k, n)
+    return [round(lo, 4), round(hi, 4)]
 
 
 def seq_z(release: str) -> pd.DataFrame:
@@ -94,9 +95,9 @@ def score(args) -> None:
         agree = int((judgeable.reader == judgeable.row_label).sum())
         out["configs"][name] = {
             "rows": len(g), "nonsense": nonsense, "nonsense_share": round(nonsense / len(g), 4),
-            "nonsense_ci95": wilson(nonsense, len(g)), "judgeable": len(judgeable), "agree": agree,
+            "nonsense_ci95": wilson_share(nonsense, len(g)), "judgeable": len(judgeable), "agree": agree,
             "agree_share_of_judgeable": round(agree / len(judgeable), 4) if len(judgeable) else None,
-            "usable_share": round(agree / len(g), 4), "usable_ci95": wilson(agree, len(g)),
+            "usable_share": round(agree / len(g), 4), "usable_ci95": wilson_share(agree, len(g)),
         }
     out["judgements"] = key[["uid", "config", "row_label", "reader"]].to_dict("records")
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
