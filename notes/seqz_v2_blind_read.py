@@ -29,8 +29,8 @@ LABELS = {0: "e", 1: "n", 2: "c"}
 
 def wilson_share(k: int, n: int) -> list:
     """Wilson 95% interval as shares (fractions, 4 decimals): the format of the committed read*.json."""
-    lo, hi = wilson(k, n)
-    return [round(lo, 4), round(hi, 4)]
+    ci = wilson(k, n)
+    return [None, None] if ci is None else [round(ci[0], 4), round(ci[1], 4)]
 
 
 def seq_z(release: str) -> pd.DataFrame:
