@@ -22,15 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from wilson import wilson  # notes/wilson.py (the script runs as `python notes/...`)
+from wilson import wilson_rounded  # notes/wilson.py (the script runs as `python notes/...`)
 
 LABELS = {0: "e", 1: "n", 2: "c"}
-
-
-def wilson_share(k: int, n: int) -> list:
-    """Wilson 95% interval as shares (fractions, 4 decimals): the format of the committed read*.json."""
-    ci = wilson(k, n)
-    return [None, None] if ci is None else [round(ci[0], 4), round(ci[1], 4)]
 
 
 def seq_z(release: str) -> pd.DataFrame:
@@ -95,9 +89,9 @@ def score(args) -> None:
         agree = int((judgeable.reader == judgeable.row_label).sum())
         out["configs"][name] = {
             "rows": len(g), "nonsense": nonsense, "nonsense_share": round(nonsense / len(g), 4),
-            "nonsense_ci95": wilson_share(nonsense, len(g)), "judgeable": len(judgeable), "agree": agree,
+            "nonsense_ci95": wilson_rounded(nonsense, len(g)), "judgeable": len(judgeable), "agree": agree,
             "agree_share_of_judgeable": round(agree / len(judgeable), 4) if len(judgeable) else None,
-            "usable_share": round(agree / len(g), 4), "usable_ci95": wilson_share(agree, len(g)),
+            "usable_share": round(agree / len(g), 4), "usable_ci95": wilson_rounded(agree, len(g)),
         }
     out["judgements"] = key[["uid", "config", "row_label", "reader"]].to_dict("records")
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -18,18 +18,12 @@ import pyarrow.parquet as pq
 
 from debiased_nli.methods.confidence import load_calibrator
 
-from wilson import wilson  # notes/wilson.py (the script runs as `python notes/...`)
+from wilson import wilson_rounded  # notes/wilson.py (the script runs as `python notes/...`)
 
 V2 = Path(__file__).resolve().parents[1] / "benchmarks/results/seqz_cpu/v2"
 TAUS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 LABELS = ("entailment", "neutral", "contradiction")
 D0_ROWS = 20_000
-
-
-def wilson_percent(k: int, n: int) -> list:
-    """Wilson 95% interval in percent (1 decimal), [None, None] with no rows: the committed curve's format."""
-    ci = wilson(k, n)
-    return [None, None] if ci is None else [round(100 * ci[0], 1), round(100 * ci[1], 1)]
 
 
 def raw_sample_quality(qdir: Path) -> tuple[dict, list]:
@@ -77,9 +71,9 @@ def main(curve: Path, qdir: Path, out: Path) -> None:
             "after_self_audit": sa["seq_z"], "after_self_audit_x_d0": round(sa["seq_z"] / D0_ROWS, 3),
             "after_self_audit_hypothesis_only": sa["self_audit_hypothesis_only"],
             "raw_kept": int(keep.sum()), "raw_kept_share": round(float(keep.mean()), 4),
-            "agreement": round(100 * float(agree[keep].mean()), 1), "agreement_ci": wilson_percent(int(agree[keep].sum()), int(keep.sum())),
+            "agreement": round(100 * float(agree[keep].mean()), 1), "agreement_ci": wilson_rounded(int(agree[keep].sum()), int(keep.sum()), scale=100, digits=1),
             "under_fluency_bound": round(100 * float((fluency[fl] < bound).mean()), 1),
-            "under_fluency_bound_ci": wilson_percent(int((fluency[fl] < bound).sum()), int(fl.sum())), "fluency_rows": int(fl.sum()),
+            "under_fluency_bound_ci": wilson_rounded(int((fluency[fl] < bound).sum()), int(fl.sum()), scale=100, digits=1), "fluency_rows": int(fl.sum()),
             "neutral_share_of_kept": round(100 * float((labels[keep] == 1).mean()), 1)})
     d0 = json.loads((curve / "audit_d0/audit.json").read_text())
     fl_all = np.isfinite(fluency)
