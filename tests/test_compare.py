@@ -252,9 +252,15 @@ def test_a_release_card_reads_the_new_report_and_the_old_one(done, tmp_path):
     text = card_markdown(new, ["z_filtered"])
     comp = next(c for c in table["statistics"]["comparisons"] if (c["row"], c["against"]) == ("z_filtered", "random_control"))
     assert comp["sets"]["anli"]["text"] in text and "seed-row t interval" in text and "*" not in text.split("\n\n")[-1]
+    # the difference from the original data comes with its interval, before the declared comparisons
+    ref = next(c for c in table["statistics"]["comparisons"] if (c["row"], c["against"]) == ("z_filtered", "original"))
+    line = next(l for l in text.splitlines() if l.startswith("| `z_filtered` − `original` |"))
+    assert "against the original data" in line and ref["sets"]["anli"]["text"] in line
+    assert text.index(line) < text.index("| `z_filtered` − `random_control` |")
     old = ROOT / "benchmarks" / "results" / "efficacy.json"  # a v1 table, committed before this change
     text = card_markdown(old, ["z_filtered"])
     assert "| `z_filtered` − `random_control` |" in text and "-2.5*" in text and "seeds only" in text
+    assert "− `original` |" not in text  # a v1 table has no intervals against the reference
 
 
 def test_a_plan_is_checked_before_any_work(done, tmp_path):

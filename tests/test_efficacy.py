@@ -270,6 +270,27 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
     assert "another size" not in card_markdown(table_json, ["z_filtered"], sizes={"z_filtered": 7609})
 
 
+    # a plan that scores two releases with the same config names (issue 45's seqz-v2 and seqz-v2-filtered): each
+    # release's card shows its own rows; a release built under another name shows every row of its configs
+    import copy
+
+    other = copy.deepcopy(table["rows"]["z_filtered"])
+    other["data"] = {"release_dir": "/runs/releases/snli-filtered", "config": "z_filtered"}
+    table["rows"]["z_filtered"]["data"] = {"release_dir": "/runs/releases/snli", "config": "z_filtered"}
+    table["rows"]["z_filtered_more"] = other
+    table_json.write_text(json.dumps(table))
+    assert "| `z_filtered` |" in (mine := card_markdown(table_json, ["z_filtered"], release="snli"))
+    assert "`z_filtered_more`" not in mine
+    theirs = card_markdown(table_json, ["z_filtered"], release="snli-filtered")
+    assert "| `z_filtered_more` |" in theirs and "| `z_filtered` |" not in theirs and "| `original` |" in theirs
+    for name in ("elsewhere", None):
+        both = card_markdown(table_json, ["z_filtered"], release=name)
+        assert "| `z_filtered` |" in both and "| `z_filtered_more` |" in both
+    other["data"] = {"release": "snli-filtered", "config": "z_filtered"}  # a release the plan builds, by name
+    table_json.write_text(json.dumps(table))
+    assert "| `z_filtered` |" not in card_markdown(table_json, ["z_filtered"], release="snli-filtered")
+
+
 def test_a_unit_scores_what_debiased_nli_evaluate_scores_and_a_cached_one_loads_no_model(setup, tmp_path, monkeypatch):
     """evaluate_unit goes through evaluate_models (issue 33): the same accuracies, breakdowns and confusion
     matrices as an evaluation without chunks or cache; re-scored from its cached chunks, the model is not loaded."""

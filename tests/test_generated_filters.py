@@ -195,6 +195,8 @@ def test_quality_reports_go_into_the_card_and_manifest_of_the_release_they_measu
     section = card.split("## Quality of the generated rows (measured)")[1].split("\n## ")[0]
     assert "### new rows (D_G, as composed)" in section and "copied from D0" in section
     assert "#### Examples of the rows" in section  # 20 of the rows, under the set's heading
+    # the limitations' paragraph on generated rows points at the measured quality, whose anchor exists
+    assert "(their\n  measured quality: [below](#quality-of-the-generated-rows-measured))" in card
     # seq_z's own generated rows: a report on them (taken from the release) matches that config
     from datasets import load_dataset
     seq = load_dataset(str(out), "seq_z", split="train")

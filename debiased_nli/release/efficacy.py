@@ -77,12 +77,16 @@ def _interval_cell(e: dict | None) -> str:
 
 
 def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
-    """The table's other comparisons whose first row is one of ``rows`` (above all: a config against a random
-    subset of the original of its own size, which separates debiased data from less data): with their intervals
-    in a v2 table (for a primary test, the adjusted interval that matches its call), else the seeds-only calls."""
+    """The comparisons whose first row is one of ``rows``: against the reference (the original data), where the
+    table has their intervals, then the table's other comparisons (above all: a config against a random subset of
+    the original of its own size, which separates debiased data from less data); with their intervals in a v2
+    table (for a primary test, the adjusted interval that matches its call), else the seeds-only calls."""
     sets = table["sets"]
     stats = {(c["row"], c["against"]): c for c in (table.get("statistics") or {}).get("comparisons", [])}
-    comps = [c for c in table.get("comparisons") or [] if c["row"] in set(rows)]
+    ref = table["reference"]
+    comps = [{"row": n, "against": ref, "why": "against the original data" + (" (primary)" if c.get("primary") else "")}
+             for n in rows if (c := stats.get((n, ref))) and any("unavailable" not in e for e in c["sets"].values())]
+    comps += [c for c in table.get("comparisons") or [] if c["row"] in set(rows)]
     if not comps:
         return None
     lines = ["| comparison | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
@@ -116,15 +120,29 @@ def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
     return (f"Against other rows of the table (first minus second, points; {'; '.join(how)}):\n\n" + "\n".join(lines))
 
 
+def _release_name(data: dict) -> str | None:
+    """The release a row trained on, by name: ``release`` (one the plan builds) or ``release_dir``'s folder."""
+    if data.get("release"):
+        return str(data["release"])
+    return Path(str(data["release_dir"])).name if data.get("release_dir") else None
+
+
 def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | None = None,
-                  sizes: "dict[str, int] | None" = None) -> str | None:
+                  sizes: "dict[str, int] | None" = None, release: str | None = None) -> str | None:
     """Markdown for the card: the reference row and the rows trained on one of ``configs`` (finished or
     pending), the table's comparisons of those rows (e.g. against a random subset of the same size), and,
     given ``sizes`` (this release's train rows per config), a note where the table's models trained on a
-    build of another size; None when the table has no row for any of them."""
+    build of another size; None when the table has no row for any of them.
+
+    ``release`` (the name of the release being built, its folder's name): when some rows of the table trained
+    on a release of that name, the rows that trained on another release are left out (a plan that scores two
+    releases with the same config names, e.g. one built with extra filters, shows each its own rows); when
+    none did (the release was built under another name), every row of a matching config is shown."""
     table = load_table(path)
     ref_name = table["reference"]
     rows = {n: e for n, e in table["rows"].items() if (e.get("data") or {}).get("config") in set(configs)}
+    if release is not None and any(_release_name(e.get("data") or {}) == release for e in rows.values()):
+        rows = {n: e for n, e in rows.items() if _release_name(e.get("data") or {}) in (release, None)}
     if not rows:
         return None
     ref = table["rows"].get(ref_name, {})

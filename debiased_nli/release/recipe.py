@@ -781,7 +781,8 @@ def _write(run: _Run, out_dir, configs: list, default: str, loaded, feats: _Feat
         from .efficacy import card_markdown
 
         meta["efficacy_md"] = card_markdown(efficacy, [c.name for c in configs], source=Path(efficacy).name,
-                                            sizes={c.name: len(c.splits["train"]) for c in configs})
+                                            sizes={c.name: len(c.splits["train"]) for c in configs},
+                                            release=Path(out_dir).name)
     contents = ReleaseContents(configs, default, manifest, meta, original=feats.d0,
                                original_features=feats.parts(all0=True), set_aside=set_aside,
                                row_records=run.row_records)

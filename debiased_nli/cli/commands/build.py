@@ -34,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--efficacy", metavar="FILE",
                    help="an efficacy table, the JSON `debiased-nli compare report` writes (e.g. "
                         "the project's headline table: 5 seeds, seed-row t intervals): the card shows the measured accuracy of a model trained on each config that "
-                        "has a row in it, and its declared comparisons")
+                        "has a row in it, its difference from the original data and its declared comparisons "
+                        "(where the table scores several releases, the rows of the one named like OUT)")
     p.add_argument("--replay", metavar="OLD_RELEASE",
                    help="an earlier release folder: reuse the decisions its filter steps recorded (AFLite, PDD, "
                         "IBADR: decisions/<config>/) where the step, its parameters and its input rows are the same, "
