@@ -37,11 +37,10 @@ for build in "${BUILDS[@]}"; do
   name=${build%%:*} recipe=${build#*:} out=$RELEASES/$name
   # the card's quality section: `debiased-nli quality` of the config's generated rows (quality/<release>/), if measured
   quality=(); [ -f "$V2/quality/$name/quality.json" ] && quality=(--quality "$V2/quality/$name")
-  # the card's "Does training on it help?": the five-seed table of benchmarks/efficacy_seqz_v2.yaml, each
-  # release's own rows (it changes the card only: the manifest, which the efficacy units record, stays the same)
-  efficacy=(--efficacy benchmarks/results/efficacy_seqz_v2.json)
+  # --efficacy: the card's five-seed table (the card only; the manifest the efficacy units record is unchanged)
   [ -f "$out/manifest.json" ] || debiased-nli build "$V2/$recipe" --data-files train=$SHARED/data/snli/train_sample.parquet \
-    --new-rows "$WORK/confident/kept.parquet" "${quality[@]}" "${efficacy[@]}" --out "$out" --quiet
+    --new-rows "$WORK/confident/kept.parquet" "${quality[@]}" --efficacy benchmarks/results/efficacy_seqz_v2.json \
+    --out "$out" --quiet
 done
 python - "$RELEASES" "${BUILDS[@]%%:*}" <<'PY'
 import json, sys
