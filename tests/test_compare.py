@@ -257,6 +257,11 @@ def test_a_release_card_reads_the_new_report_and_the_old_one(done, tmp_path):
     line = next(l for l in text.splitlines() if l.startswith("| `z_filtered` − `original` |"))
     assert "against the original data" in line and ref["sets"]["anli"]["text"] in line
     assert text.index(line) < text.index("| `z_filtered` − `random_control` |")
+    # a plan that also declares the comparison with the original gets one line for it, not two
+    t = json.loads(new.read_text())
+    t["comparisons"].append({"row": "z_filtered", "against": "original", "why": "declared", "sets": {}})
+    (tmp_path / "declared.json").write_text(json.dumps(t))
+    assert card_markdown(tmp_path / "declared.json", ["z_filtered"]).count("| `z_filtered` − `original` |") == 1
     old = ROOT / "benchmarks" / "results" / "efficacy.json"  # a v1 table, committed before this change
     text = card_markdown(old, ["z_filtered"])
     assert "| `z_filtered` − `random_control` |" in text and "-2.5*" in text and "seeds only" in text

@@ -86,7 +86,8 @@ def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
     ref = table["reference"]
     comps = [{"row": n, "against": ref, "why": "against the original data" + (" (primary)" if c.get("primary") else "")}
              for n in rows if (c := stats.get((n, ref))) and any("unavailable" not in e for e in c["sets"].values())]
-    comps += [c for c in table.get("comparisons") or [] if c["row"] in set(rows)]
+    comps += [c for c in table.get("comparisons") or [] if c["row"] in set(rows)
+              and not any((c["row"], c["against"]) == (d["row"], d["against"]) for d in comps)]  # one line a pair
     if not comps:
         return None
     lines = ["| comparison | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
