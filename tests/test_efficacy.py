@@ -269,7 +269,6 @@ def test_a_release_card_shows_its_rows_of_the_table(setup, tmp_path):
     table_json.write_text(json.dumps(table))
     assert "another size" not in card_markdown(table_json, ["z_filtered"], sizes={"z_filtered": 7609})
 
-
     # a plan that scores two releases with the same config names (issue 45's seqz-v2 and seqz-v2-filtered): each
     # release's card shows its own rows; a release built under another name shows every row of its configs
     import copy

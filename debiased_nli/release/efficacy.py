@@ -84,10 +84,12 @@ def _comparisons_md(table: dict, rows: Sequence[str]) -> str | None:
     sets = table["sets"]
     stats = {(c["row"], c["against"]): c for c in (table.get("statistics") or {}).get("comparisons", [])}
     ref = table["reference"]
-    comps = [{"row": n, "against": ref, "why": "against the original data" + (" (primary)" if c.get("primary") else "")}
-             for n in rows if (c := stats.get((n, ref))) and any("unavailable" not in e for e in c["sets"].values())]
-    comps += [c for c in table.get("comparisons") or [] if c["row"] in set(rows)
-              and not any((c["row"], c["against"]) == (d["row"], d["against"]) for d in comps)]  # one line a pair
+    comps = [{"row": n, "against": ref,
+              "why": "against the original data" + (" (primary)" if st.get("primary") else "")}
+             for n in rows if (st := stats.get((n, ref))) and any("unavailable" not in e for e in st["sets"].values())]
+    shown = {(c["row"], c["against"]) for c in comps}  # a declared comparison with the reference: one line, not two
+    comps += [c for c in table.get("comparisons") or []
+              if c["row"] in set(rows) and (c["row"], c["against"]) not in shown]
     if not comps:
         return None
     lines = ["| comparison | why | " + " | ".join(sets) + " |", "|---|---|" + "---:|" * len(sets)]
@@ -142,8 +144,9 @@ def card_markdown(path: "str | Path", configs: Sequence[str], *, source: str | N
     table = load_table(path)
     ref_name = table["reference"]
     rows = {n: e for n, e in table["rows"].items() if (e.get("data") or {}).get("config") in set(configs)}
-    if release is not None and any(_release_name(e.get("data") or {}) == release for e in rows.values()):
-        rows = {n: e for n, e in rows.items() if _release_name(e.get("data") or {}) in (release, None)}
+    trained_on = {n: _release_name(e.get("data") or {}) for n, e in rows.items()}
+    if release is not None and release in trained_on.values():
+        rows = {n: e for n, e in rows.items() if trained_on[n] in (release, None)}
     if not rows:
         return None
     ref = table["rows"].get(ref_name, {})
